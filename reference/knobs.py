@@ -1,0 +1,57 @@
+"""Policy knobs of the reference scheduler (design.md section 4) and the auto cost model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+VICTIM_CHOICES: tuple[str, ...] = ("policy", "tail", "lowest_priority")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """What moving a victim's blocks costs against recomputing its tokens.
+
+    Defaults: a Llama-3-8B-like KV block (2 (K, V) x 32 layers x 8 KV heads x 128 dims x
+    2 bytes x 16 tokens = 2 MiB), a PCIe 4.0 x16 host link (25 GB/s), and 10k prefill
+    tokens per second.
+    """
+
+    bytes_per_block: int = 2 * 32 * 8 * 128 * 2 * 16
+    host_bandwidth: float = 25e9
+    prefill_tokens_per_s: float = 10_000.0
+
+    def swap_seconds(self, blocks: int) -> float:
+        """Out now and back in later: the blocks cross the host link twice."""
+        return 2 * blocks * self.bytes_per_block / self.host_bandwidth
+
+    def recompute_seconds(self, computed_tokens: int) -> float:
+        return computed_tokens / self.prefill_tokens_per_s
+
+    def prefers_swap(self, blocks: int, computed_tokens: int) -> bool:
+        return self.swap_seconds(blocks) < self.recompute_seconds(computed_tokens)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The reference's choices where engines differ.
+
+    victim: "policy" picks as vLLM does (the tail of running under fcfs, the largest
+        (priority, arrival) under priority); "tail" and "lowest_priority" force one rule.
+    admit_after_preempt: whether swapped and waiting requests may be admitted in a step
+        that preempted (vLLM: no).
+    reserve_full_sequence: admission needs blocks for all N known tokens, not only the
+        first chunk (vLLM's scheduler_reserve_full_isl, default on).
+    lift_threshold_when_alone: the long-prefill threshold does not apply when only one
+        request is running or waiting (vLLM 0.32).
+    """
+
+    victim: str = "policy"
+    admit_after_preempt: bool = False
+    reserve_full_sequence: bool = True
+    lift_threshold_when_alone: bool = True
+    cost: CostModel = field(default_factory=CostModel)
+
+    def problems(self) -> list[str]:
+        if self.victim not in VICTIM_CHOICES:
+            return [f"victim must be one of {', '.join(VICTIM_CHOICES)}, got {self.victim!r}"]
+        return []

@@ -1,0 +1,38 @@
+"""The scheduler interface every implementation offers to the simulation loop.
+
+A step is: `add_request` for arrivals, `abort_request` for cancellations,
+`schedule()` for phases 2 to 5, then `update(stopped)` for phase 6, where
+`stopped` names the sampled requests whose new token was end-of-sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Protocol, runtime_checkable
+
+from kvsched.spec.model import Config, Decision, Request, RequestView
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    config: Config
+
+    def add_request(self, request: Request) -> None: ...
+
+    def abort_request(self, request_id: str) -> None: ...
+
+    def schedule(self) -> Decision: ...
+
+    def update(self, stopped: Collection[str]) -> tuple[str, ...]:
+        """Sample one token for each request in the last decision's `sampled`; finish
+        those that stopped (end-of-sequence), reached max_tokens or max_model_len;
+        return the finished ids in batch order."""
+        ...
+
+    def free_blocks(self) -> int: ...
+
+    def states(self) -> dict[str, RequestView]:
+        """Every live request's state, for differential tests."""
+        ...
+
+    def has_unfinished(self) -> bool: ...

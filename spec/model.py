@@ -1,0 +1,197 @@
+"""The model of design.md section 2: config, requests, their state, one step's decision.
+
+Everything here is a value. The checker and the schedulers keep their own
+mutable bookkeeping; this module only says what the numbers mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Literal
+
+Policy = Literal["fcfs", "priority"]
+PreemptionMode = Literal["recompute", "swap", "auto"]
+POLICIES: tuple[str, ...] = ("fcfs", "priority")
+PREEMPTION_MODES: tuple[str, ...] = ("recompute", "swap", "auto")
+# A preemption as it happened: auto resolves to one of these two per victim.
+VICTIM_MODES: tuple[str, ...] = ("recompute", "swap")
+
+# Numbers above this are refused as absurd (a typo, not a cache).
+MAX_COUNT = 2**40
+
+
+@dataclass(frozen=True)
+class Config:
+    """One engine's scheduling configuration; every field is in the trace header."""
+
+    block_size: int = 16
+    num_gpu_blocks: int = 512
+    num_cpu_blocks: int = 0
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: int = 4096
+    chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
+    preemption: str = "recompute"
+    watermark_blocks: int = 0
+
+    def problems(self) -> list[str]:
+        """Every way this config is malformed, one sentence each naming the field."""
+        out: list[str] = []
+        positive = ("block_size", "num_gpu_blocks", "max_num_batched_tokens",
+                    "max_num_seqs", "max_model_len")
+        non_negative = ("num_cpu_blocks", "long_prefill_token_threshold", "watermark_blocks")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("chunked_prefill",):
+                if not isinstance(value, bool):
+                    out.append(f"config.{f.name} must be true or false, got {value!r}")
+                continue
+            if f.name in ("policy", "preemption"):
+                allowed = POLICIES if f.name == "policy" else PREEMPTION_MODES
+                if value not in allowed:
+                    out.append(f"config.{f.name} must be one of {', '.join(allowed)}, "
+                               f"got {value!r}")
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                out.append(f"config.{f.name} must be an integer, got {value!r}")
+            elif f.name in positive and value < 1:
+                out.append(f"config.{f.name} must be at least 1, got {value}")
+            elif f.name in non_negative and value < 0:
+                out.append(f"config.{f.name} must not be negative, got {value}")
+            elif value > MAX_COUNT:
+                out.append(f"config.{f.name} is absurdly large ({value} > 2**40)")
+        if not out and not self.chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            # As vLLM refuses it: a whole prefill could never fit one step's budget.
+            out.append("config.max_num_batched_tokens must be at least max_model_len "
+                       f"({self.max_model_len}) without chunked prefill, got "
+                       f"{self.max_num_batched_tokens}")
+        if not out and self.long_prefill_token_threshold > 0 and not self.chunked_prefill:
+            out.append("config.long_prefill_token_threshold chunks prefills, so it needs "
+                       "chunked_prefill: true")
+        return out
+
+
+def config_field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(Config))
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a client asks: P = prompt_len tokens in, at most O = max_tokens out."""
+
+    id: str
+    prompt_len: int
+    max_tokens: int
+    priority: int = 0
+    arrival_step: int = 0
+
+    def problems(self) -> list[str]:
+        out: list[str] = []
+        if not self.id:
+            out.append("request id must be a non-empty string")
+        for name in ("prompt_len", "max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                out.append(f"{name} of {self.id!r} must be an integer, got {value!r}")
+            elif value < 1:
+                out.append(f"{name} of {self.id!r} must be at least 1, got {value}")
+            elif value > MAX_COUNT:
+                out.append(f"{name} of {self.id!r} is absurdly large ({value})")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            out.append(f"priority of {self.id!r} must be an integer, got {self.priority!r}")
+        elif abs(self.priority) > MAX_COUNT:
+            out.append(f"priority of {self.id!r} is absurdly large ({self.priority})")
+        return out
+
+
+class Status(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    REJECTED = "rejected"
+
+    @property
+    def ended(self) -> bool:
+        return self in (Status.FINISHED, Status.ABORTED, Status.REJECTED)
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """A request's state at a step boundary: N tokens known, C computed, G and H blocks."""
+
+    status: Status
+    num_tokens: int
+    num_computed: int
+    gpu_blocks: int
+    host_blocks: int
+    num_preemptions: int
+
+
+@dataclass(frozen=True)
+class Rejection:
+    id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Preemption:
+    id: str
+    mode: str  # "recompute" or "swap", as it happened
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a scheduler decides in one step (phases 2 to 5 of design.md section 2).
+
+    `sampled` lists the scheduled requests whose computed tokens reach their known
+    tokens, so sample one token at the end of the step; it is derived, not traced.
+    `new_blocks` is None when the scheduler does not expose block ids.
+    """
+
+    rejected: tuple[Rejection, ...] = ()
+    preempted: tuple[Preemption, ...] = ()
+    swapped_in: tuple[str, ...] = ()
+    scheduled: tuple[tuple[str, int], ...] = ()
+    sampled: tuple[str, ...] = ()
+    new_blocks: dict[str, tuple[int, ...]] | None = None
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+    def comparable(self) -> tuple[object, ...]:
+        """The decision as one value for equality across implementations."""
+        return (
+            tuple((r.id, r.reason) for r in self.rejected),
+            tuple((p.id, p.mode) for p in self.preempted),
+            self.swapped_in,
+            self.scheduled,
+        )
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One line of a trace: everything that happened in one step."""
+
+    step: int
+    arrivals: tuple[Request, ...] = ()
+    aborted: tuple[str, ...] = ()
+    rejected: tuple[Rejection, ...] = ()
+    preempted: tuple[Preemption, ...] = ()
+    swapped_in: tuple[str, ...] = ()
+    scheduled: tuple[tuple[str, int], ...] = ()
+    finished: tuple[str, ...] = ()
+    free_blocks: int | None = None
+    new_blocks: dict[str, tuple[int, ...]] | None = None
+    time_ms: float | None = None
+    line: int = field(default=0, compare=False)
+
+    @property
+    def decision(self) -> Decision:
+        return Decision(self.rejected, self.preempted, self.swapped_in, self.scheduled,
+                        new_blocks=self.new_blocks)

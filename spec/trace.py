@@ -1,0 +1,291 @@
+"""Trace format version 1 (design.md section 5): JSON Lines, read and written as a stream.
+
+A reader holds one line at a time; malformed input raises TraceError naming
+the line and what was expected. Unknown keys are ignored (engines may add their
+own) but remembered, so a checker can mention them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from kvsched.spec.model import (
+    MAX_COUNT,
+    VICTIM_MODES,
+    Config,
+    Preemption,
+    Rejection,
+    Request,
+    StepRecord,
+    config_field_names,
+)
+
+VERSION = 1
+STEP_KEYS = frozenset({"step", "arrivals", "aborted", "rejected", "preempted", "swapped_in",
+                       "scheduled", "finished", "free_blocks", "new_blocks", "time_ms",
+                       "prefix_hits"})
+HEADER_KEYS = frozenset({"kvsched", "version", "engine", "config"})
+
+
+class TraceError(ValueError):
+    """Malformed trace input; str() is one line: 'line N: what was expected'."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Header:
+    config: Config
+    engine: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+Loads = Callable[[bytes], Any]
+
+
+def _int(v: Any, line: int, what: str, minimum: int = 0) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TraceError(line, f"{what} must be an integer, got {v!r}")
+    if v < minimum:
+        raise TraceError(line, f"{what} must be at least {minimum}, got {v}")
+    if v > MAX_COUNT:
+        raise TraceError(line, f"{what} is absurdly large ({v} > 2**40)")
+    return v
+
+
+def _str(v: Any, line: int, what: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise TraceError(line, f"{what} must be a non-empty string, got {v!r}")
+    return v
+
+
+def _list(obj: dict[str, Any], key: str, line: int) -> list[Any]:
+    v = obj.get(key, [])
+    if not isinstance(v, list):
+        raise TraceError(line, f'"{key}" must be a list, got {type(v).__name__}')
+    return v
+
+
+def _ids(obj: dict[str, Any], key: str, line: int) -> tuple[str, ...]:
+    return tuple(_str(x, line, f'each entry of "{key}"') for x in _list(obj, key, line))
+
+
+def parse_config(raw: Any, line: int) -> Config:
+    if not isinstance(raw, dict):
+        raise TraceError(line, '"config" must be an object with every config field')
+    missing = [n for n in config_field_names() if n not in raw]
+    if missing:
+        raise TraceError(line, f"config is missing field {missing[0]!r}")
+    config = Config(**{n: raw[n] for n in config_field_names()})
+    problems = config.problems()
+    if problems:
+        raise TraceError(line, problems[0])
+    return config
+
+
+def parse_header(obj: Any, line: int = 1) -> Header:
+    if not isinstance(obj, dict) or obj.get("kvsched") != "trace":
+        raise TraceError(line, 'expected a header object with "kvsched": "trace"')
+    if obj.get("version") != VERSION:
+        raise TraceError(line, f"unsupported trace version {obj.get('version')!r}; "
+                               f"this reader knows version {VERSION}")
+    engine = obj.get("engine", {})
+    if not isinstance(engine, dict):
+        raise TraceError(line, '"engine" must be an object like {"name": ..., "version": ...}')
+    extra = {k: v for k, v in obj.items() if k not in HEADER_KEYS}
+    return Header(parse_config(obj.get("config"), line),
+                  {str(k): str(v) for k, v in engine.items()}, extra)
+
+
+def parse_arrival(raw: Any, step: int, line: int) -> Request:
+    if not isinstance(raw, dict):
+        raise TraceError(line, "each arrival must be an object with id, prompt_len, max_tokens")
+    for key in ("id", "prompt_len", "max_tokens"):
+        if key not in raw:
+            raise TraceError(line, f"an arrival is missing {key!r}")
+    rid = _str(raw["id"], line, "arrival id")
+    prompt = _int(raw["prompt_len"], line, f"prompt_len of {rid}", 1)
+    max_tokens = _int(raw["max_tokens"], line, f"max_tokens of {rid}", 1)
+    priority = raw.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > MAX_COUNT:
+        raise TraceError(line, f"priority of {rid} must be an integer, got {priority!r}")
+    return Request(rid, prompt, max_tokens, priority, step)
+
+
+def parse_step(obj: Any, line: int) -> StepRecord:
+    if not isinstance(obj, dict):
+        raise TraceError(line, "expected a step object")
+    if "step" not in obj:
+        raise TraceError(line, 'expected a step object with "step"')
+    step = _int(obj["step"], line, '"step"')
+    if "prefix_hits" in obj:
+        raise TraceError(line, '"prefix_hits": prefix caching is not supported yet')
+    arrivals = tuple(parse_arrival(a, step, line) for a in _list(obj, "arrivals", line))
+    rejected = []
+    for r in _list(obj, "rejected", line):
+        if not isinstance(r, dict) or "id" not in r:
+            raise TraceError(line, 'each rejection must be an object {"id": ..., "reason": ...}')
+        rejected.append(Rejection(_str(r["id"], line, "rejected id"), str(r.get("reason", ""))))
+    preempted = []
+    for p in _list(obj, "preempted", line):
+        if not isinstance(p, dict) or "id" not in p:
+            raise TraceError(line, 'each preemption must be an object {"id": ..., "mode": ...}')
+        mode = p.get("mode")
+        if mode not in VICTIM_MODES:
+            raise TraceError(line, f"preemption mode must be recompute or swap, got {mode!r}")
+        preempted.append(Preemption(_str(p["id"], line, "preempted id"), str(mode)))
+    scheduled = []
+    for s in _list(obj, "scheduled", line):
+        if not isinstance(s, list) or len(s) != 2:
+            raise TraceError(line, 'each "scheduled" entry must be [id, tokens]')
+        # Zero or negative counts are the engine's fault (token-range), not bad input.
+        n = s[1]
+        if not isinstance(n, int) or isinstance(n, bool) or abs(n) > MAX_COUNT:
+            raise TraceError(line, f"scheduled token count must be an integer, got {n!r}")
+        scheduled.append((_str(s[0], line, "scheduled id"), n))
+    free_blocks = obj.get("free_blocks")
+    if free_blocks is not None:
+        free_blocks = _int(free_blocks, line, '"free_blocks"')
+    new_blocks = None
+    if "new_blocks" in obj:
+        raw = obj["new_blocks"]
+        if not isinstance(raw, dict):
+            raise TraceError(line, '"new_blocks" must be an object {id: [block ids]}')
+        new_blocks = {}
+        for rid, ids in raw.items():
+            if not isinstance(ids, list):
+                raise TraceError(line, f"new_blocks of {rid} must be a list of block ids")
+            new_blocks[rid] = tuple(_int(b, line, f"a block id of {rid}") for b in ids)
+    time_ms = obj.get("time_ms")
+    if time_ms is not None and (not isinstance(time_ms, (int, float))
+                                or isinstance(time_ms, bool) or time_ms < 0):
+        raise TraceError(line, f'"time_ms" must be a non-negative number, got {time_ms!r}')
+    return StepRecord(step, arrivals, _ids(obj, "aborted", line), tuple(rejected),
+                      tuple(preempted), _ids(obj, "swapped_in", line), tuple(scheduled),
+                      _ids(obj, "finished", line), free_blocks, new_blocks,
+                      None if time_ms is None else float(time_ms), line)
+
+
+class TraceReader:
+    """Streams a trace from a binary file: `header` first, then iterate the steps.
+
+    After iteration `complete` says whether the `{"end": true}` line was there and
+    `unknown_keys` maps each ignored key to the first line that had it.
+    """
+
+    def __init__(self, stream: IO[bytes], loads: Loads = json.loads) -> None:
+        self._stream = stream
+        self._loads = loads
+        self._line = 0
+        self.complete = False
+        self.unknown_keys: dict[str, int] = {}
+        first = self._next_object()
+        if first is None:
+            raise TraceError(1, "empty file: expected a trace header line")
+        self.header = parse_header(first, self._line)
+
+    def _next_object(self) -> Any:
+        while True:
+            raw = self._stream.readline()
+            if not raw:
+                return None
+            self._line += 1
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TraceError(self._line, f"not UTF-8 (byte {e.start})") from None
+            if not text.strip():
+                continue
+            try:
+                return self._loads(raw)
+            except ValueError:
+                if not raw.endswith(b"\n"):
+                    raise TraceError(self._line, "truncated: the last line is incomplete "
+                                                 "JSON") from None
+                raise TraceError(self._line, "malformed JSON: expected one JSON object "
+                                             "per line") from None
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        expected = 0
+        while True:
+            obj = self._next_object()
+            if obj is None:
+                return
+            if isinstance(obj, dict) and obj.get("end") is True and "step" not in obj:
+                self.complete = True
+                if self._next_object() is not None:
+                    raise TraceError(self._line, 'nothing may follow the {"end": true} line')
+                return
+            rec = parse_step(obj, self._line)
+            if rec.step != expected:
+                raise TraceError(self._line, f"expected step {expected}, got {rec.step} "
+                                             "(steps are numbered from 0 without gaps)")
+            for key in obj:
+                if key not in STEP_KEYS and key not in self.unknown_keys:
+                    self.unknown_keys[key] = self._line
+            expected += 1
+            yield rec
+
+
+def header_dict(config: Config, engine: dict[str, str] | None = None,
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"kvsched": "trace", "version": VERSION,
+                           "engine": engine or {"name": "kvsched", "version": "0"},
+                           "config": {n: getattr(config, n) for n in config_field_names()}}
+    out.update(extra or {})
+    return out
+
+
+def step_dict(rec: StepRecord) -> dict[str, Any]:
+    """The JSON object of one step; empty lists are left out."""
+    out: dict[str, Any] = {"step": rec.step}
+    if rec.arrivals:
+        out["arrivals"] = [{"id": r.id, "prompt_len": r.prompt_len, "max_tokens": r.max_tokens,
+                            "priority": r.priority} for r in rec.arrivals]
+    if rec.aborted:
+        out["aborted"] = list(rec.aborted)
+    if rec.rejected:
+        out["rejected"] = [{"id": r.id, "reason": r.reason} for r in rec.rejected]
+    if rec.preempted:
+        out["preempted"] = [{"id": p.id, "mode": p.mode} for p in rec.preempted]
+    if rec.swapped_in:
+        out["swapped_in"] = list(rec.swapped_in)
+    if rec.scheduled:
+        out["scheduled"] = [[rid, n] for rid, n in rec.scheduled]
+    if rec.finished:
+        out["finished"] = list(rec.finished)
+    if rec.free_blocks is not None:
+        out["free_blocks"] = rec.free_blocks
+    if rec.new_blocks is not None:
+        out["new_blocks"] = {rid: list(ids) for rid, ids in rec.new_blocks.items()}
+    if rec.time_ms is not None:
+        out["time_ms"] = rec.time_ms
+    return out
+
+
+def _json_line(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+class TraceWriter:
+    """Writes a trace to a binary stream, one JSON object per line."""
+
+    def __init__(self, stream: IO[bytes], dumps: Callable[[Any], bytes] = _json_line) -> None:
+        self._stream = stream
+        self._dumps = dumps
+
+    def header(self, config: Config, engine: dict[str, str] | None = None,
+               extra: dict[str, Any] | None = None) -> None:
+        self._stream.write(self._dumps(header_dict(config, engine, extra)))
+
+    def step(self, rec: StepRecord) -> None:
+        self._stream.write(self._dumps(step_dict(rec)))
+
+    def end(self) -> None:
+        self._stream.write(self._dumps({"end": True}))

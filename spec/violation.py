@@ -1,0 +1,63 @@
+"""A broken invariant, as a checker reports it: id, step, request, both sides, one sentence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MUST = "MUST"
+SHOULD = "SHOULD"
+PROFILE = "PROFILE"
+
+# The stable invariant ids of design.md section 3, with their level.
+INVARIANTS: dict[str, str] = {
+    "kv-budget": MUST,
+    "cpu-budget": MUST,
+    "token-budget": MUST,
+    "seq-limit": MUST,
+    "token-range": MUST,
+    "one-state": MUST,
+    "preempt": MUST,
+    "finish": MUST,
+    "reject": MUST,
+    "block-ids": MUST,
+    "accounting": MUST,
+    "no-idle": SHOULD,
+    "completion": SHOULD,
+    "no-thrash": SHOULD,
+    "needed-preemption": SHOULD,
+    "profile": PROFILE,
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant. `lhs relation rhs` is the inequality that should have held."""
+
+    invariant: str
+    step: int
+    message: str
+    request: str | None = None
+    lhs: int | None = None
+    relation: str = ""
+    rhs: int | None = None
+
+    @property
+    def level(self) -> str:
+        return INVARIANTS[self.invariant]
+
+    def numbers(self) -> str:
+        if self.lhs is None or self.rhs is None:
+            return ""
+        return f"{self.lhs} {self.relation} {self.rhs}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "invariant": self.invariant,
+            "level": self.level,
+            "step": self.step,
+            "request": self.request,
+            "lhs": self.lhs,
+            "relation": self.relation,
+            "rhs": self.rhs,
+            "message": self.message,
+        }
