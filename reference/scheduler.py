@@ -71,7 +71,7 @@ class ReferenceScheduler:
         self._arrived: list[Entry] = []  # not yet checked for rejection
         self._seq = 0
         self._sampled: list[Entry] = []
-        self._victims: set[str] = set()
+        self._victims: list[Entry] = []  # this step's, queued again at its end
 
     # -- queues -----------------------------------------------------------------------
 
@@ -192,10 +192,17 @@ class ReferenceScheduler:
             i += 1
 
         swapped_in: list[str] = []
-        self._victims = {p.id for p in preempted}
         if not preempted or self.knobs.admit_after_preempt:
             budget = self._swap_in_pass(budget, threshold, scheduled, new_blocks, swapped_in)
             self._waiting_pass(budget, threshold, scheduled, new_blocks)
+        # Victims queue up only now, so none is admitted again in the step that took it.
+        for victim in self._victims:
+            if victim.status == Status.SWAPPED:
+                self.swapped.append(victim)
+                self.swapped.sort(key=self._swapped_order)
+            else:
+                self._waiting_push(victim, front=True)
+        self._victims = []
 
         # Computed tokens advance; those that catch up sample in update().
         self._sampled = []
@@ -252,13 +259,11 @@ class ReferenceScheduler:
         if mode == "swap":
             self.blocks.swap_out(rid)
             victim.status = Status.SWAPPED
-            self.swapped.append(victim)
-            self.swapped.sort(key=self._swapped_order)
         else:
             self.blocks.free(rid)
             victim.num_computed = 0
             victim.status = Status.WAITING
-            self._waiting_push(victim, front=True)
+        self._victims.append(victim)
         return Preemption(rid, mode)
 
     def _swapped_order(self, e: Entry) -> tuple[int, ...]:
@@ -276,8 +281,6 @@ class ReferenceScheduler:
         while self.swapped and budget > 0 and len(self.running) < cfg.max_num_seqs:
             e = self.swapped[0]
             rid = e.request.id
-            if rid in self._victims:
-                break  # swapped out this very step
             n = self._chunk(e, threshold, budget)
             if not cfg.chunked_prefill and n < e.num_tokens - e.num_computed:
                 break
@@ -302,8 +305,8 @@ class ReferenceScheduler:
         cfg = self.config
         while budget > 0 and len(self.running) < cfg.max_num_seqs:
             e = self._waiting_head()
-            if e is None or e.request.id in self._victims:
-                break  # a victim of this step waits for the next one
+            if e is None:
+                break
             rid = e.request.id
             n = e.num_tokens - e.num_computed
             if 0 < threshold < n:

@@ -95,6 +95,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "rejected": frozenset({"waiting"}),
     "aborted": frozenset({"waiting", "running", "swapped", "arriving"}),
     "swapped in": frozenset({"swapped"}),
+    # A finish is checked against sampling (finish); here only ended requests arrive.
+    "finished": frozenset({"running"}),
 }
 
 

@@ -1,0 +1,3 @@
+from kvsched.cli import main
+
+main(prog_name="kvsched")

@@ -1,0 +1,100 @@
+"""PROFILE level: replay the reference with a named profile on a trace's arrivals,
+aborts and finishes, and compare the decisions step by step (design.md section 3).
+
+The first divergence is reported with both decisions and the state that led to it;
+after it the replay stops, since every later step would differ too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kvsched.reference.profiles import get_profile
+from kvsched.spec.model import Config, Decision, RequestView, StepRecord
+from kvsched.spec.violation import Violation
+
+
+def describe(decision: Decision, finished: Iterable[str] = ()) -> str:
+    parts = []
+    if decision.rejected:
+        parts.append("rejected " + ", ".join(r.id for r in decision.rejected))
+    if decision.preempted:
+        parts.append("preempted " + ", ".join(f"{p.id} ({p.mode})" for p in decision.preempted))
+    if decision.swapped_in:
+        parts.append("swapped in " + ", ".join(decision.swapped_in))
+    parts.append("scheduled " + (", ".join(f"{rid}:{n}" for rid, n in decision.scheduled)
+                                 or "nothing"))
+    fin = list(finished)
+    if fin:
+        parts.append("finished " + ", ".join(fin))
+    return "; ".join(parts)
+
+
+def describe_state(states: dict[str, RequestView], free: int, involved: Iterable[str]) -> str:
+    shown = [rid for rid in dict.fromkeys(involved) if rid in states]
+    cells = [f"{rid} {v.status.value} N={v.num_tokens} C={v.num_computed} G={v.gpu_blocks}"
+             + (f" H={v.host_blocks}" if v.host_blocks else "")
+             for rid, v in ((rid, states[rid]) for rid in shown)]
+    return f"free GPU blocks {free}" + ("; " + ", ".join(cells) if cells else "")
+
+
+def _involved(*decisions: Decision) -> list[str]:
+    out: list[str] = []
+    for d in decisions:
+        out += [r.id for r in d.rejected] + [p.id for p in d.preempted]
+        out += list(d.swapped_in) + [rid for rid, _ in d.scheduled]
+    return out
+
+
+class ProfileReplay:
+    """Replays a profile in lockstep with a trace, one step at a time (bounded memory)."""
+
+    def __init__(self, config: Config, profile: str) -> None:
+        self.profile = profile
+        self.scheduler = get_profile(profile).scheduler(config)
+        self.divergence: Violation | None = None
+
+    def step(self, rec: StepRecord) -> Violation | None:
+        """The divergence at this step, if it is the first; nothing after that."""
+        if self.divergence is not None:
+            return None
+        self.divergence = self._compare(rec)
+        return self.divergence
+
+    def _compare(self, rec: StepRecord) -> Violation | None:
+        scheduler, profile = self.scheduler, self.profile
+        try:
+            for req in rec.arrivals:
+                scheduler.add_request(req)
+            for rid in rec.aborted:
+                scheduler.abort_request(rid)
+        except (KeyError, ValueError) as e:
+            return Violation("profile", rec.step,
+                             f"the profile cannot replay step {rec.step}: {e}")
+        before = scheduler.states()
+        free = scheduler.free_blocks()
+        mine = scheduler.schedule()
+        theirs = rec.decision
+        if mine.comparable() != theirs.comparable():
+            state = describe_state(before, free, _involved(mine, theirs))
+            return Violation(
+                "profile", rec.step,
+                f"first divergence from {profile}: the profile {describe(mine)} | the trace "
+                f"{describe(theirs)} | state before: {state}")
+        done = scheduler.update(set(rec.finished))
+        if set(done) != set(rec.finished):
+            return Violation(
+                "profile", rec.step,
+                f"first divergence from {profile}: the profile finishes "
+                f"{', '.join(done) or 'nothing'} | the trace finishes "
+                f"{', '.join(rec.finished) or 'nothing'}")
+        return None
+
+
+def check_profile(config: Config, records: Iterable[StepRecord], profile: str) -> list[Violation]:
+    """The first step where the trace and the profile decide differently, if any."""
+    replay = ProfileReplay(config, profile)
+    for rec in records:
+        if replay.step(rec) is not None:
+            break
+    return [replay.divergence] if replay.divergence is not None else []

@@ -1,0 +1,242 @@
+"""Workload generators: seeded length distributions, arrival processes, a priority mix.
+
+NOTE: every generator is a pure function of its arguments. Each part of a request
+(lengths, max_tokens, arrival, priority) draws from its own `random.Random`, seeded
+with a string made of the seed and the part's name, so that changing the arrival
+process leaves the lengths of request i unchanged. Only the standard library is used:
+CPython's Mersenne Twister, its string seeding (SHA-512 of the string) and its
+`lognormvariate`/`expovariate` are the same on every platform, and lengths are rounded
+to whole tokens, so a seed gives the same workload on every machine.
+
+Length distributions (tokens; a lognormal is given by its median e^mu and its sigma,
+so that its mean is median * exp(sigma^2 / 2)):
+
+- `sharegpt`: prompts median 90, sigma 1.34 (mean 221); outputs median 120, sigma 1.0
+  (mean 198). The means are those of ShareGPT_V3_unfiltered_cleaned_split.json as
+  vLLM's serving benchmark samples it (conversations with prompt <= 1024 and
+  prompt + output <= 2048 tokens, both >= 4): 1000 sampled requests carry about
+  215k-230k input and about 200k output tokens (Llama tokenizers; e.g. vLLM PR
+  #18566 reports 229,711 input and 203,068 generated tokens for 1000 requests). The
+  prompt median of about 90 tokens reflects the heavy right tail of chat prompts; the
+  output median 120 is our assumption, only the means are published numbers. (The
+  vLLM paper, Kwon et al. SOSP 2023 section 6.1, reports longer means for the
+  unfiltered set: 161 in, 338 out, with the OPT tokenizer.)
+- `alpaca`: prompts median 16, sigma 0.6 (mean 19.2); outputs median 39, sigma 0.9
+  (mean 58.5). The means are the vLLM paper's (section 6.1, figure 11: Alpaca mean
+  input 19.31, mean output 58.45 tokens); the sigmas are our assumption.
+- `long-context`: prompts median 2048, sigma 0.4 (mean 2217; document QA and RAG
+  prompts of a few thousand tokens); outputs median 48, sigma 0.6 (mean 57). Not fitted
+  to a data set: a shape that stresses prefill and KV capacity with short answers.
+- `uniform`: prompt and output lengths uniform on the given inclusive ranges.
+
+Clipping to max_model_len M (as a server refuses prompt + max_tokens > M): the prompt
+is cut to M - 1 tokens, then max_tokens and the output to M - prompt, so every request
+fits one sequence (prompt_len + max_tokens <= M) and output_len <= max_tokens.
+
+max_tokens: a fixed number for every request (then outputs longer than it stop at
+max_tokens), or by default what a client asks: the natural output length times a
+factor uniform in [0.5, 2), so about a third of the requests stop at max_tokens and the
+rest at end-of-sequence.
+
+Arrivals, in steps (rate = mean arrivals per step):
+- `poisson`: exponential gaps of mean 1 / rate in continuous time, floored to steps;
+- `bursty`: an on/off Markov-modulated Poisson process with the same mean rate: on
+  periods (mean 10 steps) take 10% of the time and all arrivals, at 10 x rate, separated
+  by quiet gaps (mean 90 steps); counts per step vary far more than Poisson's;
+- `batch`: every request at step 0 (rate is ignored).
+
+Priorities: optional weights w0, w1, ... for priorities 0, 1, ...; None makes every
+request priority 0 (lower value = more urgent).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from bisect import bisect_right
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+from kvsched.workload import WorkItem, validate
+
+KINDS: tuple[str, ...] = ("sharegpt", "alpaca", "long-context", "uniform")
+ARRIVALS: tuple[str, ...] = ("poisson", "bursty", "batch")
+
+DEFAULT_RATE = 0.1  # arrivals per step: near saturation of the default Config
+DEFAULT_MAX_MODEL_LEN = 4096  # Config's default
+DEFAULT_PROMPT_RANGE = (16, 512)
+DEFAULT_OUTPUT_RANGE = (16, 256)
+# max_tokens a client asks for by default: the natural output times U[LOW, HIGH).
+MAX_TOKENS_FACTOR = (0.5, 2.0)
+# The bursty process: fraction of time in bursts, and the mean burst length in steps.
+BURST_FRACTION = 0.1
+BURST_STEPS = 10.0
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """Token lengths round(exp(Normal(ln median, sigma))), at least 1."""
+
+    median: float
+    sigma: float
+
+    @property
+    def mean(self) -> float:
+        return self.median * math.exp(self.sigma ** 2 / 2)
+
+    def sampler(self, rng: random.Random) -> Callable[[], int]:
+        mu, sigma, draw = math.log(self.median), self.sigma, rng.lognormvariate
+        return lambda: max(1, round(draw(mu, sigma)))
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """A kind's distribution of (prompt, natural output) lengths, before clipping."""
+
+    prompt: LogNormal
+    output: LogNormal
+
+
+LENGTHS: dict[str, Lengths] = {
+    "sharegpt": Lengths(LogNormal(90, 1.34), LogNormal(120, 1.0)),
+    "alpaca": Lengths(LogNormal(16, 0.6), LogNormal(39, 0.9)),
+    "long-context": Lengths(LogNormal(2048, 0.4), LogNormal(48, 0.6)),
+}
+
+
+def _stream(seed: int, part: str) -> random.Random:
+    return random.Random(f"kvsched/{part}/{seed}")
+
+
+def _range(name: str, value: tuple[int, int]) -> tuple[int, int]:
+    try:
+        low, high = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a pair (low, high), got {value!r}") from None
+    for v in (low, high):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"{name} bounds must be integers, got {value!r}")
+    if not 1 <= low <= high:
+        raise ValueError(f"{name} must satisfy 1 <= low <= high, got ({low}, {high})")
+    return low, high
+
+
+def lengths(kind: str, n: int, seed: int, prompt_range: tuple[int, int] | None = None,
+            output_range: tuple[int, int] | None = None) -> Iterator[tuple[int, int]]:
+    """n (prompt, natural output) pairs of the kind's distribution, before clipping."""
+    rng = _stream(seed, "lengths")
+    if kind == "uniform":
+        plo, phi = _range("prompt_range", prompt_range or DEFAULT_PROMPT_RANGE)
+        olo, ohi = _range("output_range", output_range or DEFAULT_OUTPUT_RANGE)
+        randint = rng.randint
+        return ((randint(plo, phi), randint(olo, ohi)) for _ in range(n))
+    if prompt_range is not None or output_range is not None:
+        raise ValueError(f"prompt_range and output_range apply only to kind 'uniform', "
+                         f"not {kind!r}")
+    dist = LENGTHS[kind]
+    prompt, output = dist.prompt.sampler(rng), dist.output.sampler(rng)
+    return ((prompt(), output()) for _ in range(n))
+
+
+def arrival_steps(arrival: str, n: int, rate: float, seed: int) -> Iterator[int]:
+    """n non-decreasing arrival steps of the named process with `rate` per step."""
+    rng = _stream(seed, "arrivals")
+    if arrival == "batch":
+        return (0 for _ in range(n))
+    if arrival == "poisson":
+        return (int(t) for t in accumulate(rng.expovariate(rate) for _ in range(n)))
+    return _bursty(n, rate, rng)
+
+
+def _bursty(n: int, rate: float, rng: random.Random) -> Iterator[int]:
+    # Memoryless gaps: a gap that overruns its burst is redrawn in the next burst.
+    burst_rate = rate / BURST_FRACTION
+    quiet_steps = BURST_STEPS * (1 - BURST_FRACTION) / BURST_FRACTION
+    t = 0.0
+    burst_end = rng.expovariate(1 / BURST_STEPS)
+    emitted = 0
+    while emitted < n:
+        gap = rng.expovariate(burst_rate)
+        if t + gap < burst_end:
+            t += gap
+            emitted += 1
+            yield int(t)
+        else:
+            t = burst_end + rng.expovariate(1 / quiet_steps)
+            burst_end = t + rng.expovariate(1 / BURST_STEPS)
+
+
+def _priority_draw(priorities: Sequence[float] | None, seed: int) -> Callable[[], int]:
+    if priorities is None:
+        return lambda: 0
+    weights = list(priorities)
+    if not weights:
+        raise ValueError("priorities must list at least one weight (for priority 0)")
+    for w in weights:
+        if (not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w)
+                or w < 0):
+            raise ValueError(f"priority weights must be finite numbers >= 0, got {w!r}")
+    total = sum(weights)
+    if total <= 0:
+        raise ValueError("priority weights must not all be 0")
+    cumulative = list(accumulate(weights))
+    last = len(weights) - 1
+    rng = _stream(seed, "priorities")
+    return lambda: min(bisect_right(cumulative, rng.random() * total), last)
+
+
+def parse_priorities(text: str) -> tuple[float, ...]:
+    """'3,1' -> (3.0, 1.0): weights of priorities 0, 1, ... as the CLI takes them."""
+    try:
+        weights = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"priorities must be comma-separated weights like 3,1, "
+                         f"got {text!r}") from None
+    return weights
+
+
+def generate(kind: str, n: int, seed: int, *, arrival: str = "poisson",
+             rate: float = DEFAULT_RATE, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+             priorities: Sequence[float] | None = None, max_tokens: int | None = None,
+             prompt_range: tuple[int, int] | None = None,
+             output_range: tuple[int, int] | None = None) -> list[WorkItem]:
+    """A workload of n requests with ids r0, r1, ... in arrival order.
+
+    post: len(__return__) == n
+    post: all(w.prompt_len + w.max_tokens <= max_model_len for w in __return__)
+    post: all(1 <= w.output_len <= w.max_tokens for w in __return__)
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown workload kind {kind!r}; kinds are {', '.join(KINDS)}")
+    if arrival not in ARRIVALS:
+        raise ValueError(f"unknown arrival process {arrival!r}; processes are "
+                         f"{', '.join(ARRIVALS)}")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"number of requests must be at least 1, got {n!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    if (not isinstance(rate, (int, float)) or isinstance(rate, bool)
+            or not math.isfinite(rate) or rate <= 0):
+        raise ValueError(f"rate must be a positive number of arrivals per step, got {rate!r}")
+    if not isinstance(max_model_len, int) or isinstance(max_model_len, bool) \
+            or max_model_len < 2:
+        raise ValueError(f"max_model_len must be at least 2 (one prompt and one output "
+                         f"token), got {max_model_len!r}")
+    if max_tokens is not None and (not isinstance(max_tokens, int)
+                                   or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens!r}")
+    pairs = lengths(kind, n, seed, prompt_range, output_range)
+    steps = arrival_steps(arrival, n, float(rate), seed)
+    priority = _priority_draw(priorities, seed)
+    factor = _stream(seed, "max_tokens").uniform
+    low, high = MAX_TOKENS_FACTOR
+    items = []
+    for i, ((prompt, natural), step) in enumerate(zip(pairs, steps, strict=True)):
+        prompt = min(prompt, max_model_len - 1)
+        room = max_model_len - prompt
+        asked = max_tokens if max_tokens is not None else max(1, round(natural * factor(low,
+                                                                                         high)))
+        cap = min(asked, room)
+        items.append(WorkItem(f"r{i}", step, prompt, min(natural, cap), cap, priority()))
+    return validate(items)

@@ -1,0 +1,120 @@
+"""Hypothesis strategies for kvsched's model: configs, knobs, profiles and workloads.
+
+For property tests here and in other projects (an engine's adapter, a new policy):
+
+    from hypothesis import given
+    from kvsched.strategies import configs, workloads
+
+    @given(st.data())
+    def test_my_engine(data):
+        config = data.draw(configs())
+        items = data.draw(workloads(config))
+
+Sizes are small on purpose: a cache of a few blocks, budgets of a few dozen tokens
+and a handful of requests reach preemption, head-of-line blocking, rejection and
+the max_model_len edge within a few steps, and shrink to readable examples.
+Needs the "hypothesis" extra (pip install kvsched[hypothesis]).
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from kvsched.reference.knobs import VICTIM_CHOICES, Knobs
+from kvsched.reference.profiles import PROFILES
+from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config
+from kvsched.workload import WorkItem, validate
+
+__all__ = ["configs", "knobs", "profiles", "workloads"]
+
+
+@st.composite
+def configs(draw: st.DrawFn, *, max_gpu_blocks: int = 16, max_model_len: int = 64,
+            chunked_prefill: bool | None = None) -> Config:
+    """A well-formed Config (no `problems()`) with small, tight numbers.
+
+    Both kinds of cache are drawn: those vLLM accepts (ceil(max_model_len /
+    block_size) <= num_gpu_blocks) and smaller ones, where the second rejection
+    rule (a sequence larger than the whole cache) applies.
+
+    pre: max_gpu_blocks >= 1 and max_model_len >= 1
+    """
+    block_size = draw(st.integers(1, 16))
+    num_gpu_blocks = draw(st.integers(1, max_gpu_blocks))
+    capacity = block_size * num_gpu_blocks
+    # Mostly a cache that holds a whole max_model_len sequence, as vLLM requires.
+    model_len = draw(st.one_of(st.just(min(capacity, max_model_len)),
+                               st.integers(1, min(capacity, max_model_len)),
+                               st.integers(1, max_model_len)))
+    chunked = draw(st.booleans()) if chunked_prefill is None else chunked_prefill
+    if chunked:
+        batched = draw(st.integers(1, max(model_len + 8, 32)))
+        threshold = draw(st.one_of(st.just(0), st.integers(1, batched)))
+    else:
+        # vLLM's rule (Config.problems): a whole prefill must fit one step's budget.
+        batched = draw(st.integers(model_len, model_len + 16))
+        threshold = 0
+    config = Config(
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        num_cpu_blocks=draw(st.one_of(st.just(0), st.integers(1, 2 * num_gpu_blocks))),
+        max_num_batched_tokens=batched,
+        max_num_seqs=draw(st.integers(1, 6)),
+        max_model_len=model_len,
+        chunked_prefill=chunked,
+        long_prefill_token_threshold=threshold,
+        policy=draw(st.sampled_from(POLICIES)),
+        preemption=draw(st.sampled_from(PREEMPTION_MODES)),
+        watermark_blocks=draw(st.integers(0, min(3, num_gpu_blocks - 1))),
+    )
+    assert not config.problems(), config.problems()
+    return config
+
+
+def knobs() -> st.SearchStrategy[Knobs]:
+    """Any combination of the reference scheduler's policy knobs (default cost model)."""
+    return st.builds(
+        Knobs,
+        victim=st.sampled_from(VICTIM_CHOICES),
+        admit_after_preempt=st.booleans(),
+        reserve_full_sequence=st.booleans(),
+        lift_threshold_when_alone=st.booleans(),
+    )
+
+
+def profiles() -> st.SearchStrategy[str]:
+    """The name of a profile in kvsched.reference.PROFILES."""
+    return st.sampled_from(sorted(PROFILES))
+
+
+@st.composite
+def workloads(draw: st.DrawFn, config: Config, *, max_requests: int = 8,
+              max_arrival: int = 6) -> list[WorkItem]:
+    """A validated workload for `config`: ids r0, r1, ... arriving over a few steps.
+
+    Prompts run up to a little past max_model_len and past the cache, so some
+    requests must be rejected; outputs end at EOS (output_len) before or after
+    max_tokens; priorities are small and may tie; about one request in six is
+    aborted a few steps after it arrives (possibly in its arrival step).
+    """
+    n = draw(st.integers(0, max_requests))
+    capacity = config.block_size * config.num_gpu_blocks
+    fits = max(1, min(config.max_model_len - 1, capacity))
+    longest = max(config.max_model_len, capacity) + config.block_size
+    items = []
+    for i in range(n):
+        arrival = draw(st.integers(0, max_arrival))
+        abort = draw(st.one_of(st.none(), st.none(), st.none(), st.none(), st.none(),
+                               st.integers(arrival, arrival + 8)))
+        items.append(WorkItem(
+            id=f"r{i}",
+            arrival=arrival,
+            # Mostly prompts that fit alone; some that cannot (rejections).
+            prompt_len=draw(st.one_of(st.integers(1, fits), st.integers(1, fits),
+                                      st.integers(1, longest))),
+            output_len=draw(st.integers(1, 16)),
+            max_tokens=draw(st.integers(1, 16)),
+            priority=draw(st.integers(-2, 2)),
+            abort=abort,
+        ))
+    return validate(items)

@@ -1,0 +1,65 @@
+"""The dependency rules of design.md section 1, checked on the import statements.
+
+spec/ imports only the standard library; reference/ imports spec and the standard
+library; optimized/ never imports reference; nothing imports the pillars as
+top-level names. Exit 1 naming each offending line.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STDLIB = sys.stdlib_module_names
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+    return out
+
+
+def allowed(pillar: str, module: str) -> bool:
+    top = module.split(".")[0]
+    if top == "__future__" or top in STDLIB:
+        return True
+    if pillar == "spec":
+        return module.startswith("kvsched.spec")
+    if pillar == "reference":
+        return module.startswith(("kvsched.spec", "kvsched.reference"))
+    if pillar == "optimized":
+        return not module.startswith("kvsched.reference") and top not in ("kvsched",) or \
+            module.startswith(("kvsched.spec", "kvsched.optimized"))
+    return True
+
+
+def main() -> int:
+    bad = []
+    for pillar in ("spec", "reference", "optimized"):
+        for path in sorted((ROOT / pillar).glob("**/*.py")):
+            for line, module in imports(path):
+                if not allowed(pillar, module):
+                    bad.append(f"{path.relative_to(ROOT)}:{line}: {pillar}/ may not import "
+                               f"{module}")
+    for folder in ("spec", "reference", "optimized", "src", "tests", "proofs"):
+        for path in sorted((ROOT / folder).glob("**/*.py")):
+            if path.is_symlink() or "/.venv/" in str(path):
+                continue
+            for line, module in imports(path):
+                if module.split(".")[0] in ("spec", "reference", "optimized"):
+                    bad.append(f"{path.relative_to(ROOT)}:{line}: import kvsched.{module}, "
+                               "not the top-level name")
+    for message in bad:
+        print(message)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
