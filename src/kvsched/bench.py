@@ -1,0 +1,151 @@
+"""`make bench`: baselines of the reference scheduler and the spec checker.
+
+Simulates a ShareGPT-like workload (100k requests by default) with the reference
+scheduler, writing its trace, then checks that trace with the spec's checker, and
+writes the figures with the command and the machine to docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+
+from kvsched.generators import generate
+from kvsched.reference.profiles import get_profile
+from kvsched.simulate import run
+from kvsched.spec.checker import Checker
+from kvsched.spec.model import Config
+from kvsched.spec.trace import TraceReader, TraceWriter
+
+# A mid-size engine: 8192 blocks of 16 tokens (131k tokens of KV), 256 sequences,
+# an 8192-token step budget.
+BENCH_CONFIG = Config(block_size=16, num_gpu_blocks=8192, num_cpu_blocks=0,
+                      max_num_batched_tokens=8192, max_num_seqs=256, max_model_len=8192,
+                      chunked_prefill=True, long_prefill_token_threshold=0, policy="fcfs",
+                      preemption="recompute", watermark_blocks=0)
+
+
+@dataclass(frozen=True)
+class Timing:
+    seconds: float
+    steps: int
+    entries: int
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds
+
+    @property
+    def entries_per_s(self) -> float:
+        return self.entries / self.seconds
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"{platform.system()} {platform.release()}")
+
+
+def bench_reference(requests: int, rate: float, trace: Path) -> Timing:
+    workload = generate("sharegpt", requests, seed=0, arrival="poisson", rate=rate,
+                        max_model_len=BENCH_CONFIG.max_model_len)
+    scheduler = get_profile("vllm-v1").scheduler(BENCH_CONFIG)
+    steps = entries = 0
+    with trace.open("wb") as stream:
+        writer = TraceWriter(stream, lambda o: orjson.dumps(o) + b"\n")
+        writer.header(BENCH_CONFIG)
+        start = time.perf_counter()
+        for rec in run(scheduler, workload):
+            writer.step(rec)
+            steps += 1
+            entries += len(rec.scheduled)
+        seconds = time.perf_counter() - start
+        writer.end()
+    return Timing(seconds, steps, entries)
+
+
+def bench_checker(trace: Path) -> tuple[Timing, int]:
+    with trace.open("rb") as stream:
+        start = time.perf_counter()
+        reader = TraceReader(stream, orjson.loads)
+        checker = Checker(reader.header.config)
+        for rec in reader:
+            checker.step(rec)
+        report = checker.end(reader.complete)
+        seconds = time.perf_counter() - start
+    return Timing(seconds, report.steps, report.scheduled_entries), report.errors()
+
+
+def render(requests: int, rate: float, sim: Timing, chk: Timing, errors: int,
+           command: str) -> str:
+    return f"""# Benchmarks
+
+Measured by `{command}` on {datetime.now(UTC):%Y-%m-%d}.
+Machine: {machine()}.
+
+## Baselines (issue 2): the reference scheduler and the spec checker
+
+Workload: {requests:,} ShareGPT-like requests (`kvsched.generators`, seed 0), Poisson
+arrivals at {rate} per step. Config: block_size {BENCH_CONFIG.block_size},
+{BENCH_CONFIG.num_gpu_blocks} GPU blocks, max_num_seqs {BENCH_CONFIG.max_num_seqs},
+max_num_batched_tokens {BENCH_CONFIG.max_num_batched_tokens}, max_model_len
+{BENCH_CONFIG.max_model_len}, chunked prefill, fcfs, recompute; profile `vllm-v1`.
+
+| what | steps | scheduled entries | seconds | steps / s | scheduled entries / s |
+|---|---:|---:|---:|---:|---:|
+| reference scheduler (simulation loop, trace written) | {sim.steps:,} | {sim.entries:,} | {sim.seconds:.1f} | {sim.steps_per_s:,.0f} | {sim.entries_per_s:,.0f} |
+| spec checker (`kvsched.spec.checker`, orjson reader) | {chk.steps:,} | {chk.entries:,} | {chk.seconds:.1f} | {chk.steps_per_s:,.0f} | {chk.entries_per_s:,.0f} |
+
+The checker found {errors} MUST violations in the reference's trace.
+These are the baselines the optimized implementation (issue 3) must beat.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvsched.bench")
+    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--rate", type=float, default=1.0,
+                        help="mean arrivals per step (1.0 keeps ~200 requests running)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the Markdown report here (default: print it)")
+    args = parser.parse_args(argv)
+    if args.requests < 1 or args.rate <= 0:
+        parser.error("--requests and --rate must be positive")
+    command = "make bench" if args.out else "python -m kvsched.bench " + " ".join(
+        argv or sys.argv[1:])
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "bench.jsonl"
+        print(f"simulating {args.requests:,} requests with the reference ...", flush=True)
+        sim = bench_reference(args.requests, args.rate, trace)
+        print(f"  {sim.steps:,} steps in {sim.seconds:.1f} s", flush=True)
+        print("checking the trace with the spec checker ...", flush=True)
+        chk, errors = bench_checker(trace)
+        print(f"  {chk.entries:,} entries in {chk.seconds:.1f} s", flush=True)
+    text = render(args.requests, args.rate, sim, chk, errors, command)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        print(f"written to {args.out}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
