@@ -7,7 +7,7 @@ mutable bookkeeping; this module only says what the numbers mean.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from enum import Enum
+from enum import StrEnum
 from typing import Literal
 
 Policy = Literal["fcfs", "priority"]
@@ -63,7 +63,8 @@ class Config:
                 out.append(f"config.{f.name} must not be negative, got {value}")
             elif value > MAX_COUNT:
                 out.append(f"config.{f.name} is absurdly large ({value} > 2**40)")
-        if not out and not self.chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+        short_budget = self.max_num_batched_tokens < self.max_model_len
+        if not out and not self.chunked_prefill and short_budget:
             # As vLLM refuses it: a whole prefill could never fit one step's budget.
             out.append("config.max_num_batched_tokens must be at least max_model_len "
                        f"({self.max_model_len}) without chunked prefill, got "
@@ -107,7 +108,7 @@ class Request:
         return out
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     WAITING = "waiting"
     RUNNING = "running"
     SWAPPED = "swapped"

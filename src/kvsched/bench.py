@@ -92,6 +92,11 @@ def bench_checker(trace: Path) -> tuple[Timing, int]:
     return Timing(seconds, report.steps, report.scheduled_entries), report.errors()
 
 
+def row(what: str, t: Timing) -> str:
+    return (f"| {what} | {t.steps:,} | {t.entries:,} | {t.seconds:.1f} | "
+            f"{t.steps_per_s:,.0f} | {t.entries_per_s:,.0f} |")
+
+
 def render(requests: int, rate: float, sim: Timing, chk: Timing, errors: int,
            command: str) -> str:
     return f"""# Benchmarks
@@ -109,8 +114,8 @@ max_num_batched_tokens {BENCH_CONFIG.max_num_batched_tokens}, max_model_len
 
 | what | steps | scheduled entries | seconds | steps / s | scheduled entries / s |
 |---|---:|---:|---:|---:|---:|
-| reference scheduler (simulation loop, trace written) | {sim.steps:,} | {sim.entries:,} | {sim.seconds:.1f} | {sim.steps_per_s:,.0f} | {sim.entries_per_s:,.0f} |
-| spec checker (`kvsched.spec.checker`, orjson reader) | {chk.steps:,} | {chk.entries:,} | {chk.seconds:.1f} | {chk.steps_per_s:,.0f} | {chk.entries_per_s:,.0f} |
+{row("reference scheduler (simulation loop, trace written)", sim)}
+{row("spec checker (`kvsched.spec.checker`, orjson reader)", chk)}
 
 The checker found {errors} MUST violations in the reference's trace.
 These are the baselines the optimized implementation (issue 3) must beat.

@@ -79,7 +79,7 @@ def atomic_output(path: Path) -> Iterator[IO[bytes]]:
 class Group(click.Group):
     """Click group whose usage errors are one line, like every other bad input."""
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
         try:
             return super().main(*args, **kwargs)
@@ -197,14 +197,15 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
 
     config = build_config(profile, config_given)
     knobs = get_profile(profile).knobs
-    overrides = {k: v for k, v in (("victim", victim),
-                                   ("admit_after_preempt", admit_after_preempt),
-                                   ("reserve_full_sequence", reserve_full_sequence),
-                                   ("lift_threshold_when_alone", lift_threshold_when_alone))
-                 if v is not None}
-    cost = {k: v for k, v in (("bytes_per_block", swap_bytes_per_block),
-                              ("host_bandwidth", host_bandwidth),
-                              ("prefill_tokens_per_s", prefill_tokens_per_s)) if v is not None}
+    overrides: dict[str, Any] = {
+        k: v for k, v in (("victim", victim), ("admit_after_preempt", admit_after_preempt),
+                          ("reserve_full_sequence", reserve_full_sequence),
+                          ("lift_threshold_when_alone", lift_threshold_when_alone))
+        if v is not None}
+    cost: dict[str, Any] = {
+        k: v for k, v in (("bytes_per_block", swap_bytes_per_block),
+                          ("host_bandwidth", host_bandwidth),
+                          ("prefill_tokens_per_s", prefill_tokens_per_s)) if v is not None}
     for k, v in cost.items():
         if v <= 0:
             fail(f"--{k.replace('_', '-')} must be positive, got {v}")
