@@ -142,6 +142,17 @@ def finish_sampled(step: int, request: str) -> Violation:
                      request=request)
 
 
+def finish_length(step: int, request: str, known: int, max_model_len: int) -> Violation | None:
+    """finish: a sequence never grows past max_model_len tokens, so a request samples only
+    while N < max_model_len (a prompt of max_model_len tokens leaves no room, section 2)."""
+    if known < max_model_len:
+        return None
+    return Violation("finish", step,
+                     f"{request} samples a token with {known} tokens known, taking its "
+                     f"sequence past max_model_len {max_model_len}",
+                     request=request, lhs=known + 1, relation="<=", rhs=max_model_len)
+
+
 def finish_due(step: int, request: str, outputs: int, known: int, req: Request,
                config: Config) -> Violation | None:
     """finish: outputs never exceed max_tokens; a request that reached max_tokens or

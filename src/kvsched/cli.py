@@ -32,13 +32,14 @@ from kvsched.workload import WorkItem, WorkloadError, read_workload
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-# The built-in default: a 256-block cache under a ShareGPT-like load, so that a demo
-# shows admission limits and some preemption, yet finishes in seconds.
-DEFAULT_CONFIG = Config(block_size=16, num_gpu_blocks=256, num_cpu_blocks=0,
+# The built-in default: a 1024-block cache (16k tokens) under a ShareGPT-like load that
+# outruns it, so that a demo shows queueing and preemption, yet finishes in seconds.
+DEFAULT_CONFIG = Config(block_size=16, num_gpu_blocks=1024, num_cpu_blocks=0,
                         max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=4096,
                         chunked_prefill=True, long_prefill_token_threshold=0, policy="fcfs",
                         preemption="recompute", watermark_blocks=0)
 DEFAULT_REQUESTS = 400
+DEFAULT_RATE = 0.3
 
 
 class BadInput(Exception):
@@ -174,7 +175,8 @@ def build_config(profile: str, given: dict[str, Any]) -> Config:
 @click.option("--requests", "num_requests", type=int, default=DEFAULT_REQUESTS,
               show_default=True, help="Number of generated requests.")
 @click.option("--arrival", default="poisson", show_default=True, help="Arrival process.")
-@click.option("--rate", type=float, default=None, help="Mean arrivals per step.")
+@click.option("--rate", type=float, default=DEFAULT_RATE, show_default=True,
+              help="Mean arrivals per step.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", "out_path", type=click.Path(path_type=Path), default=None,
               help="Write the trace here (JSON Lines).")
@@ -187,7 +189,7 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
              reserve_full_sequence: bool | None, lift_threshold_when_alone: bool | None,
              swap_bytes_per_block: int | None, host_bandwidth: float | None,
              prefill_tokens_per_s: float | None, workload_path: Path | None, generator: str,
-             num_requests: int, arrival: str, rate: float | None, seed: int,
+             num_requests: int, arrival: str, rate: float, seed: int,
              out_path: Path | None, no_block_ids: bool, max_steps: int | None, fmt: str,
              progress: bool | None, **config_given: Any) -> None:
     """Run the reference scheduler on a workload and write a trace v1."""
@@ -219,10 +221,8 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
         workload = read_workload(workload_path)
     else:
         try:
-            kwargs: dict[str, Any] = {"arrival": arrival, "max_model_len": config.max_model_len}
-            if rate is not None:
-                kwargs["rate"] = rate
-            workload = generate(generator, num_requests, seed, **kwargs)
+            workload = generate(generator, num_requests, seed, arrival=arrival, rate=rate,
+                                max_model_len=config.max_model_len)
         except ValueError as e:
             fail(str(e))
 

@@ -1,0 +1,162 @@
+"""The command line on good input: simulate writes a trace that check accepts, check
+names violations, metrics and profiles print what they promise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SMALL = ["--requests", "40", "--num-gpu-blocks", "64", "--max-num-seqs", "8",
+         "--max-model-len", "1024", "--rate", "0.5"]
+
+
+def kvsched(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvsched", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "trace.jsonl"
+    result = kvsched("simulate", *SMALL, "--out", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "trace written to" in result.stdout
+    assert "preemptions" in result.stdout and "TTFT" in result.stdout
+    return path
+
+
+def test_simulate_writes_a_complete_trace_that_checks_clean(trace: Path) -> None:
+    lines = trace.read_text().splitlines()
+    header = json.loads(lines[0])
+    assert header["kvsched"] == "trace" and header["config"]["num_gpu_blocks"] == 64
+    assert json.loads(lines[-1]) == {"end": True}
+    result = kvsched("check", str(trace))
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.startswith(f"OK {trace}")
+    assert "complete; 0 errors, 0 warnings" in result.stdout
+
+
+def test_check_against_its_own_profile_and_another(trace: Path, tmp_path: Path) -> None:
+    assert kvsched("check", "--profile", "vllm-v1", str(trace)).returncode == 0
+    # The same trace against a profile that admits after preempting diverges.
+    result = kvsched("check", "--profile", "sarathi", "--format", "json", str(trace))
+    assert result.returncode == 1
+    [report] = json.loads(result.stdout)
+    assert report["counts"] == {"profile": 1}
+    [divergence] = report["violations"]
+    assert divergence["message"].startswith("first divergence from sarathi: the profile")
+    assert "state before: free GPU blocks" in divergence["message"]
+
+
+def test_simulate_json_summary_has_metrics_and_no_violations() -> None:
+    result = kvsched("simulate", *SMALL, "--format", "json", "--policy", "priority")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["complete"] and summary["requests"] == 40
+    assert summary["violations"] == {}
+    assert summary["config"]["policy"] == "priority"
+
+
+def test_profile_defaults_and_explicit_options(tmp_path: Path) -> None:
+    out = tmp_path / "swap.jsonl"
+    result = kvsched("simulate", *SMALL, "--profile", "vllm-v0-swap", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    config = json.loads(out.read_text().splitlines()[0])["config"]
+    assert config["preemption"] == "swap" and config["num_cpu_blocks"] == 64
+    assert config["watermark_blocks"] == 0  # 1% of 64 blocks, rounded down
+    result = kvsched("simulate", *SMALL, "--profile", "vllm-v0-swap", "--preemption",
+                     "recompute", "--out", str(out))
+    assert json.loads(out.read_text().splitlines()[0])["config"]["preemption"] == "recompute"
+    assert kvsched("check", "--profile", "vllm-v0-swap", str(out)).returncode == 0
+
+
+def test_max_steps_leaves_an_incomplete_trace(tmp_path: Path) -> None:
+    out = tmp_path / "partial.jsonl"
+    result = kvsched("simulate", *SMALL, "--max-steps", "20", "--out", str(out))
+    assert result.returncode == 0 and "stopped early" in result.stdout
+    assert len(out.read_text().splitlines()) == 21  # header + 20 steps, no end line
+    assert "no end line" in kvsched("check", str(out)).stdout
+
+
+def write(path: Path, *objs: object) -> Path:
+    path.write_text("".join(json.dumps(o) + "\n" for o in objs))
+    return path
+
+
+HEADER = {"kvsched": "trace", "version": 1,
+          "config": {"block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 0,
+                     "max_num_batched_tokens": 32, "max_num_seqs": 4, "max_model_len": 32,
+                     "chunked_prefill": True, "long_prefill_token_threshold": 0,
+                     "policy": "fcfs", "preemption": "recompute", "watermark_blocks": 0}}
+
+
+def test_should_warnings_fail_only_with_strict(tmp_path: Path) -> None:
+    # r1 arrives and the engine never schedules it: an idle step, then the trace ends.
+    idle = write(tmp_path / "idle.jsonl", HEADER,
+                 {"step": 0, "arrivals": [{"id": "r1", "prompt_len": 5, "max_tokens": 2}]},
+                 {"end": True})
+    relaxed = kvsched("check", str(idle))
+    assert relaxed.returncode == 0
+    assert "no-idle" in relaxed.stdout and "completion" in relaxed.stdout
+    strict = kvsched("check", "--strict", str(idle))
+    assert strict.returncode == 1 and strict.stdout.startswith("FAIL")
+
+
+def test_must_violation_names_invariant_step_request_and_numbers(tmp_path: Path) -> None:
+    # 9 tokens of prompt need 3 blocks of 4; scheduling two such prompts in an 8-block
+    # cache is fine, three is not: 9 > 8.
+    arrivals = [{"id": f"r{i}", "prompt_len": 9, "max_tokens": 1} for i in range(3)]
+    bad = write(tmp_path / "bad.jsonl", HEADER,
+                {"step": 0, "arrivals": arrivals,
+                 "scheduled": [["r0", 9], ["r1", 9], ["r2", 9]],
+                 "finished": ["r0", "r1", "r2"]}, {"end": True})
+    result = kvsched("check", "--format", "json", str(bad))
+    assert result.returncode == 1
+    [report] = json.loads(result.stdout)
+    [v] = [v for v in report["violations"] if v["invariant"] == "kv-budget"]
+    assert (v["step"], v["lhs"], v["relation"], v["rhs"]) == (0, 9, "<=", 8)
+    assert v["level"] == "MUST" and "9 new GPU blocks" in v["message"]
+
+
+def test_check_many_traces_and_unknown_keys(trace: Path, tmp_path: Path) -> None:
+    extra = write(tmp_path / "extra.jsonl", HEADER,
+                  {"step": 0, "arrivals": [{"id": "a", "prompt_len": 3, "max_tokens": 1}],
+                   "scheduled": [["a", 3]], "finished": ["a"], "engine_batch_id": 7},
+                  {"end": True})
+    result = kvsched("check", str(trace), str(extra))
+    assert result.returncode == 0
+    assert result.stdout.count("OK ") == 2
+    assert "ignored unknown keys: engine_batch_id (line 2)" in result.stdout
+
+
+def test_metrics_text_and_json(trace: Path) -> None:
+    text = kvsched("metrics", str(trace))
+    assert text.returncode == 0 and "TTFT" in text.stdout
+    data = json.loads(kvsched("metrics", "--format", "json", str(trace)).stdout)
+    assert data["requests"] == 40 and data["finished"] == 40
+
+
+def test_profiles_lists_every_profile() -> None:
+    result = kvsched("profiles")
+    assert result.returncode == 0
+    for name in ("vllm-v1", "vllm-v0-swap", "sarathi"):
+        assert name in result.stdout
+
+
+def test_workload_file_with_aborts(tmp_path: Path) -> None:
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(
+        '{"id": "a", "arrival": 0, "prompt_len": 40, "output_len": 30, "max_tokens": 30,'
+        ' "abort": 3}\n'
+        '{"id": "b", "arrival": 1, "prompt_len": 8, "output_len": 2, "max_tokens": 4}\n')
+    out = tmp_path / "t.jsonl"
+    result = kvsched("simulate", "--workload", str(workload), "--out", str(out),
+                     "--format", "json")
+    assert result.returncode == 0, result.stderr
+    steps = [json.loads(line) for line in out.read_text().splitlines()[1:-1]]
+    assert steps[3]["aborted"] == ["a"]
+    assert kvsched("check", str(out)).returncode == 0
