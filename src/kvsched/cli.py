@@ -21,6 +21,7 @@ from rich.table import Table
 
 from kvsched import __version__
 from kvsched.conformance import ProfileReplay
+from kvsched.generators import ARRIVALS, KINDS, generate, parse_priorities
 from kvsched.reference.knobs import VICTIM_CHOICES, Knobs
 from kvsched.reference.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from kvsched.spec.checker import Checker, Report
@@ -170,11 +171,16 @@ def build_config(profile: str, given: dict[str, Any]) -> Config:
 @click.option("--prefill-tokens-per-s", type=float, help="Auto preemption: recompute speed.")
 @click.option("--workload", "workload_path", type=click.Path(path_type=Path),
               help="Workload JSONL file (default: a generated one).")
-@click.option("--generator", default="sharegpt", show_default=True,
-              help="Generated workload kind (see kvsched.generators).")
+@click.option("--generator", default="sharegpt", show_default=True, type=click.Choice(KINDS),
+              help="Generated workload: length distribution.")
 @click.option("--requests", "num_requests", type=int, default=DEFAULT_REQUESTS,
               show_default=True, help="Number of generated requests.")
-@click.option("--arrival", default="poisson", show_default=True, help="Arrival process.")
+@click.option("--arrival", default="poisson", show_default=True, type=click.Choice(ARRIVALS),
+              help="Arrival process of the generated workload.")
+@click.option("--priorities", default=None,
+              help="Priority mix as weights of priorities 0, 1, ...: e.g. 0.7,0.2,0.1.")
+@click.option("--max-tokens", "max_tokens", type=int, default=None,
+              help="Generated workload: max_tokens of every request (default: drawn).")
 @click.option("--rate", type=float, default=DEFAULT_RATE, show_default=True,
               help="Mean arrivals per step.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -189,11 +195,11 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
              reserve_full_sequence: bool | None, lift_threshold_when_alone: bool | None,
              swap_bytes_per_block: int | None, host_bandwidth: float | None,
              prefill_tokens_per_s: float | None, workload_path: Path | None, generator: str,
-             num_requests: int, arrival: str, rate: float, seed: int,
+             num_requests: int, arrival: str, priorities: str | None,
+             max_tokens: int | None, rate: float, seed: int,
              out_path: Path | None, no_block_ids: bool, max_steps: int | None, fmt: str,
              progress: bool | None, **config_given: Any) -> None:
     """Run the reference scheduler on a workload and write a trace v1."""
-    from kvsched.generators import generate
     from kvsched.metrics import MetricsCollector
     from kvsched.simulate import run
 
@@ -221,8 +227,10 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
         workload = read_workload(workload_path)
     else:
         try:
+            mix = parse_priorities(priorities) if priorities is not None else None
             workload = generate(generator, num_requests, seed, arrival=arrival, rate=rate,
-                                max_model_len=config.max_model_len)
+                                max_model_len=config.max_model_len, priorities=mix,
+                                max_tokens=max_tokens)
         except ValueError as e:
             fail(str(e))
 
