@@ -4,9 +4,10 @@ NOTE: every generator is a pure function of its arguments. Each part of a reques
 (lengths, max_tokens, arrival, priority) draws from its own `random.Random`, seeded
 with a string made of the seed and the part's name, so that changing the arrival
 process leaves the lengths of request i unchanged. Only the standard library is used:
-CPython's Mersenne Twister, its string seeding (SHA-512 of the string) and its
-`lognormvariate`/`expovariate` are the same on every platform, and lengths are rounded
-to whole tokens, so a seed gives the same workload on every machine.
+CPython's Mersenne Twister and its string seeding (SHA-512 of the string) are the same
+on every platform, and lengths and steps are rounded to whole numbers, so a seed gives
+the same workload on every machine (unless a last-bit difference in the C library's
+log or exp lands a value exactly on a rounding boundary).
 
 Length distributions (tokens; a lognormal is given by its median e^mu and its sigma,
 so that its mean is median * exp(sigma^2 / 2)):
@@ -14,11 +15,11 @@ so that its mean is median * exp(sigma^2 / 2)):
 - `sharegpt`: prompts median 90, sigma 1.34 (mean 221); outputs median 120, sigma 1.0
   (mean 198). The means are those of ShareGPT_V3_unfiltered_cleaned_split.json as
   vLLM's serving benchmark samples it (conversations with prompt <= 1024 and
-  prompt + output <= 2048 tokens, both >= 4): 1000 sampled requests carry about
-  215k-230k input and about 200k output tokens (Llama tokenizers; e.g. vLLM PR
-  #18566 reports 229,711 input and 203,068 generated tokens for 1000 requests). The
-  prompt median of about 90 tokens reflects the heavy right tail of chat prompts; the
-  output median 120 is our assumption, only the means are published numbers. (The
+  prompt + output <= 2048 tokens, both >= 4): vLLM PR #18566 reports 229,711 input
+  and 203,068 generated tokens for 1000 requests (Llama-3.1 tokenizer, chat endpoint,
+  so the template adds some input tokens). The prompt median of 90 gives the heavy
+  right tail of chat prompts (a few long pasted documents); it and the output median
+  120 are our assumptions: only the means are published numbers. (The
   vLLM paper, Kwon et al. SOSP 2023 section 6.1, reports longer means for the
   unfiltered set: 161 in, 338 out, with the OPT tokenizer.)
 - `alpaca`: prompts median 16, sigma 0.6 (mean 19.2); outputs median 39, sigma 0.9
@@ -33,10 +34,10 @@ Clipping to max_model_len M (as a server refuses prompt + max_tokens > M): the p
 is cut to M - 1 tokens, then max_tokens and the output to M - prompt, so every request
 fits one sequence (prompt_len + max_tokens <= M) and output_len <= max_tokens.
 
-max_tokens: a fixed number for every request (then outputs longer than it stop at
-max_tokens), or by default what a client asks: the natural output length times a
-factor uniform in [0.5, 2), so about a third of the requests stop at max_tokens and the
-rest at end-of-sequence.
+max_tokens: a fixed number for every request (outputs longer than it are cut there),
+or by default the output length plus a slack: none for a quarter of the requests (they
+stop at max_tokens, the client's cap), otherwise uniform up to the output length again
+(they stop at end-of-sequence). The output lengths keep the distribution's mean.
 
 Arrivals, in steps (rate = mean arrivals per step):
 - `poisson`: exponential gaps of mean 1 / rate in continuous time, floored to steps;
@@ -63,12 +64,12 @@ from kvsched.workload import WorkItem, validate
 KINDS: tuple[str, ...] = ("sharegpt", "alpaca", "long-context", "uniform")
 ARRIVALS: tuple[str, ...] = ("poisson", "bursty", "batch")
 
-DEFAULT_RATE = 0.1  # arrivals per step: near saturation of the default Config
+DEFAULT_RATE = 0.05  # arrivals per step: about what the default Config serves of sharegpt
 DEFAULT_MAX_MODEL_LEN = 4096  # Config's default
 DEFAULT_PROMPT_RANGE = (16, 512)
 DEFAULT_OUTPUT_RANGE = (16, 256)
-# max_tokens a client asks for by default: the natural output times U[LOW, HIGH).
-MAX_TOKENS_FACTOR = (0.5, 2.0)
+# By default this fraction of requests asks for max_tokens = its output length exactly.
+CAPPED_FRACTION = 0.25
 # The bursty process: fraction of time in bursts, and the mean burst length in steps.
 BURST_FRACTION = 0.1
 BURST_STEPS = 10.0
@@ -229,14 +230,29 @@ def generate(kind: str, n: int, seed: int, *, arrival: str = "poisson",
     pairs = lengths(kind, n, seed, prompt_range, output_range)
     steps = arrival_steps(arrival, n, float(rate), seed)
     priority = _priority_draw(priorities, seed)
-    factor = _stream(seed, "max_tokens").uniform
-    low, high = MAX_TOKENS_FACTOR
+    slack = _max_tokens_slack(seed)
+    last_prompt = max_model_len - 1
     items = []
-    for i, ((prompt, natural), step) in enumerate(zip(pairs, steps, strict=True)):
-        prompt = min(prompt, max_model_len - 1)
+    for i, ((prompt, output), step) in enumerate(zip(pairs, steps, strict=True)):
+        if prompt > last_prompt:
+            prompt = last_prompt
         room = max_model_len - prompt
-        asked = max_tokens if max_tokens is not None else max(1, round(natural * factor(low,
-                                                                                         high)))
-        cap = min(asked, room)
-        items.append(WorkItem(f"r{i}", step, prompt, min(natural, cap), cap, priority()))
+        asked = output + slack(output) if max_tokens is None else max_tokens
+        cap = asked if asked < room else room
+        items.append(WorkItem(f"r{i}", step, prompt, output if output < cap else cap, cap,
+                              priority()))
     return validate(items)
+
+
+def _max_tokens_slack(seed: int) -> Callable[[int], int]:
+    rng = _stream(seed, "max_tokens")
+    draw = rng.random
+
+    def slack(output: int) -> int:
+        u = draw()
+        if u < CAPPED_FRACTION:
+            return 0
+        # u is uniform on [CAPPED_FRACTION, 1): rescale it to a slack in 1..output.
+        return 1 + int((u - CAPPED_FRACTION) / (1 - CAPPED_FRACTION) * output)
+
+    return slack

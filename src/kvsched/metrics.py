@@ -1,0 +1,467 @@
+"""Metrics of any trace (design.md section 7), computed as the steps stream by.
+
+NOTE: a trace does not say when a request samples a token, so the collector replays
+the spec's token arithmetic: a request knows N tokens (its prompt at arrival) and has
+C computed; a scheduled chunk of Dn tokens sets C = min(C + Dn, N), and when C reaches N
+the request samples one token (N += 1). A recompute preemption sets C = 0 and keeps N,
+so the replayed outputs are computed again without sampling. Blocks follow section 2:
+Db = max(0, ceil((C + Dn) / block_size) - G), released on recompute, finish and abort,
+moved to the host and back on swap.
+
+Units and definitions:
+- a step is the unit of time; milliseconds too when every step has `time_ms`;
+- TTFT = first-sample step - arrival step + 1: the steps a request lived through up to
+  and including the one that produced its first token (1 = prefilled on arrival);
+  recorded at the first sample, so a request aborted later still counts;
+- TPOT = (last-sample step - first-sample step) / (outputs - 1), for finished requests
+  with at least two outputs (1.0 = one token every step);
+- latency = finish step - arrival step + 1, for finished requests;
+- KV use = GPU blocks held while the step's batch runs (after allocation, before the
+  finishes release theirs) / num_gpu_blocks, as vLLM's kv_cache_usage gauge samples it;
+  derived from the arithmetic above, or from the engine's `free_blocks` (after the step)
+  plus the finished requests' blocks when the trace reports it;
+- queue lengths = waiting, running and swapped requests after the step;
+- recomputed tokens = the C each recompute victim had when preempted.
+
+Memory: the collector keeps one small record per live request. Entries naming a
+request that is not live are ignored (metrics describe; `kvsched check` judges), so no
+set of ended ids grows with the trace. Percentiles are exact: the TTFT, TPOT and latency
+values are kept in `array('d')`, 8 bytes per request each (24 MB for a million requests,
+40 with milliseconds), and sorted once at the end; percentiles interpolate linearly
+between ranks, as numpy.percentile does by default. Per-step series (on by default,
+`series=False` turns them off) cost 8 bytes per step and series.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvsched.spec.blocks import blocks_needed
+from kvsched.spec.model import Config, Status, StepRecord
+from kvsched.spec.trace import TraceReader
+
+PERCENTILES = (50, 90, 99)
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The q-th percentile of sorted values, interpolated linearly between ranks.
+
+    pre: len(ordered) >= 1 and 0 <= q <= 100
+    post: ordered[0] <= __return__ <= ordered[-1]
+    """
+    rank = q / 100 * (len(ordered) - 1)
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """A latency over requests: how many, mean, p50, p90, p99, max (None when empty)."""
+
+    count: int = 0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    max: float | None = None
+
+    @staticmethod
+    def of(values: array[float]) -> Distribution:
+        if not values:
+            return Distribution()
+        ordered = sorted(values)
+        p50, p90, p99 = (percentile(ordered, q) for q in PERCENTILES)
+        return Distribution(len(ordered), math.fsum(ordered) / len(ordered), p50, p90, p99,
+                            ordered[-1])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "mean": self.mean, "p50": self.p50, "p90": self.p90,
+                "p99": self.p99, "max": self.max}
+
+    def text(self) -> str:
+        if self.count == 0 or self.mean is None:
+            return "-"
+        return (f"mean {_num(self.mean)}, p50 {_num(self.p50)}, p90 {_num(self.p90)}, "
+                f"p99 {_num(self.p99)}, max {_num(self.max)}")
+
+
+@dataclass(frozen=True)
+class Series:
+    """Per-step values, index = step, for plotting."""
+
+    waiting: list[int]
+    running: list[int]
+    swapped: list[int]
+    kv_blocks: list[int]  # GPU blocks held while the batch runs
+    preemptions: list[int]
+    generated: list[int]  # tokens sampled
+    computed: list[int]  # tokens scheduled
+
+    def as_dict(self) -> dict[str, list[int]]:
+        return {"waiting": self.waiting, "running": self.running, "swapped": self.swapped,
+                "kv_blocks": self.kv_blocks, "preemptions": self.preemptions,
+                "generated": self.generated, "computed": self.computed}
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Everything measured on one trace; see the module docstring for the definitions."""
+
+    num_gpu_blocks: int
+    steps: int
+    requests: int
+    finished: int
+    aborted: int
+    rejected: int
+    unfinished: int
+    generated_tokens: int
+    computed_tokens: int
+    prompt_tokens: int
+    duration_ms: float | None
+    ttft: Distribution
+    tpot: Distribution
+    latency: Distribution
+    ttft_ms: Distribution | None
+    tpot_ms: Distribution | None
+    waiting_mean: float
+    waiting_max: int
+    running_mean: float
+    running_max: int
+    swapped_mean: float
+    swapped_max: int
+    kv_use_mean: float
+    kv_use_peak: float
+    kv_blocks_peak: int
+    preemptions: dict[str, int]
+    swap_ins: int
+    recomputed_tokens: int
+    series: Series | None = None
+
+    @property
+    def generated_per_step(self) -> float:
+        return self.generated_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def computed_per_step(self) -> float:
+        return self.computed_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def generated_per_second(self) -> float | None:
+        if not self.duration_ms:
+            return None
+        return self.generated_tokens / (self.duration_ms / 1000)
+
+    @property
+    def computed_per_second(self) -> float | None:
+        if not self.duration_ms:
+            return None
+        return self.computed_tokens / (self.duration_ms / 1000)
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(name, formatted value) for a summary table."""
+        out = [
+            ("steps", f"{self.steps}"),
+            ("requests", f"{self.requests}: {self.finished} finished, {self.rejected} "
+                         f"rejected, {self.aborted} aborted, {self.unfinished} unfinished"),
+            ("generated tokens", f"{self.generated_tokens} ({_num(self.generated_per_step)} "
+                                 "per step)"),
+            ("computed tokens", f"{self.computed_tokens} ({_num(self.computed_per_step)} "
+                                f"per step; {self.prompt_tokens} of prompts)"),
+        ]
+        if self.duration_ms is not None:
+            per_s = self.generated_per_second
+            out.append(("duration", f"{_num(self.duration_ms / 1000)} s"
+                        + (f" ({_num(per_s)} generated tokens/s)" if per_s is not None
+                           else "")))
+        out += [
+            ("TTFT (steps)", self.ttft.text()),
+            ("TPOT (steps/token)", self.tpot.text()),
+            ("latency (steps)", self.latency.text()),
+        ]
+        if self.ttft_ms is not None and self.tpot_ms is not None:
+            out += [("TTFT (ms)", self.ttft_ms.text()),
+                    ("TPOT (ms/token)", self.tpot_ms.text())]
+        out += [
+            ("waiting", f"mean {_num(self.waiting_mean)}, max {self.waiting_max}"),
+            ("running", f"mean {_num(self.running_mean)}, max {self.running_max}"),
+            ("swapped", f"mean {_num(self.swapped_mean)}, max {self.swapped_max}"),
+            ("KV use", f"mean {self.kv_use_mean:.1%}, peak {self.kv_use_peak:.1%} "
+                       f"({self.kv_blocks_peak} of {self.num_gpu_blocks} blocks)"),
+            ("preemptions", f"{sum(self.preemptions.values())} ("
+                            + ", ".join(f"{k} {v}" for k, v in self.preemptions.items())
+                            + f"), {self.swap_ins} swap-ins"),
+            ("recomputed tokens", f"{self.recomputed_tokens}"),
+        ]
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values; `series` only when collected."""
+        out: dict[str, Any] = {
+            "steps": self.steps, "requests": self.requests, "finished": self.finished,
+            "aborted": self.aborted, "rejected": self.rejected, "unfinished": self.unfinished,
+            "generated_tokens": self.generated_tokens, "computed_tokens": self.computed_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_per_step": self.generated_per_step,
+            "computed_per_step": self.computed_per_step,
+            "duration_ms": self.duration_ms,
+            "generated_per_second": self.generated_per_second,
+            "computed_per_second": self.computed_per_second,
+            "ttft_steps": self.ttft.as_dict(), "tpot_steps": self.tpot.as_dict(),
+            "latency_steps": self.latency.as_dict(),
+            "ttft_ms": None if self.ttft_ms is None else self.ttft_ms.as_dict(),
+            "tpot_ms": None if self.tpot_ms is None else self.tpot_ms.as_dict(),
+            "queue": {"waiting": {"mean": self.waiting_mean, "max": self.waiting_max},
+                      "running": {"mean": self.running_mean, "max": self.running_max},
+                      "swapped": {"mean": self.swapped_mean, "max": self.swapped_max}},
+            "kv": {"num_gpu_blocks": self.num_gpu_blocks, "use_mean": self.kv_use_mean,
+                   "use_peak": self.kv_use_peak, "blocks_peak": self.kv_blocks_peak},
+            "preemptions": dict(self.preemptions), "swap_ins": self.swap_ins,
+            "recomputed_tokens": self.recomputed_tokens,
+        }
+        if self.series is not None:
+            out["series"] = self.series.as_dict()
+        return out
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if x == int(x) else f"{x:.2f}"
+
+
+@dataclass(slots=True)
+class _Live:
+    """The collector's view of one live request."""
+
+    prompt_len: int
+    arrival_step: int
+    arrival_clock: float
+    status: Status = Status.WAITING
+    num_tokens: int = 0  # N
+    num_computed: int = 0  # C
+    gpu_blocks: int = 0  # G
+    host_blocks: int = 0  # H
+    outputs: int = 0
+    first_step: int = -1
+    first_clock: float = 0.0
+    last_step: int = -1
+    last_clock: float = 0.0
+
+
+@dataclass
+class _Series:
+    waiting: array[int] = field(default_factory=lambda: array("q"))
+    running: array[int] = field(default_factory=lambda: array("q"))
+    swapped: array[int] = field(default_factory=lambda: array("q"))
+    kv_blocks: array[int] = field(default_factory=lambda: array("q"))
+    preemptions: array[int] = field(default_factory=lambda: array("q"))
+    generated: array[int] = field(default_factory=lambda: array("q"))
+    computed: array[int] = field(default_factory=lambda: array("q"))
+
+
+class MetricsCollector:
+    """Feed it a trace's steps in order with `step`, then read `result()`."""
+
+    def __init__(self, config: Config, *, series: bool = True) -> None:
+        self.config = config
+        self.live: dict[str, _Live] = {}
+        self.counts = {status: 0 for status in Status}
+        self.steps = 0
+        self.requests = 0
+        self.generated = 0
+        self.computed = 0
+        self.prompt_tokens = 0
+        self.kv_blocks = 0  # G summed over live requests
+        self.clock = 0.0  # ms at the end of the last step
+        self.timed = True  # every step so far had time_ms
+        self.ttft = array("d")
+        self.tpot = array("d")
+        self.latency = array("d")
+        self.ttft_ms = array("d")
+        self.tpot_ms = array("d")
+        self.preemptions = {"recompute": 0, "swap": 0}
+        self.swap_ins = 0
+        self.recomputed = 0
+        self.sums = {"waiting": 0, "running": 0, "swapped": 0, "kv": 0}
+        self.peaks = {"waiting": 0, "running": 0, "swapped": 0, "kv": 0}
+        self.series = _Series() if series else None
+
+    def _set_status(self, r: _Live, status: Status) -> None:
+        self.counts[r.status] -= 1
+        self.counts[status] += 1
+        r.status = status
+
+    def _release(self, rid: str, r: _Live, status: Status) -> int:
+        """End a live request; return the GPU blocks it released."""
+        released = r.gpu_blocks
+        self.kv_blocks -= released
+        self._set_status(r, status)
+        del self.live[rid]
+        return released
+
+    def step(self, rec: StepRecord) -> None:
+        bs = self.config.block_size
+        if rec.time_ms is None:
+            self.timed = False
+        start = self.clock
+        end = start + (rec.time_ms or 0.0)
+        s = rec.step
+        live = self.live
+
+        # 1. arrivals, then aborts
+        for req in rec.arrivals:
+            if req.id in live:
+                continue
+            r = _Live(req.prompt_len, s, start, num_tokens=req.prompt_len)
+            live[req.id] = r
+            self.counts[Status.WAITING] += 1
+            self.requests += 1
+        for rid in rec.aborted:
+            r_ = live.get(rid)
+            if r_ is not None:
+                self._release(rid, r_, Status.ABORTED)
+        # 2. rejections
+        for rej in rec.rejected:
+            r_ = live.get(rej.id)
+            if r_ is not None:
+                self._release(rej.id, r_, Status.REJECTED)
+        # 3. preemptions
+        for p in rec.preempted:
+            r_ = live.get(p.id)
+            if r_ is None:
+                continue
+            self.preemptions[p.mode] = self.preemptions.get(p.mode, 0) + 1
+            self.kv_blocks -= r_.gpu_blocks
+            if p.mode == "swap":
+                r_.host_blocks, r_.gpu_blocks = r_.gpu_blocks, 0
+                self._set_status(r_, Status.SWAPPED)
+            else:
+                self.recomputed += r_.num_computed
+                r_.gpu_blocks = 0
+                r_.num_computed = 0
+                self._set_status(r_, Status.WAITING)
+        # 4. swap-ins
+        for rid in rec.swapped_in:
+            r_ = live.get(rid)
+            if r_ is None:
+                continue
+            self.swap_ins += 1
+            r_.gpu_blocks, r_.host_blocks = r_.host_blocks, 0
+            self.kv_blocks += r_.gpu_blocks
+            self._set_status(r_, Status.RUNNING)
+        # 5. the scheduled set: blocks, computed tokens, samples
+        generated = 0
+        computed = 0
+        for rid, n in rec.scheduled:
+            r_ = live.get(rid)
+            if r_ is None or n < 1:
+                continue
+            if r_.status != Status.RUNNING:
+                self._set_status(r_, Status.RUNNING)
+            db = blocks_needed(r_.num_computed, n, r_.gpu_blocks, bs)
+            r_.gpu_blocks += db
+            self.kv_blocks += db
+            before = r_.num_computed
+            after = min(before + n, r_.num_tokens)
+            computed += after - before
+            if before < r_.prompt_len:
+                self.prompt_tokens += min(after, r_.prompt_len) - before
+            r_.num_computed = after
+            if after == r_.num_tokens:
+                r_.num_tokens += 1
+                r_.outputs += 1
+                generated += 1
+                if r_.first_step < 0:
+                    r_.first_step, r_.first_clock = s, end
+                    self.ttft.append(s - r_.arrival_step + 1)
+                    if self.timed:
+                        self.ttft_ms.append(end - r_.arrival_clock)
+                r_.last_step, r_.last_clock = s, end
+        # KV use while the batch runs: before the finishes release their blocks.
+        finishing = 0
+        for rid in rec.finished:
+            r_ = live.get(rid)
+            if r_ is not None:
+                finishing += r_.gpu_blocks
+        if rec.free_blocks is not None:
+            kv_used = self.config.num_gpu_blocks - rec.free_blocks + finishing
+        else:
+            kv_used = self.kv_blocks
+        # 6. finishes
+        for rid in rec.finished:
+            r_ = live.get(rid)
+            if r_ is None:
+                continue
+            self._release(rid, r_, Status.FINISHED)
+            self.latency.append(s - r_.arrival_step + 1)
+            if r_.outputs >= 2:
+                self.tpot.append((r_.last_step - r_.first_step) / (r_.outputs - 1))
+                if self.timed:
+                    self.tpot_ms.append((r_.last_clock - r_.first_clock) / (r_.outputs - 1))
+
+        self.steps += 1
+        self.generated += generated
+        self.computed += computed
+        self.clock = end
+        queue = {"waiting": self.counts[Status.WAITING], "running": self.counts[Status.RUNNING],
+                 "swapped": self.counts[Status.SWAPPED], "kv": kv_used}
+        for k, v in queue.items():
+            self.sums[k] += v
+            if v > self.peaks[k]:
+                self.peaks[k] = v
+        if self.series is not None:
+            sr = self.series
+            sr.waiting.append(queue["waiting"])
+            sr.running.append(queue["running"])
+            sr.swapped.append(queue["swapped"])
+            sr.kv_blocks.append(kv_used)
+            sr.preemptions.append(len(rec.preempted))
+            sr.generated.append(generated)
+            sr.computed.append(computed)
+
+    def result(self) -> Metrics:
+        steps = self.steps
+        mean = {k: (v / steps if steps else 0.0) for k, v in self.sums.items()}
+        blocks = self.config.num_gpu_blocks
+        timed = self.timed and steps > 0
+        series = None
+        if self.series is not None:
+            sr = self.series
+            series = Series(sr.waiting.tolist(), sr.running.tolist(), sr.swapped.tolist(),
+                            sr.kv_blocks.tolist(), sr.preemptions.tolist(),
+                            sr.generated.tolist(), sr.computed.tolist())
+        return Metrics(
+            num_gpu_blocks=blocks, steps=steps, requests=self.requests,
+            finished=self.counts[Status.FINISHED], aborted=self.counts[Status.ABORTED],
+            rejected=self.counts[Status.REJECTED], unfinished=len(self.live),
+            generated_tokens=self.generated, computed_tokens=self.computed,
+            prompt_tokens=self.prompt_tokens, duration_ms=self.clock if timed else None,
+            ttft=Distribution.of(self.ttft), tpot=Distribution.of(self.tpot),
+            latency=Distribution.of(self.latency),
+            ttft_ms=Distribution.of(self.ttft_ms) if timed else None,
+            tpot_ms=Distribution.of(self.tpot_ms) if timed else None,
+            waiting_mean=mean["waiting"], waiting_max=self.peaks["waiting"],
+            running_mean=mean["running"], running_max=self.peaks["running"],
+            swapped_mean=mean["swapped"], swapped_max=self.peaks["swapped"],
+            kv_use_mean=mean["kv"] / blocks, kv_use_peak=self.peaks["kv"] / blocks,
+            kv_blocks_peak=self.peaks["kv"], preemptions=dict(self.preemptions),
+            swap_ins=self.swap_ins, recomputed_tokens=self.recomputed, series=series)
+
+
+def metrics_of(config: Config, records: Iterable[StepRecord], *,
+               series: bool = True) -> Metrics:
+    """The metrics of a sequence of steps under `config`."""
+    collector = MetricsCollector(config, series=series)
+    for rec in records:
+        collector.step(rec)
+    return collector.result()
+
+
+def metrics_of_trace(reader: TraceReader, *, series: bool = True) -> Metrics:
+    """The metrics of a whole trace as it streams from `reader`."""
+    return metrics_of(reader.header.config, reader, series=series)
