@@ -166,12 +166,14 @@ class Checker:
         reclaim = 0
         last_victim = 0
         last_victim_need: tuple[int, int, int] = (0, 0, 0)  # its N, C, G before
+        invalid_victim = False
         released_by_victims = 0
         for p in rec.preempted:
             t = self._get(p.id, "preempted", rec.line)
             v = must.preempt_victim(s, p.id, self._state(p.id, tags))
             self._flag(v)
             if v is not None or t is None:
+                invalid_victim = True
                 continue
             t.preemptions += 1
             last_victim_need = (t.num_tokens, t.num_computed, t.gpu_blocks)
@@ -196,6 +198,7 @@ class Checker:
         # 4. swap-ins: the host blocks come back to the GPU
         demand = 0
         expected_ids: dict[str, int] = {}
+        told: set[str] = set()
         for rid in rec.swapped_in:
             t = self._get(rid, "swapped_in", rec.line)
             v = must.one_state(s, rid, "swapped in", self._state(rid, tags))
@@ -240,16 +243,17 @@ class Checker:
                 given = rec.new_blocks.get(rid, ()) if rec.new_blocks is not None else None
                 if given is not None and len(given) != db:
                     self._flag(must.preempt_recompute(s, rid, len(given), db))
-                    expected_ids.pop(rid)  # told once, as preempt
+                    told.add(rid)  # told once, as preempt
             t.num_computed = min(t.num_computed + n, t.num_tokens)
             if t.num_computed == t.num_tokens:
                 self._flag(must.finish_length(s, rid, t.num_tokens, cfg.max_model_len))
                 t.num_tokens += 1
                 sampled.append(t)
         self._flag(must.token_budget(s, tokens, cfg.max_num_batched_tokens))
-        self._flag(must.kv_budget(s, demand, free_before, reclaim))
+        over_budget = must.kv_budget(s, demand, free_before, reclaim)
+        self._flag(over_budget)
         self._flag(must.seq_limit(s, self.running, cfg.max_num_seqs))
-        self._check_block_ids(rec, expected_ids)
+        self._check_block_ids(rec, expected_ids, told)
 
         # 6. finishes
         sampled_ids = {t.request.id for t in sampled}
@@ -269,7 +273,7 @@ class Checker:
                                            t.num_tokens, t.request, cfg))
 
         self._check_accounting(rec, released_by_victims, released_by_finish, recomputed)
-        if rec.preempted and not self.report.counts.get("kv-budget"):
+        if rec.preempted and not invalid_victim and over_budget is None:
             # The last victim's own next chunk, at most its threshold-capped rest (it may
             # have been scheduled first and taken back, as vLLM's priority victim is).
             known, computed, held = last_victim_need
@@ -284,7 +288,8 @@ class Checker:
         if not rec.scheduled and not rec.preempted and not rec.swapped_in:
             self._flag(should.no_idle(s, self._runnable()))
 
-    def _check_block_ids(self, rec: StepRecord, expected: dict[str, int]) -> None:
+    def _check_block_ids(self, rec: StepRecord, expected: dict[str, int],
+                         told: set[str]) -> None:
         if self.track_ids is None:
             self.track_ids = rec.new_blocks is not None
         if rec.new_blocks is None:
@@ -295,8 +300,9 @@ class Checker:
         # Batch order (swap-ins, then scheduled), then the rest: the same report every run.
         for rid in dict.fromkeys([*expected, *rec.new_blocks]):
             given = rec.new_blocks.get(rid, ())
-            if rid in expected:
-                self._flag(must.block_ids_count(s, rid, len(given), expected[rid]))
+            if rid not in told:
+                # A request that was not scheduled needs no new block at all.
+                self._flag(must.block_ids_count(s, rid, len(given), expected.get(rid, 0)))
             t = self.live.get(rid)
             for b in given:
                 v = must.block_ids_owner(s, rid, b, self.owner.get(b),
