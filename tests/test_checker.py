@@ -1,0 +1,190 @@
+"""The spec checker on small hand-written traces: each rule fires where it should,
+names the right request and numbers, and stays quiet where it should."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+
+from kvsched.spec.checker import Report, check_trace
+from kvsched.spec.trace import TraceError, TraceReader
+
+CONFIG = {"block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 4,
+          "max_num_batched_tokens": 32, "max_num_seqs": 4, "max_model_len": 32,
+          "chunked_prefill": True, "long_prefill_token_threshold": 0, "policy": "fcfs",
+          "preemption": "recompute", "watermark_blocks": 0}
+
+
+def check(*steps: dict[str, Any], end: bool = True, **config: Any) -> Report:
+    lines = [{"kvsched": "trace", "version": 1, "config": {**CONFIG, **config}}, *steps]
+    if end:
+        lines.append({"end": True})
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    return check_trace(TraceReader(io.BytesIO(data)))
+
+
+def arrive(rid: str, prompt: int, max_tokens: int = 8, priority: int = 0) -> dict[str, Any]:
+    return {"id": rid, "prompt_len": prompt, "max_tokens": max_tokens, "priority": priority}
+
+
+def only(report: Report, invariant: str) -> list[Any]:
+    return [v for v in report.violations if v.invariant == invariant]
+
+
+def test_a_clean_trace_has_no_violation() -> None:
+    report = check(
+        {"step": 0, "arrivals": [arrive("a", 6, 2)], "scheduled": [["a", 6]],
+         "free_blocks": 6, "new_blocks": {"a": [0, 1]}},
+        {"step": 1, "scheduled": [["a", 1]], "finished": ["a"], "free_blocks": 8,
+         "new_blocks": {}})
+    assert report.counts == {} and report.complete and report.requests == 1
+
+
+def test_finishing_a_finished_request_is_one_state_not_a_crash() -> None:
+    report = check(
+        {"step": 0, "arrivals": [arrive("a", 3, 1)], "scheduled": [["a", 3]], "finished": ["a"]},
+        {"step": 1, "finished": ["a"]})
+    [v] = only(report, "one-state")
+    assert (v.step, v.request) == (1, "a") and "finished while finished" in v.message
+
+
+def test_block_blame_follows_batch_order() -> None:
+    # b and c both receive block 5: c, later in the batch, is the one blamed, every run.
+    report = check({"step": 0, "arrivals": [arrive("b", 4), arrive("c", 4)],
+                    "scheduled": [["b", 4], ["c", 4]], "new_blocks": {"c": [5], "b": [5]}})
+    [v] = only(report, "block-ids")
+    assert v.request == "c" and "which b still holds" in v.message
+
+
+def test_blocks_given_to_an_unscheduled_request_count_against_zero() -> None:
+    report = check({"step": 0, "arrivals": [arrive("a", 4), arrive("idle", 4)],
+                    "scheduled": [["a", 4]], "new_blocks": {"a": [0], "idle": [3]}},
+                   end=False)
+    [v] = only(report, "block-ids")
+    assert v.request == "idle" and (v.lhs, v.rhs) == (1, 0)
+
+
+def test_an_invalid_victim_is_preempt_and_not_needed_preemption() -> None:
+    report = check({"step": 0, "arrivals": [arrive("a", 4)],
+                    "preempted": [{"id": "a", "mode": "recompute"}], "scheduled": []},
+                   end=False)
+    assert set(report.counts) == {"preempt"}
+    assert "a is preempted while waiting" in report.violations[0].message
+
+
+def test_sampling_past_max_model_len_breaks_finish() -> None:
+    # A 32-token prompt with max_model_len 32 has no room for an output token.
+    report = check({"step": 0, "arrivals": [arrive("a", 32, 1)], "scheduled": [["a", 32]],
+                    "finished": ["a"]}, num_gpu_blocks=8)
+    [v] = only(report, "finish")
+    assert (v.lhs, v.relation, v.rhs) == (33, "<=", 32)
+    assert "past max_model_len 32" in v.message
+
+
+def test_a_request_at_max_tokens_must_finish_that_step() -> None:
+    report = check({"step": 0, "arrivals": [arrive("a", 3, 1)], "scheduled": [["a", 3]]},
+                   end=False)
+    [v] = only(report, "finish")
+    assert "reached max_tokens 1 but did not finish" in v.message
+
+
+def test_finishing_without_sampling_breaks_finish() -> None:
+    report = check({"step": 0, "arrivals": [arrive("a", 8)], "scheduled": [["a", 4]],
+                    "finished": ["a"]})
+    [v] = only(report, "finish")
+    assert "without having sampled" in v.message
+
+
+@pytest.mark.parametrize("reported,invariant,words", [
+    (4, "preempt", "should have released 1 GPU blocks"),   # the victim kept its block
+    (9, "accounting", "reports 9 free GPU blocks; the trace implies 5"),
+])
+def test_free_count_mismatch_is_attributed(reported: int, invariant: str, words: str) -> None:
+    # Step 1: b gives up its 1 block and a takes a 3rd: derived free after = 5 + 1 - 1.
+    report = check(
+        {"step": 0, "arrivals": [arrive("a", 8), arrive("b", 4)],
+         "scheduled": [["a", 8], ["b", 4]], "free_blocks": 5},
+        {"step": 1, "preempted": [{"id": "b", "mode": "recompute"}], "scheduled": [["a", 1]],
+         "free_blocks": reported}, end=False)
+    [v] = only(report, invariant)
+    assert v.step == 1 and words in v.message
+    assert report.errors() == 1
+
+
+def test_a_finished_leak_is_finish() -> None:
+    report = check(
+        {"step": 0, "arrivals": [arrive("a", 8, 1)], "scheduled": [["a", 8]],
+         "finished": ["a"], "free_blocks": 6})
+    [v] = only(report, "finish")
+    assert "a leak" in v.message and (v.lhs, v.rhs) == (0, 2)
+
+
+def test_each_leak_is_told_once() -> None:
+    steps = [{"step": 0, "arrivals": [arrive("a", 8, 1)], "scheduled": [["a", 8]],
+              "finished": ["a"], "free_blocks": 6}]
+    steps += [{"step": i, "free_blocks": 6} for i in range(1, 5)]
+    report = check(*steps)
+    assert report.counts == {"finish": 1}
+
+
+def test_swap_out_and_in_move_exactly_the_held_blocks() -> None:
+    report = check(
+        {"step": 0, "arrivals": [arrive("a", 8)], "scheduled": [["a", 8]], "free_blocks": 6},
+        {"step": 1, "preempted": [{"id": "a", "mode": "swap"}], "free_blocks": 8},
+        {"step": 2, "swapped_in": ["a"], "scheduled": [["a", 1]], "free_blocks": 5},
+        end=False, preemption="swap")
+    assert report.errors() == 0
+
+
+def test_swap_out_beyond_host_is_cpu_budget() -> None:
+    report = check(
+        {"step": 0, "arrivals": [arrive("a", 8)], "scheduled": [["a", 8]]},
+        {"step": 1, "preempted": [{"id": "a", "mode": "swap"}]},
+        end=False, num_cpu_blocks=1, preemption="swap")
+    [v] = only(report, "cpu-budget")
+    assert (v.lhs, v.rhs) == (2, 1)  # a's 8 tokens hold 2 blocks of 4
+
+
+def test_scheduling_a_swapped_request_without_swap_in_is_one_state() -> None:
+    report = check(
+        {"step": 0, "arrivals": [arrive("a", 8)], "scheduled": [["a", 8]]},
+        {"step": 1, "preempted": [{"id": "a", "mode": "swap"}]},
+        {"step": 2, "scheduled": [["a", 1]]}, end=False, preemption="swap")
+    [v] = only(report, "one-state")
+    assert "a is scheduled while swapped" in v.message
+
+
+def test_whole_prefill_without_chunking() -> None:
+    report = check({"step": 0, "arrivals": [arrive("a", 8)], "scheduled": [["a", 4]]},
+                   end=False, chunked_prefill=False)
+    [v] = only(report, "token-range")
+    assert "must be scheduled whole" in v.message
+
+
+def test_rejecting_a_feasible_request_and_keeping_an_impossible_one() -> None:
+    report = check({"step": 0, "arrivals": [arrive("ok", 4), arrive("huge", 40)],
+                    "rejected": [{"id": "ok", "reason": "no"}]})
+    assert only(report, "reject")[0].request == "ok"
+    [c] = only(report, "completion")
+    assert c.request == "huge" and "should have been rejected" in c.message
+
+
+def test_thrash_is_told_once_past_the_limit() -> None:
+    steps: list[dict[str, Any]] = [
+        {"step": 0, "arrivals": [arrive("a", 4, 30)], "scheduled": [["a", 4]]}]
+    for i in range(1, 12, 2):
+        steps.append({"step": i, "preempted": [{"id": "a", "mode": "recompute"}]})
+        steps.append({"step": i + 1, "scheduled": [["a", 4 + (i + 1) // 2]]})
+    lines = [{"kvsched": "trace", "version": 1, "config": CONFIG}, *steps]
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    report = check_trace(TraceReader(io.BytesIO(data)), max_preemptions=3)
+    [v] = only(report, "no-thrash")
+    assert v.step == 7 and (v.lhs, v.rhs) == (4, 3)
+
+
+def test_unknown_ids_are_bad_input() -> None:
+    with pytest.raises(TraceError, match="line 2: unknown request id 'ghost' in aborted"):
+        check({"step": 0, "aborted": ["ghost"]})
