@@ -299,6 +299,7 @@ class Checker:
         s = rec.step
         # Batch order (swap-ins, then scheduled), then the rest: the same report every run.
         for rid in dict.fromkeys([*expected, *rec.new_blocks]):
+            self._get(rid, "new_blocks", rec.line)  # an id that never arrived is bad input
             given = rec.new_blocks.get(rid, ())
             if rid not in told:
                 # A request that was not scheduled needs no new block at all.

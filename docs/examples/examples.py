@@ -1,0 +1,218 @@
+"""The example traces of docs/spec.md, checked for real when the page is rendered.
+
+Each example is a few step lines under the base config (section 5 of the page),
+with the config fields it changes. Render the page with
+
+    .venv/bin/python -m kvsched.docs_render docs/examples/spec.template.md > docs/spec.md
+"""
+
+from __future__ import annotations
+
+from kvsched.docs_render import DocExamples, Example, Line, Rejection
+from kvsched.spec import Config
+
+BASE = Config(block_size=4, num_gpu_blocks=8, num_cpu_blocks=0, max_num_batched_tokens=16,
+              max_num_seqs=2, max_model_len=32)
+
+
+def arrival(rid: str, prompt_len: int, max_tokens: int = 8) -> Line:
+    return {"id": rid, "prompt_len": prompt_len, "max_tokens": max_tokens}
+
+
+def recompute(rid: str) -> Line:
+    return {"id": rid, "mode": "recompute"}
+
+
+def swap(rid: str) -> Line:
+    return {"id": rid, "mode": "swap"}
+
+
+# Two 8-token prompts, prefilled together (2 blocks each), then r1 preempted for r0's decode.
+PREFILL_TWO: Line = {"step": 0, "arrivals": [arrival("r0", 8), arrival("r1", 8)],
+                     "scheduled": [["r0", 8], ["r1", 8]]}
+PREEMPT_R1: Line = {"step": 1, "preempted": [recompute("r1")], "scheduled": [["r0", 1]]}
+SWAP_OUT_R1: Line = {"step": 1, "preempted": [swap("r1")], "scheduled": [["r0", 1]]}
+
+# A 12-token prompt that finishes at step 1 (ids 0-3 then free) and a 4-token one swapped out.
+SWAP_WITH_IDS: tuple[Line, Line] = (
+    {"step": 0, "arrivals": [arrival("r0", 12, 2), arrival("r1", 4)],
+     "scheduled": [["r0", 12], ["r1", 4]], "new_blocks": {"r0": [0, 1, 2], "r1": [3]}},
+    {"step": 1, "preempted": [swap("r1")], "scheduled": [["r0", 1]], "finished": ["r0"],
+     "new_blocks": {"r0": [3]}},
+)
+
+SWAP = {"num_gpu_blocks": 4, "num_cpu_blocks": 4, "preemption": "swap"}
+
+EXAMPLES: dict[str, Example] = {
+    # -- section 4: bad input --
+    "bad-unknown": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4)], "scheduled": [["r0", 4], ["r7", 1]]},
+    ]),
+    "bad-duplicate": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4)], "scheduled": [["r0", 4]]},
+        {"step": 1, "arrivals": [arrival("r0", 4)], "scheduled": [["r0", 1]]},
+    ]),
+    # -- section 6: MUST --
+    "kv-budget": Example([
+        {"step": 0, "arrivals": [arrival("r0", 16)], "scheduled": [["r0", 16]]},
+        {"step": 1, "arrivals": [arrival("r1", 15)], "scheduled": [["r0", 1], ["r1", 15]]},
+    ]),
+    "kv-budget-swap-in": Example([
+        PREFILL_TWO, SWAP_OUT_R1,
+        {"step": 2, "swapped_in": ["r1"], "scheduled": [["r0", 1], ["r1", 1]]},
+    ], config=SWAP),
+    "cpu-budget": Example([
+        PREFILL_TWO, SWAP_OUT_R1,
+    ], config={"num_gpu_blocks": 4, "num_cpu_blocks": 1, "preemption": "swap"}),
+    "token-budget": Example([
+        {"step": 0, "arrivals": [arrival("r0", 10), arrival("r1", 8)],
+         "scheduled": [["r0", 10], ["r1", 8]]},
+    ]),
+    "seq-limit": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4), arrival("r1", 4), arrival("r2", 4)],
+         "scheduled": [["r0", 4], ["r1", 4], ["r2", 4]]},
+    ]),
+    "token-range": Example([
+        {"step": 0, "arrivals": [arrival("r0", 8)], "scheduled": [["r0", 8]]},
+        {"step": 1, "scheduled": [["r0", 2]]},
+    ]),
+    "token-range-zero": Example([
+        {"step": 0, "arrivals": [arrival("r0", 8)], "scheduled": [["r0", 0]]},
+    ]),
+    "token-range-whole": Example([
+        {"step": 0, "arrivals": [arrival("r0", 20)], "scheduled": [["r0", 12]]},
+    ], config={"chunked_prefill": False, "max_num_batched_tokens": 32}),
+    "one-state": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4, 1)], "scheduled": [["r0", 4]],
+         "finished": ["r0"]},
+        {"step": 1, "scheduled": [["r0", 1]]},
+    ]),
+    "one-state-twice": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4)], "scheduled": [["r0", 2], ["r0", 2]]},
+    ]),
+    "one-state-just-preempted": Example([
+        PREFILL_TWO,
+        {"step": 1, "preempted": [recompute("r1")], "scheduled": [["r0", 1], ["r1", 4]]},
+    ], config={"num_gpu_blocks": 4}),
+    "preempt-victim": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4), arrival("r1", 4)], "scheduled": [["r1", 4]]},
+        {"step": 1, "preempted": [recompute("r0")], "scheduled": [["r1", 1]]},
+    ]),
+    "preempt-release": Example([
+        {**PREFILL_TWO, "free_blocks": 0},
+        {**PREEMPT_R1, "free_blocks": 0},
+    ], config={"num_gpu_blocks": 4}),
+    "preempt-recompute-ids": Example([
+        {"step": 0, "arrivals": [arrival("r0", 8, 2), arrival("r1", 8)],
+         "scheduled": [["r0", 8], ["r1", 8]], "new_blocks": {"r0": [0, 1], "r1": [2, 3]}},
+        {"step": 1, "preempted": [recompute("r1")], "scheduled": [["r0", 1]],
+         "finished": ["r0"], "new_blocks": {"r0": [2]}},
+        {"step": 2, "scheduled": [["r1", 9]], "new_blocks": {"r1": [0]}},
+    ], config={"num_gpu_blocks": 4}),
+    "preempt-recompute-count": Example([
+        {"step": 0, "arrivals": [arrival("r0", 8, 2), arrival("r1", 8)],
+         "scheduled": [["r0", 8], ["r1", 8]], "free_blocks": 0},
+        {"step": 1, "preempted": [recompute("r1")], "scheduled": [["r0", 1]],
+         "finished": ["r0"], "free_blocks": 4},
+        {"step": 2, "scheduled": [["r1", 9]], "free_blocks": 3},
+    ], config={"num_gpu_blocks": 4}),
+    "finish-sampled": Example([
+        {"step": 0, "arrivals": [arrival("r0", 8)], "scheduled": [["r0", 4]],
+         "finished": ["r0"]},
+    ]),
+    "finish-due": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4, 1)], "scheduled": [["r0", 4]]},
+    ]),
+    "finish-length": Example([
+        {"step": 0, "arrivals": [arrival("r0", 32)], "scheduled": [["r0", 32]],
+         "finished": ["r0"]},
+    ], config={"max_num_batched_tokens": 32}),
+    "finish-leak": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4, 1)], "scheduled": [["r0", 4]],
+         "finished": ["r0"], "free_blocks": 7},
+    ]),
+    "reject": Example([
+        {"step": 0, "arrivals": [arrival("r0", 8)],
+         "rejected": [{"id": "r0", "reason": "too long"}]},
+    ]),
+    "block-ids-owner": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4)], "scheduled": [["r0", 4]],
+         "new_blocks": {"r0": [0]}},
+        {"step": 1, "arrivals": [arrival("r1", 4)], "scheduled": [["r0", 1], ["r1", 4]],
+         "new_blocks": {"r0": [1], "r1": [1]}},
+    ]),
+    "block-ids-count": Example([
+        {"step": 0, "arrivals": [arrival("r0", 8)], "scheduled": [["r0", 8]],
+         "new_blocks": {"r0": [0]}},
+    ]),
+    "block-ids-range": Example([
+        {"step": 0, "arrivals": [arrival("r0", 8)], "scheduled": [["r0", 8]],
+         "new_blocks": {"r0": [0, 8]}},
+    ]),
+    "block-ids-unscheduled": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4), arrival("r1", 4)], "scheduled": [["r0", 4]],
+         "new_blocks": {"r0": [0], "r1": [1]}},
+    ]),
+    "block-ids-swapin": Example([
+        *SWAP_WITH_IDS,
+        {"step": 2, "swapped_in": ["r1"], "scheduled": [["r1", 1]], "new_blocks": {"r1": [0]}},
+    ], config=SWAP),
+    "block-ids-swapin-ok": Example([
+        *SWAP_WITH_IDS,
+        {"step": 2, "swapped_in": ["r1"], "scheduled": [["r1", 1]],
+         "new_blocks": {"r1": [0, 1]}},
+    ], config=SWAP),
+    "accounting": Example([
+        {"step": 0, "arrivals": [arrival("r0", 6)], "scheduled": [["r0", 6]], "free_blocks": 5},
+        {"step": 1, "scheduled": [["r0", 1]], "free_blocks": 5},
+    ]),
+    # -- section 7: SHOULD --
+    "no-idle": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4)]},
+    ]),
+    "completion-running": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4)], "scheduled": [["r0", 4]]},
+    ], end=True),
+    "completion": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4, 1), arrival("r1", 40)],
+         "scheduled": [["r0", 4]], "finished": ["r0"]},
+    ], end=True),
+    "no-thrash": Example([
+        PREFILL_TWO, PREEMPT_R1,
+        {"step": 2, "scheduled": [["r0", 1], ["r1", 4]]},
+        {"step": 3, "preempted": [recompute("r1")], "scheduled": [["r0", 1]]},
+    ], config={"num_gpu_blocks": 4}, max_preemptions=1),
+    "needed-preemption": Example([PREFILL_TWO, PREEMPT_R1]),
+    "needed-preemption-ok": Example([PREFILL_TWO, PREEMPT_R1], config={"num_gpu_blocks": 4}),
+    "needed-preemption-after-overflow": Example([
+        {"step": 0, "arrivals": [arrival("r0", 8, 2), arrival("r1", 8)],
+         "scheduled": [["r0", 8], ["r1", 8]]},
+        {"step": 1, "scheduled": [["r0", 1], ["r1", 1]], "finished": ["r0"]},
+        {"step": 2, "arrivals": [arrival("r2", 4)], "preempted": [recompute("r1")],
+         "scheduled": [["r2", 4]]},
+    ], config={"num_gpu_blocks": 4}),
+    # -- section 8: PROFILE --
+    "profile": Example([
+        {"step": 0, "arrivals": [arrival("r0", 8), arrival("r1", 8)],
+         "scheduled": [["r1", 8], ["r0", 8]]},
+    ], profile="vllm-v1"),
+}
+
+DOCS = DocExamples(
+    base=BASE,
+    examples=EXAMPLES,
+    bad_configs={
+        "policy": {"policy": "lifo"},
+        "block-size": {"block_size": 0},
+        "whole-prefill": {"chunked_prefill": False},
+        "threshold": {"chunked_prefill": False, "long_prefill_token_threshold": 8,
+                      "max_num_batched_tokens": 32},
+        "both": {"chunked_prefill": False, "long_prefill_token_threshold": 8},
+    },
+    rejections={
+        "prompt": Rejection(prompt_len=40, max_tokens=8),
+        "blocks": Rejection(prompt_len=1400, max_tokens=100,
+                            config={"block_size": 16, "num_gpu_blocks": 79,
+                                    "max_model_len": 2048}),
+    },
+)
