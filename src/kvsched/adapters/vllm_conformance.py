@@ -1,0 +1,374 @@
+"""`make conformance-vllm`: record vLLM's real v1 scheduler on a suite of workloads and
+check every trace at the MUST level and against the `vllm-v1` profile.
+
+    python -m kvsched.adapters.vllm_conformance [--out DIR] [--vllm-python PATH]
+        [--random N] [--seed S] [--list] [NAME...]
+
+Named cases first, then N small random ones (seeds S..S+N-1; none when names are
+given), all recorded in one vLLM process.
+
+Exit 0 when every trace is MUST-clean and equal to the profile step for step, except
+the divergences listed in KNOWN_DIVERGENCES, each explained in docs/conformance/vllm.md
+with the vLLM source line behind it. Exit 1 otherwise, 2 on bad input or a missing
+vLLM environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from kvsched.adapters.vllm import DEFAULT_VLLM_PYTHON, AdapterError, Job, record_jobs
+from kvsched.conformance import ProfileReplay
+from kvsched.generators import generate
+from kvsched.reference.knobs import Knobs
+from kvsched.reference.profiles import get_profile
+from kvsched.reference.scheduler import ReferenceScheduler
+from kvsched.spec.blocks import blocks_for
+from kvsched.spec.checker import Checker
+from kvsched.spec.model import Config
+from kvsched.spec.trace import TraceReader
+from kvsched.spec.violation import INVARIANTS, MUST, Violation
+from kvsched.workload import WorkItem, validate
+
+PROFILE = "vllm-v1"
+DEFAULT_OUT = Path("build/conformance-vllm")
+DEFAULT_RANDOM = 200  # small random configs and workloads beside the named cases
+# Every case ends well before this; a trace that does not is a liveness failure.
+MAX_STEPS = 100_000
+
+# Case name -> why vLLM decides otherwise than the profile (docs/conformance/vllm.md).
+KNOWN_DIVERGENCES: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One workload of the suite: what it exercises, its config, its requests."""
+
+    name: str
+    what: str
+    config: Config
+    workload: Callable[[], list[WorkItem]]
+
+
+def with_aborts(items: list[WorkItem], seed: int, fraction: float,
+                latest: int) -> list[WorkItem]:
+    """Cancel a seeded `fraction` of the requests 0..latest steps after they arrive."""
+    rng = random.Random(f"kvsched/vllm-aborts/{seed}")
+    return [replace(w, abort=w.arrival + rng.randint(0, latest)) if rng.random() < fraction
+            else w for w in items]
+
+
+def never_fitting(items: list[WorkItem], max_model_len: int, seed: int,
+                  count: int) -> list[WorkItem]:
+    """Add `count` requests whose prompts leave no room for an output token."""
+    rng = random.Random(f"kvsched/vllm-too-long/{seed}")
+    last = max(w.arrival for w in items)
+    extra = [WorkItem(f"long{i}", rng.randint(0, last), max_model_len + rng.randint(0, 40),
+                      1, rng.randint(1, 16)) for i in range(count)]
+    return validate(items + extra)
+
+
+def over_max_model_len(items: list[WorkItem], max_model_len: int, seed: int) -> list[WorkItem]:
+    """Ask some requests for more tokens than max_model_len leaves them (they finish at
+    max_model_len, as a client that set max_tokens too high)."""
+    rng = random.Random(f"kvsched/vllm-over-len/{seed}")
+    out = []
+    for w in items:
+        if rng.random() < 0.4:
+            room = max_model_len - w.prompt_len
+            w = replace(w, max_tokens=room + rng.randint(1, 50), output_len=room + 50)
+        out.append(w)
+    return out
+
+
+def cfg(**fields: object) -> Config:
+    return replace(Config(), **fields)  # type: ignore[arg-type]
+
+
+CASES: tuple[Case, ...] = (
+    Case("fcfs-sharegpt", "fcfs, ShareGPT lengths, a roomy cache: the common path",
+         cfg(block_size=16, num_gpu_blocks=256, max_num_batched_tokens=512, max_num_seqs=32,
+             max_model_len=2048),
+         lambda: generate("sharegpt", 150, 1, rate=0.5, max_model_len=2048)),
+    Case("fcfs-tight", "fcfs, a cache of 64 blocks of 8: many preemptions of the tail",
+         cfg(block_size=8, num_gpu_blocks=64, max_num_batched_tokens=128, max_num_seqs=16,
+             max_model_len=256),
+         lambda: generate("uniform", 120, 2, rate=1.0, max_model_len=256,
+                          prompt_range=(16, 200), output_range=(8, 120))),
+    Case("priority-mix", "priority, ShareGPT lengths, three priority classes",
+         cfg(block_size=16, num_gpu_blocks=128, max_num_batched_tokens=256, max_num_seqs=16,
+             max_model_len=1024, policy="priority"),
+         lambda: generate("sharegpt", 120, 3, rate=0.4, max_model_len=1024,
+                          priorities=(1, 2, 4))),
+    Case("priority-tight", "priority, 48 blocks of 4: victims by (priority, arrival), some "
+         "taken back after being scheduled",
+         cfg(block_size=4, num_gpu_blocks=48, max_num_batched_tokens=64, max_num_seqs=8,
+             max_model_len=128, policy="priority"),
+         lambda: generate("uniform", 120, 4, rate=1.0, max_model_len=128,
+                          prompt_range=(8, 100), output_range=(4, 60),
+                          priorities=(1, 1, 1, 1))),
+    Case("threshold", "long-prefill threshold 64 on long prompts, lifted for a lone request",
+         cfg(block_size=16, num_gpu_blocks=200, max_num_batched_tokens=256, max_num_seqs=16,
+             max_model_len=1024, long_prefill_token_threshold=64),
+         lambda: generate("uniform", 80, 5, rate=0.15, max_model_len=1024,
+                          prompt_range=(100, 900), output_range=(4, 64))),
+    Case("threshold-priority-tight", "threshold 32, priority, a tight cache",
+         cfg(block_size=8, num_gpu_blocks=40, max_num_batched_tokens=96, max_num_seqs=8,
+             max_model_len=256, long_prefill_token_threshold=32, policy="priority"),
+         lambda: generate("uniform", 100, 6, rate=0.8, max_model_len=256,
+                          prompt_range=(8, 200), output_range=(4, 80),
+                          priorities=(2, 1))),
+    Case("no-chunked-prefill", "chunked prefill off: whole prompts or nothing",
+         cfg(block_size=16, num_gpu_blocks=64, max_num_batched_tokens=512, max_num_seqs=16,
+             max_model_len=512, chunked_prefill=False),
+         lambda: generate("uniform", 100, 7, rate=0.6, max_model_len=512,
+                          prompt_range=(16, 400), output_range=(4, 100))),
+    Case("no-chunked-priority-tight", "chunked prefill off, priority, a tight cache",
+         cfg(block_size=8, num_gpu_blocks=36, max_num_batched_tokens=256, max_num_seqs=8,
+             max_model_len=256, chunked_prefill=False, policy="priority"),
+         lambda: generate("uniform", 100, 8, rate=0.8, max_model_len=256,
+                          prompt_range=(8, 220), output_range=(4, 80),
+                          priorities=(1, 1, 1))),
+    Case("never-complete", "prompts of max_model_len tokens or more among ordinary ones: "
+         "refused by vLLM's input processor",
+         cfg(block_size=8, num_gpu_blocks=48, max_num_batched_tokens=128, max_num_seqs=8,
+             max_model_len=256),
+         lambda: never_fitting(generate("uniform", 60, 9, rate=0.5, max_model_len=256,
+                                        prompt_range=(8, 200), output_range=(4, 60)),
+                               256, 9, 8)),
+    Case("aborts", "a third of the requests cancelled while waiting, running or preempted",
+         cfg(block_size=8, num_gpu_blocks=48, max_num_batched_tokens=96, max_num_seqs=12,
+             max_model_len=256),
+         lambda: with_aborts(generate("uniform", 120, 10, rate=1.0, max_model_len=256,
+                                      prompt_range=(8, 180), output_range=(4, 100)),
+                             10, 0.33, 60)),
+    Case("batch-seq-limit", "everything at step 0, max_num_seqs 4: admission by seat",
+         cfg(block_size=16, num_gpu_blocks=64, max_num_batched_tokens=256, max_num_seqs=4,
+             max_model_len=512),
+         lambda: generate("alpaca", 80, 11, arrival="batch", max_model_len=512)),
+    Case("watermark", "a watermark of 6 blocks at admission while others run",
+         cfg(block_size=8, num_gpu_blocks=60, max_num_batched_tokens=128, max_num_seqs=16,
+             max_model_len=256, watermark_blocks=6),
+         lambda: generate("uniform", 100, 12, rate=0.8, max_model_len=256,
+                          prompt_range=(8, 160), output_range=(4, 80))),
+    Case("block-size-1-bursty", "block size 1, bursty arrivals",
+         cfg(block_size=1, num_gpu_blocks=400, max_num_batched_tokens=128, max_num_seqs=16,
+             max_model_len=160),
+         lambda: generate("alpaca", 150, 13, arrival="bursty", rate=0.6, max_model_len=160)),
+    Case("max-model-len-cap", "max_tokens beyond max_model_len: finished at the length cap",
+         cfg(block_size=8, num_gpu_blocks=64, max_num_batched_tokens=128, max_num_seqs=8,
+             max_model_len=200),
+         lambda: over_max_model_len(generate("uniform", 60, 14, rate=0.5, max_model_len=200,
+                                             prompt_range=(8, 190), output_range=(4, 60)),
+                                    200, 14)),
+    Case("aborts-priority-threshold", "aborts, priority, threshold 16, a tight cache",
+         cfg(block_size=4, num_gpu_blocks=64, max_num_batched_tokens=48, max_num_seqs=8,
+             max_model_len=128, long_prefill_token_threshold=16, policy="priority"),
+         lambda: with_aborts(generate("uniform", 120, 15, rate=1.2, max_model_len=128,
+                                      prompt_range=(4, 120), output_range=(2, 60),
+                                      priorities=(1, 1, 2)),
+                             15, 0.25, 40)),
+)
+
+
+def random_case(seed: int) -> Case:
+    """A small seeded config and workload that vLLM accepts: corner values on purpose
+    (block size 1, a cache of exactly one max_model_len sequence, a budget of
+    max_num_seqs tokens, threshold 1, prompts of max_model_len - 1 and more, aborts in
+    the arrival step, negative priorities)."""
+    rng = random.Random(f"kvsched/vllm-random/{seed}")
+    block_size = rng.choice([1, 2, 4, 8, 16, 32])
+    max_model_len = rng.choice([16, 32, 64, 100, 128, 256])
+    blocks = blocks_for(max_model_len, block_size) + rng.choice([0, 0, 1, 3, 10, 50])
+    chunked = rng.random() < 0.75
+    seqs = rng.choice([1, 2, 3, 4, 8, 16])
+    budget = max(seqs, rng.choice([seqs, seqs + 1, 8, 16, 32, 64, 256]))
+    if not chunked:
+        budget = max(budget, max_model_len)
+    threshold = min(rng.choice([0, 0, 1, 4, 16, 50]), max_model_len) if chunked else 0
+    config = cfg(block_size=block_size, num_gpu_blocks=blocks, max_num_batched_tokens=budget,
+                 max_num_seqs=seqs, max_model_len=max_model_len, chunked_prefill=chunked,
+                 long_prefill_token_threshold=threshold,
+                 policy=rng.choice(["fcfs", "priority"]),
+                 watermark_blocks=min(rng.choice([0, 0, 0, 1, 3]), blocks))
+    items = []
+    step = 0
+    for k in range(rng.randint(1, 60)):
+        step += rng.choice([0, 0, 0, 1, 2, 5])
+        prompt = max(1, rng.choice([1, 2, rng.randint(1, max_model_len), rng.randint(1, 16),
+                                    max_model_len - 1, max_model_len - 1, max_model_len,
+                                    max_model_len + 3, *[rng.randint(1, max_model_len)] * 4]))
+        max_tokens = rng.choice([1, 2, rng.randint(1, max_model_len), max_model_len])
+        abort = step + rng.choice([0, 0, 1, 3, 10]) if rng.random() < 0.15 else None
+        items.append(WorkItem(f"q{k}", step, prompt, rng.randint(1, max_tokens), max_tokens,
+                              rng.choice([-1, 0, 0, 1, 2]), abort))
+    workload = validate(items)
+    return Case(f"random-{seed}", "a small random config and workload", config,
+                lambda: workload)
+
+
+@dataclass
+class Verdict:
+    """One case's checks: MUST and SHOULD counts and the first profile divergence."""
+
+    case: str
+    steps: int
+    requests: int
+    preemptions: int
+    rejected: int
+    complete: bool
+    must: Counter[str]
+    should: Counter[str]
+    divergence: Violation | None
+
+    @property
+    def ok(self) -> bool:
+        diverged = self.divergence is not None and self.case not in KNOWN_DIVERGENCES
+        return not self.must and self.complete and not diverged
+
+
+def check_case(case: str, path: Path) -> Verdict:
+    with path.open("rb") as stream:
+        reader = TraceReader(stream)
+        checker = Checker(reader.header.config)
+        replay = ProfileReplay(reader.header.config, PROFILE)
+        preemptions = rejected = 0
+        for rec in reader:
+            checker.step(rec)
+            replay.step(rec)
+            preemptions += len(rec.preempted)
+            rejected += len(rec.rejected)
+        report = checker.end(reader.complete)
+    must = Counter({k: n for k, n in report.counts.items() if INVARIANTS[k] == MUST})
+    should = Counter({k: n for k, n in report.counts.items() if INVARIANTS[k] != MUST})
+    return Verdict(case, report.steps, report.requests, preemptions, rejected,
+                   report.complete, must, should, replay.divergence)
+
+
+# Each knob of the profile, flipped: the suite must tell every one of these from vLLM,
+# or agreement with vllm-v1 would prove less than it seems.
+def knob_variants() -> dict[str, Knobs]:
+    base = get_profile(PROFILE).knobs
+    return {
+        "victim=tail": replace(base, victim="tail"),
+        "admit_after_preempt": replace(base, admit_after_preempt=True),
+        "no reserve_full_sequence": replace(base, reserve_full_sequence=False),
+        "keep threshold when alone": replace(base, lift_threshold_when_alone=False),
+    }
+
+
+def first_divergence(path: Path, knobs: Knobs) -> int | None:
+    """The first step where the reference with `knobs` decides otherwise than the trace."""
+    with path.open("rb") as stream:
+        reader = TraceReader(stream)
+        replay = ProfileReplay(reader.header.config, PROFILE)
+        replay.scheduler = ReferenceScheduler(reader.header.config, knobs)
+        for rec in reader:
+            if replay.step(rec) is not None:
+                return rec.step
+    return None
+
+
+def sensitivity(paths: Sequence[Path]) -> dict[str, str | None]:
+    """For each flipped knob, the first trace (and step) that tells it from vLLM."""
+    found: dict[str, str | None] = {}
+    for name, knobs in knob_variants().items():
+        found[name] = None
+        for path in paths:
+            step = first_divergence(path, knobs)
+            if step is not None:
+                found[name] = f"{path.stem} step {step}"
+                break
+    return found
+
+
+def run(cases: Sequence[Case], out: Path, vllm_python: Path) -> list[Verdict]:
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [Job(c.name, c.config, c.workload(), out / f"{c.name}.jsonl", MAX_STEPS)
+            for c in cases]
+    record_jobs(jobs, vllm_python)
+    return [check_case(c.name, out / f"{c.name}.jsonl") for c in cases]
+
+
+def counts(c: Counter[str]) -> str:
+    return ", ".join(f"{k} x{n}" for k, n in sorted(c.items())) or "0"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvsched.adapters.vllm_conformance",
+                                     description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("names", nargs="*", help="run only these cases")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the traces")
+    parser.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON)
+    parser.add_argument("--random", type=int, default=DEFAULT_RANDOM, metavar="N",
+                        help=f"also N small random cases (default {DEFAULT_RANDOM})")
+    parser.add_argument("--seed", type=int, default=0, help="first random case's seed")
+    parser.add_argument("--list", action="store_true", help="list the cases and stop")
+    args = parser.parse_args(argv)
+    if args.random < 0:
+        print(f"vllm_conformance: error: --random must not be negative, got {args.random}",
+              file=sys.stderr)
+        return 2
+    if args.list:
+        for c in CASES:
+            print(f"{c.name}: {c.what}")
+        return 0
+    known = {c.name for c in CASES}
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        print(f"vllm_conformance: error: unknown case {unknown[0]!r}; see --list",
+              file=sys.stderr)
+        return 2
+    cases = [c for c in CASES if not args.names or c.name in args.names]
+    randoms = [] if args.names else [random_case(args.seed + i) for i in range(args.random)]
+    started = time.monotonic()
+    try:
+        verdicts = run(cases + randoms, args.out, args.vllm_python)
+    except AdapterError as e:
+        print(f"vllm_conformance: error: {e}", file=sys.stderr)
+        return 2
+    named = {c.name for c in cases}
+    for v in verdicts:
+        if v.case not in named and v.ok:
+            continue  # random cases are told one by one only when they fail
+        mark = "OK  " if v.ok else "FAIL"
+        divergence = "none" if v.divergence is None else (
+            "known: " + KNOWN_DIVERGENCES[v.case] if v.case in KNOWN_DIVERGENCES
+            else f"step {v.divergence.step}")
+        print(f"{mark} {v.case}: {v.steps} steps, {v.requests} requests, {v.preemptions} "
+              f"preemptions, {v.rejected} rejected; MUST {counts(v.must)}; SHOULD "
+              f"{counts(v.should)}; {PROFILE} divergence {divergence}"
+              + ("" if v.complete else "; INCOMPLETE"))
+        if v.divergence is not None and v.case not in KNOWN_DIVERGENCES:
+            print(f"     {v.divergence.message}")
+    failed = sum(not v.ok for v in verdicts)
+    if randoms:
+        random_verdicts = verdicts[len(cases):]
+        print(f"random cases {args.seed}..{args.seed + len(randoms) - 1}: "
+              f"{sum(v.ok for v in random_verdicts)} of {len(randoms)} conform, "
+              f"{sum(v.steps for v in random_verdicts)} steps, "
+              f"{sum(v.preemptions for v in random_verdicts)} preemptions, "
+              f"{sum(v.rejected for v in random_verdicts)} rejected; SHOULD "
+              f"{counts(sum((v.should for v in random_verdicts), Counter()))}")
+    print(f"{len(verdicts) - failed} of {len(verdicts)} vLLM traces conform "
+          f"(MUST clean, equal to {PROFILE}); traces in {args.out}")
+    blind = []
+    if not args.names:  # the whole suite must tell each flipped knob from vLLM
+        for name, where in sensitivity([args.out / f"{c.name}.jsonl" for c in cases]).items():
+            print(f"{'OK  ' if where else 'FAIL'} {PROFILE} with {name} diverges from vLLM: "
+                  f"{where or 'on no trace: the suite cannot tell this knob'}")
+            if where is None:
+                blind.append(name)
+    print(f"{time.monotonic() - started:.0f} s")
+    return 1 if failed or blind else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""Drive vLLM's real v1 scheduler on kvsched workloads; runs with vLLM's own Python.
+
+    <vllm-venv>/bin/python vllm_driver.py JOBS.jsonl
+
+This file imports only the standard library and vLLM (never kvsched, which is not
+installed in vLLM's environment). It reads one job per line of JOBS.jsonl and writes
+raw events, one JSON object per line, to its standard output; kvsched.adapters.vllm
+turns them into trace v1. Anything vLLM itself prints goes to standard error.
+
+NOTE on the loop: it is kvsched's simulation loop (src/kvsched/simulate.py) with
+vLLM's scheduler inside, built as vLLM's own tests/v1/core/utils.py builds it (no
+model, no tokenizer, prefix caching off, synchronous scheduling). Each step: add
+the arrivals (vLLM's input processor refuses a prompt that leaves no room for an
+output token before the engine sees it; such a request is reported as refused and
+never added), apply the aborts, schedule(), hand back one sampled token for each
+scheduled request whose computed tokens caught up with its tokens (end-of-sequence
+once its hidden output length is reached), and update_from_output(). Priority ties
+break as kvsched's (priority, arrival step, arrival order) because each request's
+arrival_time is its arrival order.
+
+Events:
+    {"job": name, "vllm": version, "null_block": id, "config": {...}, "free_blocks": n}
+    {"step": s, "arrivals": [ids], "refused": [{"id", "reason"}], "aborted": [ids],
+     "preempted": [ids], "scheduled": [[id, n]], "new_block_ids": {id: [ids]},
+     "finished": [{"id", "reason"}], "free_blocks": n}
+    {"done": name, "complete": bool, "steps": n}
+    {"error": "one line"}    (then exit status 3)
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import IO, Any
+
+# Token ids the fake model samples: EOS ends a request at its hidden output length.
+EOS_TOKEN_ID = 2
+OTHER_TOKEN_ID = 7
+PROMPT_TOKEN_ID = 5
+
+# A config.json is all vLLM's ModelConfig reads with skip_tokenizer_init=True.
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "num_hidden_layers": 1, "vocab_size": 1000, "torch_dtype": "float32",
+    "bos_token_id": 1, "eos_token_id": EOS_TOKEN_ID,
+}
+
+
+class DriverError(Exception):
+    """Something in vLLM is not as this driver expects; one line."""
+
+
+def _module(name: str) -> Any:
+    return importlib.import_module(name)
+
+
+def build_scheduler(cfg: dict[str, Any], model_dir: Path) -> Any:
+    """vLLM's Scheduler for one job's config, as tests/v1/core/utils.py builds it."""
+    torch = _module("torch")
+    vconfig = _module("vllm.config")
+    kv = _module("vllm.v1.kv_cache_interface")
+    sched_mod = _module("vllm.v1.core.sched.scheduler")
+    structured = _module("vllm.v1.structured_output")
+    block_size = cfg["block_size"]
+    num_blocks = cfg["num_blocks"]
+    config = dict(MODEL_CONFIG, max_position_embeddings=max(cfg["max_model_len"], 2048))
+    (model_dir / "config.json").write_text(json.dumps(config))
+    scheduler_config = vconfig.SchedulerConfig(
+        max_num_seqs=cfg["max_num_seqs"],
+        max_num_batched_tokens=cfg["max_num_batched_tokens"],
+        max_model_len=cfg["max_model_len"],
+        enable_chunked_prefill=cfg["enable_chunked_prefill"],
+        long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
+        policy=cfg["policy"],
+        watermark=cfg["watermark"],
+        async_scheduling=False,
+        is_encoder_decoder=False,
+    )
+    model_config = vconfig.ModelConfig(model=str(model_dir), skip_tokenizer_init=True,
+                                       max_model_len=cfg["max_model_len"], dtype="float32",
+                                       seed=0)
+    cache_config = vconfig.CacheConfig(block_size=block_size, enable_prefix_caching=False)
+    vllm_config = vconfig.VllmConfig(scheduler_config=scheduler_config,
+                                     model_config=model_config, cache_config=cache_config)
+    spec = kv.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
+                                dtype=torch.float32)
+    kv_cache_config = kv.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                                       kv_cache_groups=[kv.KVCacheGroupSpec(["layer"], spec)])
+    cache_config.num_gpu_blocks = num_blocks
+    return sched_mod.Scheduler(
+        vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+        structured_output_manager=structured.StructuredOutputManager(vllm_config),
+        block_size=block_size, hash_block_size=block_size, log_stats=True)
+
+
+def effective_config(scheduler: Any) -> dict[str, Any]:
+    """What the built scheduler will really use, read back from vLLM's objects."""
+    sc = scheduler.scheduler_config
+    manager = scheduler.kv_cache_manager
+    return {
+        "block_size": scheduler.block_size,
+        "num_blocks": manager.block_pool.num_gpu_blocks,
+        "max_num_scheduled_tokens": scheduler.max_num_scheduled_tokens,
+        "max_num_batched_tokens": sc.max_num_batched_tokens,
+        "max_num_running_reqs": scheduler.max_num_running_reqs,
+        "max_num_active_reqs": scheduler.max_num_active_reqs,
+        "max_model_len": scheduler.max_model_len,
+        "enable_chunked_prefill": sc.enable_chunked_prefill,
+        "long_prefill_token_threshold": sc.long_prefill_token_threshold,
+        "long_prefill_token_threshold_adaptive": scheduler.adaptive_long_prefill_threshold,
+        "policy": scheduler.policy.value,
+        "watermark_blocks": manager.watermark_blocks,
+        "scheduler_reserve_full_isl": scheduler.scheduler_reserve_full_isl,
+        "enable_prefix_caching": manager.enable_caching,
+        "async_scheduling": bool(sc.async_scheduling),
+        "num_spec_tokens": scheduler.num_spec_tokens,
+        "num_lookahead_tokens": scheduler.num_lookahead_tokens,
+        "scheduler_class": type(scheduler).__name__,
+    }
+
+
+def refusal(model_config: Any, prompt_len: int) -> str | None:
+    """vLLM's input processor's own prompt-length check (InputProcessor.
+    _validate_prompt_len), run on a stand-in for the processor: its message, or None."""
+    processor = _module("vllm.v1.engine.input_processor").InputProcessor
+    invalid = _module("vllm.exceptions").VLLMValidationError
+    stand_in = SimpleNamespace(skip_prompt_length_check=False, model_config=model_config,
+                               mm_encoder_cache_size=0, supports_mm_inputs=False)
+    try:
+        processor._validate_prompt_len(stand_in, prompt_len, "decoder")
+    except invalid as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+def make_request(item: dict[str, Any], order: int) -> Any:
+    params_mod = _module("vllm.sampling_params")
+    request_mod = _module("vllm.v1.request")
+    params = params_mod.SamplingParams(max_tokens=item["max_tokens"])
+    params.update_from_generation_config({}, eos_token_id=EOS_TOKEN_ID)
+    return request_mod.Request(
+        request_id=item["id"], prompt_token_ids=[PROMPT_TOKEN_ID] * item["prompt_len"],
+        sampling_params=params, pooling_params=None, arrival_time=float(order),
+        priority=item.get("priority", 0))
+
+
+def new_block_ids(output: Any) -> dict[str, list[int]]:
+    """The block ids each scheduled request received this step (one KV cache group)."""
+    out: dict[str, list[int]] = {}
+    for new in output.scheduled_new_reqs:
+        out[new.req_id] = list(new.block_ids[0]) if new.block_ids else []
+    cached = output.scheduled_cached_reqs
+    for rid, ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
+        out[rid] = list(ids[0]) if ids is not None else []
+    return out
+
+
+def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
+    outputs_mod = _module("vllm.v1.outputs")
+    status = _module("vllm.v1.request").RequestStatus
+    vllm = _module("vllm")
+    scheduler = build_scheduler(job["config"], model_dir)
+    pool = scheduler.kv_cache_manager.block_pool
+    preempted: list[str] = []
+    preempt = scheduler._preempt_request
+
+    def record_preemption(request: Any, *args: Any, **kwargs: Any) -> Any:
+        # The scheduler output keeps preemptions in a set; this keeps their order.
+        preempted.append(request.request_id)
+        return preempt(request, *args, **kwargs)
+
+    scheduler._preempt_request = record_preemption
+    model_config = scheduler.vllm_config.model_config
+    emit({"job": job["name"], "vllm": vllm.__version__, "null_block": pool.null_block.block_id,
+          "config": effective_config(scheduler), "free_blocks": pool.get_num_free_blocks()})
+
+    pending: list[dict[str, Any]] = sorted(job["requests"], key=lambda w: w["arrival"])
+    by_id = {w["id"]: w for w in pending}
+    live: set[str] = set()
+    aborts: dict[int, list[str]] = {}
+    for w in pending:
+        if w.get("abort") is not None:
+            aborts.setdefault(w["abort"], []).append(w["id"])
+    max_steps = job.get("max_steps")
+    nxt = 0
+    step = 0
+    while nxt < len(pending) or live:
+        if max_steps is not None and step >= max_steps:
+            emit({"done": job["name"], "complete": False, "steps": step})
+            return
+        arrivals: list[str] = []
+        refused: list[dict[str, str]] = []
+        while nxt < len(pending) and pending[nxt]["arrival"] <= step:
+            w = pending[nxt]
+            nxt += 1
+            arrivals.append(w["id"])
+            reason = refusal(model_config, w["prompt_len"])
+            if reason is not None:
+                refused.append({"id": w["id"], "reason": reason})
+                continue
+            scheduler.add_request(make_request(w, nxt))
+            live.add(w["id"])
+        aborted: list[str] = []
+        for rid in aborts.pop(step, ()):
+            if rid in live:
+                scheduler.finish_requests(rid, status.FINISHED_ABORTED)
+                live.discard(rid)
+                aborted.append(rid)
+        preempted.clear()
+        output = scheduler.schedule()
+        if set(preempted) != set(output.preempted_req_ids):
+            raise DriverError(f"step {step}: preempted {sorted(preempted)} but the scheduler "
+                              f"output says {sorted(output.preempted_req_ids)}")
+        scheduled = list(output.num_scheduled_tokens.items())
+        sampled: list[list[int]] = []
+        for rid, _ in scheduled:
+            request = scheduler.requests[rid]
+            if request.num_computed_tokens < request.num_tokens:
+                sampled.append([])  # a partial prefill chunk samples nothing
+            elif request.num_output_tokens + 1 >= by_id[rid]["output_len"]:
+                sampled.append([EOS_TOKEN_ID])
+            else:
+                sampled.append([OTHER_TOKEN_ID])
+        ids = [rid for rid, _ in scheduled]
+        runner_output = outputs_mod.ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            sampled_token_ids=sampled)
+        engine_outputs = scheduler.update_from_output(output, runner_output)
+        finished: list[dict[str, str]] = []
+        for batch in engine_outputs.values():
+            for out in batch.outputs:
+                if out.finish_reason is not None:
+                    finished.append({"id": out.request_id, "reason": str(out.finish_reason)})
+                    live.discard(out.request_id)
+        emit({"step": step, "arrivals": arrivals, "refused": refused, "aborted": aborted,
+              "preempted": list(preempted), "scheduled": [[rid, n] for rid, n in scheduled],
+              "new_block_ids": new_block_ids(output), "finished": finished,
+              "free_blocks": pool.get_num_free_blocks()})
+        step += 1
+    emit({"done": job["name"], "complete": True, "steps": step})
+
+
+def main(argv: list[str]) -> int:
+    # This folder holds kvsched's own vllm.py: it must not shadow the real vLLM.
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+    # Keep standard output for events; whatever vLLM prints goes to standard error.
+    events: IO[str] = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def emit(obj: dict[str, Any]) -> None:
+        events.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+    if len(argv) != 2:
+        emit({"error": "usage: vllm_driver.py JOBS.jsonl"})
+        return 2
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
+                       ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1")):
+        os.environ.setdefault(key, value)
+    try:
+        with open(argv[1]) as f:
+            jobs = [json.loads(line) for line in f if line.strip()]
+        with tempfile.TemporaryDirectory(prefix="kvsched-vllm-") as tmp:
+            for job in jobs:
+                run_job(job, emit, Path(tmp))
+    except Exception as e:  # every failure reaches the adapter as one line
+        message = " ".join(str(e).split()) or type(e).__name__
+        emit({"error": f"{type(e).__name__}: {message}"})
+        return 3
+    finally:
+        events.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

