@@ -188,3 +188,14 @@ def test_thrash_is_told_once_past_the_limit() -> None:
 def test_unknown_ids_are_bad_input() -> None:
     with pytest.raises(TraceError, match="line 2: unknown request id 'ghost' in aborted"):
         check({"step": 0, "aborted": ["ghost"]})
+
+
+def test_a_transient_miscount_is_told_once() -> None:
+    # Step 0 reports one block too many; step 1 is right again and preempts: only the
+    # miscount is reported, not a spurious preempt against the adopted difference.
+    report = check(
+        {"step": 0, "arrivals": [arrive("a", 8), arrive("b", 4)],
+         "scheduled": [["a", 8], ["b", 4]], "free_blocks": 6},
+        {"step": 1, "preempted": [{"id": "b", "mode": "recompute"}], "scheduled": [["a", 1]],
+         "free_blocks": 5}, end=False)
+    assert report.counts == {"accounting": 1}

@@ -2,7 +2,7 @@
 
 For property tests here and in other projects (an engine's adapter, a new policy):
 
-    from hypothesis import given
+    from hypothesis import given, strategies as st
     from kvsched.strategies import configs, workloads
 
     @given(st.data())
@@ -25,7 +25,7 @@ from kvsched.reference.profiles import PROFILES
 from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config
 from kvsched.workload import WorkItem, validate
 
-__all__ = ["configs", "knobs", "profiles", "workloads"]
+__all__ = ["configs", "knobs", "output_lens", "profiles", "prompt_lens", "workloads"]
 
 
 @st.composite
@@ -33,19 +33,18 @@ def configs(draw: st.DrawFn, *, max_gpu_blocks: int = 16, max_model_len: int = 6
             chunked_prefill: bool | None = None) -> Config:
     """A well-formed Config (no `problems()`) with small, tight numbers.
 
-    Both kinds of cache are drawn: those vLLM accepts (ceil(max_model_len /
-    block_size) <= num_gpu_blocks) and smaller ones, where the second rejection
-    rule (a sequence larger than the whole cache) applies.
+    Mostly a cache just big enough for one max_model_len sequence (vLLM refuses a
+    smaller one), so that a few requests fill it; otherwise any size from 1 to
+    `max_gpu_blocks` blocks, including caches smaller than one sequence, where the
+    second rejection rule (a sequence larger than the whole cache) applies.
 
     pre: max_gpu_blocks >= 1 and max_model_len >= 1
     """
     block_size = draw(st.integers(1, 16))
-    num_gpu_blocks = draw(st.integers(1, max_gpu_blocks))
-    capacity = block_size * num_gpu_blocks
-    # Mostly a cache that holds a whole max_model_len sequence, as vLLM requires.
-    model_len = draw(st.one_of(st.just(min(capacity, max_model_len)),
-                               st.integers(1, min(capacity, max_model_len)),
-                               st.integers(1, max_model_len)))
+    model_len = draw(st.integers(1, max_model_len))
+    one_sequence = -(-model_len // block_size)
+    tight = st.integers(one_sequence, one_sequence + 2)
+    num_gpu_blocks = draw(st.one_of(tight, tight, st.integers(1, max_gpu_blocks)))
     chunked = draw(st.booleans()) if chunked_prefill is None else chunked_prefill
     if chunked:
         batched = draw(st.integers(1, max(model_len + 8, 32)))
@@ -59,7 +58,7 @@ def configs(draw: st.DrawFn, *, max_gpu_blocks: int = 16, max_model_len: int = 6
         num_gpu_blocks=num_gpu_blocks,
         num_cpu_blocks=draw(st.one_of(st.just(0), st.integers(1, 2 * num_gpu_blocks))),
         max_num_batched_tokens=batched,
-        max_num_seqs=draw(st.integers(1, 6)),
+        max_num_seqs=draw(st.one_of(st.integers(2, 6), st.integers(1, 6))),
         max_model_len=model_len,
         chunked_prefill=chunked,
         long_prefill_token_threshold=threshold,
@@ -88,8 +87,8 @@ def profiles() -> st.SearchStrategy[str]:
 
 
 @st.composite
-def workloads(draw: st.DrawFn, config: Config, *, max_requests: int = 8,
-              max_arrival: int = 6) -> list[WorkItem]:
+def workloads(draw: st.DrawFn, config: Config, *, min_requests: int = 1,
+              max_requests: int = 8, max_arrival: int = 6) -> list[WorkItem]:
     """A validated workload for `config`: ids r0, r1, ... arriving over a few steps.
 
     Prompts run up to a little past max_model_len and past the cache, so some
@@ -97,24 +96,35 @@ def workloads(draw: st.DrawFn, config: Config, *, max_requests: int = 8,
     max_tokens; priorities are small and may tie; about one request in six is
     aborted a few steps after it arrives (possibly in its arrival step).
     """
-    n = draw(st.integers(0, max_requests))
-    capacity = config.block_size * config.num_gpu_blocks
-    fits = max(1, min(config.max_model_len - 1, capacity))
-    longest = max(config.max_model_len, capacity) + config.block_size
+    n = draw(st.integers(min_requests, max_requests))
+    spread = draw(st.integers(0, max_arrival))  # 0: a burst, all in step 0
     items = []
     for i in range(n):
-        arrival = draw(st.integers(0, max_arrival))
-        abort = draw(st.one_of(st.none(), st.none(), st.none(), st.none(), st.none(),
-                               st.integers(arrival, arrival + 8)))
+        arrival = draw(st.integers(0, spread))
+        # About one request in six is aborted.
+        abort = draw(st.one_of(*[st.none()] * 5, st.integers(arrival, arrival + 8)))
         items.append(WorkItem(
             id=f"r{i}",
             arrival=arrival,
-            # Mostly prompts that fit alone; some that cannot (rejections).
-            prompt_len=draw(st.one_of(st.integers(1, fits), st.integers(1, fits),
-                                      st.integers(1, longest))),
-            output_len=draw(st.integers(1, 16)),
-            max_tokens=draw(st.integers(1, 16)),
+            prompt_len=draw(prompt_lens(config)),
+            output_len=draw(output_lens(config)),
+            max_tokens=draw(output_lens(config)),
             priority=draw(st.integers(-2, 2)),
             abort=abort,
         ))
     return validate(items)
+
+
+def prompt_lens(config: Config) -> st.SearchStrategy[int]:
+    """Prompt lengths for `config`: mostly ones that fit alone (a third of them short
+    enough that several share the cache), some past max_model_len or the cache."""
+    capacity = config.block_size * config.num_gpu_blocks
+    fits = max(1, min(config.max_model_len - 1, capacity))
+    longest = max(config.max_model_len, capacity) + config.block_size
+    return st.one_of(st.integers(1, max(1, fits // 3)), st.integers(1, fits),
+                     st.integers(1, longest))
+
+
+def output_lens(config: Config) -> st.SearchStrategy[int]:
+    """Output lengths (EOS or max_tokens) long enough for decodes to cross a few blocks."""
+    return st.integers(1, max(16, 3 * config.block_size))
