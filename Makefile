@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/kvsched check $(DEMO)/trace.jsonl
 
 lint: $(STAMP)
-	$(BIN)/ruff check spec reference src tests proofs docs/examples
+	$(BIN)/ruff check .
 	$(BIN)/mypy --strict -p kvsched
 	$(BIN)/mypy --strict tests docs/examples/examples.py
 	@# spec/ and reference/ stay standard-library Python (design.md section 1).
