@@ -230,7 +230,13 @@ class ReferenceScheduler:
         return out
 
     def _chunk(self, e: Entry, threshold: int, budget: int) -> int:
-        """The next chunk: all uncomputed tokens, capped by the threshold and the budget."""
+        """The next chunk: all uncomputed tokens, capped by the threshold and the budget.
+
+        pre: threshold >= 0 and budget >= 1
+        post: 0 <= __return__ <= budget
+        post: __return__ <= e.num_tokens - e.num_computed
+        post: threshold == 0 or __return__ <= threshold
+        """
         n = e.num_tokens - e.num_computed
         if 0 < threshold < n:
             n = threshold
@@ -271,7 +277,12 @@ class ReferenceScheduler:
 
     def _admission_blocks(self, tokens: int, held: int) -> int:
         """Blocks an admission must find free for `tokens`, with the watermark when
-        something is running."""
+        something is running.
+
+        pre: tokens >= 0 and held >= 0
+        post: __return__ >= blocks_for(tokens, self.config.block_size) - held
+        post: __return__ >= 0
+        """
         watermark = self.config.watermark_blocks if self.running else 0
         return max(0, blocks_for(tokens, self.config.block_size) - held) + watermark
 
