@@ -1,0 +1,769 @@
+"""The optimized scheduler: the reference's decisions, computed with tensor operations.
+
+NOTE on the algorithm. The state is a struct of arrays: one column per request slot
+(N tokens known, C computed, G GPU blocks, H host blocks, prompt, max_tokens, priority,
+arrival step, seq, status, preemptions, block-table rows). A step is the reference's
+step (design.md section 2; kvsched.reference.scheduler has the loop-per-request
+version), computed without a Python loop over requests:
+
+- running pass: each request's chunk is min(N - C, threshold, max_model_len - 1 - C)
+  cut by the budget left before it, so chunks are a prefix sum over the running order
+  and the budget runs out at a searchable index; block needs are a second prefix sum,
+  and the first request whose cumulative need exceeds the free blocks is where a
+  preemption happens. The victims of a step are a prefix of one fixed order (the
+  running order reversed for the tail rule, descending (priority, arrival, seq) for
+  the priority rule, since each victim is the maximum of what is left), so the number
+  of victims is a search over their cumulative blocks. A victim scheduled earlier in
+  the step gives back its tokens and its new blocks (vLLM's priority victim). Only
+  preemption events loop, and the pass resumes after the request that caused them;
+- swap-in and waiting passes: the admission cut is the first index where a prefix-sum
+  condition fails (token budget, blocks for the whole sequence plus the watermark when
+  something runs, the sequence limit), taken over the head of the queue in doubling
+  windows, so their cost grows with the admitted requests, not with the queue;
+- computed tokens advance for the scheduled set; those that catch up sample in
+  `update`, which finishes requests with vectorized tests.
+
+Block ids come from a tensor free list in the reference allocator's order, so every
+decision, new block ids included, equals the reference's. This module never imports
+kvsched.reference: it is an independent implementation, checked against the reference
+by tests/test_differential.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from kvsched.optimized.blocks import BlockTable, FreeList, cdiv
+from kvsched.optimized.knobs import VLLM_V1, KnobsLike, knob_problems
+from kvsched.optimized.queues import FcfsQueue, PriorityQueue
+from kvsched.spec.blocks import never_completes
+from kvsched.spec.model import (
+    Config,
+    Decision,
+    Preemption,
+    Rejection,
+    Request,
+    RequestView,
+    Status,
+)
+
+I64 = torch.int64
+
+# Rows of the state tensor (one column per slot). N, LIMIT, C, G, H stay adjacent: a
+# step gathers them with one slice. LIMIT = min(P + O, max_model_len) is the N at which
+# a request finishes (max_tokens or max_model_len reached).
+N_, LIMIT, C_, G_, H_, P_, O_, PRIO, ARR, SEQ, STATUS, NPRE, GROW, HROW = range(14)
+FIELDS = 14
+WAITING, RUNNING, SWAPPED, FREE = 0, 1, 2, 3
+STATUS_NAMES = {WAITING: Status.WAITING, RUNNING: Status.RUNNING, SWAPPED: Status.SWAPPED}
+
+
+def leading_true(cond: Tensor) -> Tensor:
+    """How many elements of a boolean vector are true before the first false one."""
+    return cond.to(I64).cumprod(0).sum()
+
+
+def lex_order(keys: list[Tensor], descending: bool) -> Tensor:
+    """Indices that sort by keys[0], then keys[1], ... (stable sorts, last key first)."""
+    idx = torch.argsort(keys[-1], descending=descending, stable=True)
+    for k in reversed(keys[:-1]):
+        idx = idx[torch.argsort(k[idx], descending=descending, stable=True)]
+    return idx
+
+
+@dataclass
+class StepTensors:
+    """One step's decision as tensors of slots (valid until the next `update`).
+
+    `scheduled` and `tokens` are in batch order; `new_block_slots` are the scheduled
+    slots that got new blocks, `new_block_counts` how many, and `new_block_ids` the ids
+    of all of them, run after run. `rejected` and `preempted` are small Python lists.
+    """
+
+    rejected: list[Rejection]
+    preempted: list[tuple[int, str]]
+    swapped_in: Tensor
+    scheduled: Tensor
+    tokens: Tensor
+    sampled: Tensor
+    new_block_slots: Tensor
+    new_block_counts: Tensor
+    new_block_ids: Tensor
+
+
+@dataclass
+class _Step:
+    """What the passes of one step accumulate, in batch order."""
+
+    slots: list[Tensor] = field(default_factory=list)
+    tokens: list[Tensor] = field(default_factory=list)
+    block_starts: list[Tensor] = field(default_factory=list)
+    block_counts: list[Tensor] = field(default_factory=list)
+    computed: list[Tensor] = field(default_factory=list)  # C after the step
+    known: list[Tensor] = field(default_factory=list)  # N
+    preempted: list[tuple[int, str]] = field(default_factory=list)
+    recompute_victims: list[int] = field(default_factory=list)
+    swap_victims: list[int] = field(default_factory=list)
+    swapped_in: list[Tensor] = field(default_factory=list)
+
+    def add(self, slots: Tensor, tokens: Tensor, starts: Tensor, counts: Tensor,
+            computed: Tensor, known: Tensor) -> None:
+        self.slots.append(slots)
+        self.tokens.append(tokens)
+        self.block_starts.append(starts)
+        self.block_counts.append(counts)
+        self.computed.append(computed)
+        self.known.append(known)
+
+
+def _cat(parts: list[Tensor], empty: Tensor) -> Tensor:
+    if not parts:
+        return empty
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class OptimizedScheduler:
+    """The reference's policy on tensors, on `device` ("cpu" or "cuda").
+
+    `knobs` is any object with the reference Knobs' fields (the reference profiles'
+    knobs work as they are); None means vLLM v1's.
+    """
+
+    def __init__(self, config: Config, knobs: KnobsLike | None = None,
+                 device: str | torch.device = "cpu") -> None:
+        chosen: KnobsLike = knobs if knobs is not None else VLLM_V1
+        problems = config.problems() + knob_problems(chosen)
+        if problems:
+            raise ValueError(problems[0])
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device cuda: torch.cuda.is_available() is False here")
+        self.config = config
+        self.knobs = chosen
+        self._priority = config.policy == "priority"
+        rule = chosen.victim
+        if rule == "policy":
+            rule = "lowest_priority" if self._priority else "tail"
+        self._tail_victims = rule == "tail"
+        self._threshold = config.long_prefill_token_threshold if config.chunked_prefill else 0
+
+        dev = self.device
+        self._capacity = 64
+        self.state = torch.zeros((FIELDS, self._capacity), dtype=I64, device=dev)
+        self.state[STATUS] = FREE
+        self.state[SEQ] = -1
+        self._ids = np.full(self._capacity, "", dtype=object)
+        self._marks = torch.zeros(self._capacity, dtype=torch.bool, device=dev)
+        self._slot_of: dict[str, int] = {}
+        self._spare_slots: list[int] = []  # freed slots, reused first
+        self._unused = 0  # slots from here on were never used
+        self._seq = 0
+        # Arrivals not yet written to the tensors: slot, P, O, priority, arrival, seq.
+        self._pending: list[tuple[int, int, int, int, int, int]] = []
+        self._arrived: list[tuple[Tensor, Tensor]] = []  # (slots, seqs) to check for rejection
+
+        most_blocks = -(-max(config.max_model_len - 1, 1) // config.block_size)
+        self.gpu_free = FreeList(config.num_gpu_blocks, dev)
+        self.cpu_free = FreeList(config.num_cpu_blocks, dev)
+        self.gpu_table = BlockTable(most_blocks, dev)
+        self.cpu_table = BlockTable(most_blocks, dev)
+
+        self._empty = torch.empty(0, dtype=I64, device=dev)
+        self.running = self._empty
+        self.swapped = self._empty  # kept in policy order
+        self.waiting: FcfsQueue | PriorityQueue = (PriorityQueue(dev) if self._priority
+                                                   else FcfsQueue(dev))
+        self._sampled = self._empty
+
+    # -- slots and the interface ------------------------------------------------------
+
+    def _grow(self, at_least: int) -> None:
+        new = max(self._capacity + self._capacity // 2, at_least)
+        state = torch.zeros((FIELDS, new), dtype=I64, device=self.device)
+        state[:, :self._capacity] = self.state
+        state[STATUS, self._capacity:] = FREE
+        state[SEQ, self._capacity:] = -1
+        self.state = state
+        self._ids = np.concatenate((self._ids, np.full(new - self._capacity, "", dtype=object)))
+        self._marks = torch.zeros(new, dtype=torch.bool, device=self.device)
+        self._capacity = new
+
+    def add_request(self, request: Request) -> None:
+        if request.id in self._slot_of:
+            raise ValueError(f"request id {request.id!r} is already live")
+        if self._spare_slots:
+            slot = self._spare_slots.pop()
+        else:
+            slot = self._unused
+            self._unused += 1
+            if slot >= self._capacity:
+                self._grow(slot + 1)
+        self._slot_of[request.id] = slot
+        self._ids[slot] = request.id
+        self._pending.append((slot, request.prompt_len, request.max_tokens, request.priority,
+                              request.arrival_step, self._seq))
+        self._seq += 1
+        if len(self._pending) >= 4096:
+            self._flush()  # in the order of arrival, as schedule() would: bounded memory
+
+    def _flush(self) -> None:
+        """Write pending arrivals to the tensors and queue them (one batch)."""
+        if not self._pending:
+            return
+        rows = torch.tensor(self._pending, dtype=I64, device=self.device).T
+        slots, prompt, max_tokens, priority, arrival, seq = rows
+        m = slots.numel()
+        block = torch.zeros((FIELDS, m), dtype=I64, device=self.device)
+        block[N_] = prompt
+        block[LIMIT] = torch.clamp_max(prompt + max_tokens, self.config.max_model_len)
+        block[P_] = prompt
+        block[O_] = max_tokens
+        block[PRIO] = priority
+        block[ARR] = arrival
+        block[SEQ] = seq
+        block[STATUS] = WAITING
+        block[GROW] = -1
+        block[HROW] = -1
+        self.state[:, slots] = block
+        self.waiting.push_arrivals(slots, seq, [p[3] for p in self._pending], arrival,
+                                   [p[4] for p in self._pending],
+                                   [p[5] for p in self._pending])
+        self._arrived.append((slots, seq))
+        self._pending = []
+
+    def _forget(self, slots: list[int]) -> list[str]:
+        """Drop ended requests' ids and free their slots; return the ids."""
+        out: list[str] = self._ids[slots].tolist()
+        slot_of = self._slot_of
+        for rid in out:
+            del slot_of[rid]
+        self._ids[slots] = ""
+        self._spare_slots.extend(slots)
+        return out
+
+    def ids_of(self, slots: Tensor) -> list[str]:
+        """The ids of live slots, in order."""
+        out: list[str] = self._ids[slots.cpu().numpy()].tolist()
+        return out
+
+    def _release_blocks(self, slots: Tensor) -> None:
+        """Every block the slots hold goes back: GPU blocks in reverse table order, host
+        blocks in table order, slot after slot."""
+        st = self.state
+        g = st[G_, slots]
+        h = st[H_, slots]
+        totals = torch.stack((g.sum(), h.sum())).tolist()
+        if totals[0]:
+            rows = st[GROW, slots]
+            self.gpu_free.put(self.gpu_table.read_reversed(rows, g, totals[0]))
+            self.gpu_table.give_back(rows[g > 0])
+        if totals[1]:
+            rows = st[HROW, slots]
+            zero = torch.zeros_like(h)
+            self.cpu_free.put(self.cpu_table.read(rows, zero, h, totals[1]))
+            self.cpu_table.give_back(rows[h > 0])
+        st[G_, slots] = 0
+        st[H_, slots] = 0
+        st[GROW, slots] = -1
+        st[HROW, slots] = -1
+
+    def abort_request(self, request_id: str) -> None:
+        self._flush()
+        slot = self._slot_of[request_id]
+        status = int(self.state[STATUS, slot])
+        if status == RUNNING:
+            self.running = self.running[self.running != slot]
+        elif status == SWAPPED:
+            self.swapped = self.swapped[self.swapped != slot]
+        # A waiting entry stays in its queue and is recognised as stale.
+        one = torch.tensor([slot], dtype=I64, device=self.device)
+        self._release_blocks(one)
+        self.state[STATUS, slot] = FREE
+        self._forget([slot])
+
+    def free_blocks(self) -> int:
+        return self.gpu_free.count
+
+    def has_unfinished(self) -> bool:
+        return bool(self._slot_of)
+
+    def states(self) -> dict[str, RequestView]:
+        self._flush()
+        if not self._slot_of:
+            return {}
+        slots = list(self._slot_of.values())
+        idx = torch.tensor(slots, dtype=I64, device=self.device)
+        cols = self.state[:, idx].T.tolist()
+        return {str(self._ids[s]): RequestView(STATUS_NAMES[c[STATUS]], c[N_], c[C_], c[G_],
+                                               c[H_], c[NPRE])
+                for s, c in zip(slots, cols, strict=True)}
+
+    def gpu_block_ids(self, request_id: str) -> list[int]:
+        """The GPU block table of a live request (for tests)."""
+        self._flush()
+        slot = self._slot_of[request_id]
+        g, row = int(self.state[G_, slot]), int(self.state[GROW, slot])
+        return [] if g == 0 else [int(b) for b in self.gpu_table.table[row, :g].tolist()]
+
+    def host_block_ids(self, request_id: str) -> list[int]:
+        self._flush()
+        slot = self._slot_of[request_id]
+        h, row = int(self.state[H_, slot]), int(self.state[HROW, slot])
+        return [] if h == 0 else [int(b) for b in self.cpu_table.table[row, :h].tolist()]
+
+    def num_running(self) -> int:
+        return self.running.numel()
+
+    def slot_of(self, request_id: str) -> int:
+        return self._slot_of[request_id]
+
+    def id_of(self, slot: int) -> str:
+        return str(self._ids[slot])
+
+    # -- one step ---------------------------------------------------------------------
+
+    def schedule(self) -> Decision:
+        t = self.schedule_tensors()
+        ids = self.ids_of
+        scheduled = tuple(zip(ids(t.scheduled), t.tokens.tolist(), strict=True))
+        new_blocks: dict[str, tuple[int, ...]] = {}
+        flat = t.new_block_ids.tolist()
+        at = 0
+        for rid, c in zip(ids(t.new_block_slots), t.new_block_counts.tolist(), strict=True):
+            new_blocks[rid] = tuple(flat[at:at + c])
+            at += c
+        return Decision(tuple(t.rejected),
+                        tuple(Preemption(str(self._ids[s]), mode) for s, mode in t.preempted),
+                        tuple(ids(t.swapped_in)), scheduled, tuple(ids(t.sampled)), new_blocks)
+
+    def schedule_tensors(self) -> StepTensors:
+        """The step's decision as tensors (the fast path for simulation loops)."""
+        self._flush()
+        cfg = self.config
+        rejected = self._reject_arrivals()
+        threshold = self._threshold
+        if self.knobs.lift_threshold_when_alone and len(self._slot_of) <= 1:
+            threshold = 0
+        step = _Step()
+        budget = self._running_pass(cfg.max_num_batched_tokens, threshold, step)
+        if not step.preempted or self.knobs.admit_after_preempt:
+            budget = self._swap_in_pass(budget, threshold, step)
+            self._waiting_pass(budget, threshold, step)
+        self._requeue_victims(step)
+
+        st = self.state
+        scheduled = _cat(step.slots, self._empty)
+        tokens = _cat(step.tokens, self._empty)
+        computed = _cat(step.computed, self._empty)
+        st[C_, scheduled] = computed
+        self._sampled = scheduled[computed == _cat(step.known, self._empty)]
+        starts = _cat(step.block_starts, self._empty)
+        counts = _cat(step.block_counts, self._empty)
+        got = torch.nonzero(counts).flatten()
+        nb_slots, nb_starts, nb_counts = scheduled[got], starts[got], counts[got]
+        total = int(nb_counts.sum())
+        nb_ids = self.gpu_table.read(st[GROW, nb_slots], nb_starts, nb_counts, total)
+        return StepTensors(rejected, step.preempted, _cat(step.swapped_in, self._empty),
+                           scheduled, tokens, self._sampled, nb_slots, nb_counts, nb_ids)
+
+    def _reject_arrivals(self) -> list[Rejection]:
+        """Arrivals that can never complete, even alone in an empty cache (section 2)."""
+        if not self._arrived:
+            return []
+        cfg = self.config
+        slots = _cat([a for a, _ in self._arrived], self._empty)
+        seqs = _cat([s for _, s in self._arrived], self._empty)
+        self._arrived = []
+        st = self.state
+        prompt, max_tokens = st[P_, slots], st[O_, slots]
+        live = (st[STATUS, slots] == WAITING) & (st[SEQ, slots] == seqs)
+        longest = torch.minimum(prompt + max_tokens,
+                                torch.full_like(prompt, cfg.max_model_len))
+        never = (prompt >= cfg.max_model_len) | (cdiv(longest, cfg.block_size)
+                                                 > cfg.num_gpu_blocks)
+        bad = slots[live & never]
+        if bad.numel() == 0:
+            return []
+        st[STATUS, bad] = FREE
+        out = []
+        bad_list = bad.tolist()
+        numbers = st[P_:O_ + 1, bad].T.tolist()
+        for rid, (p, o) in zip(self._forget(bad_list), numbers, strict=True):
+            out.append(Rejection(rid, never_completes(cfg, p, o) or ""))
+        return out
+
+    # -- running pass -----------------------------------------------------------------
+
+    def _running_pass(self, budget: int, threshold: int, step: _Step) -> int:
+        """Schedule running requests in order; preempt on block shortage. Returns the
+        budget left."""
+        cfg = self.config
+        st = self.state
+        order = self.running
+        length = order.numel()
+        if length == 0 or budget <= 0:
+            return budget
+        # Tokens and new blocks by position, made at the first preemption (before it, the
+        # scheduled set is a prefix of the running order).
+        tokens_at: Tensor | None = None
+        new_at: Tensor | None = None
+        first: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor] | None = None
+        dead: list[int] = []  # positions of this step's victims
+        victim_order: Tensor | None = None  # priority rule: positions, most expendable first
+        taken = 0  # victims taken from victim_order
+        end = length  # tail rule: victims are the positions from `end` on
+        pos = 0
+        while pos < end and budget > 0:
+            holes = [d - pos for d in dead if pos <= d < end]
+            if holes:
+                alive = torch.ones(end - pos, dtype=torch.bool, device=self.device)
+                alive[torch.tensor(holes, dtype=I64, device=self.device)] = False
+                where = torch.nonzero(alive).flatten() + pos
+                slots = order[where]
+            else:
+                where = torch.arange(pos, end, device=self.device)
+                slots = order[pos:end]
+            ncg = st[N_:G_ + 1, slots]
+            known, computed, held = ncg[0], ncg[2], ncg[3]
+            want = known - computed
+            if threshold > 0:
+                want = want.clamp_max(threshold)
+            want = torch.minimum(want, cfg.max_model_len - 1 - computed).clamp_min(0)
+            left = budget - (torch.cumsum(want, 0) - want)
+            n = torch.minimum(want, left).clamp_min(0)
+            need = (cdiv(computed + n, cfg.block_size) - held).clamp_min(0)
+            need = torch.where(n > 0, need, 0)
+            cum_need = torch.cumsum(need, 0)
+            free = self.gpu_free.count
+            stop, fit = torch.stack(((left > 0).sum(), (cum_need <= free).sum())).tolist()
+            k = min(stop, fit)
+            if k > 0:
+                got_tokens, got_blocks = torch.stack(
+                    (n[:k].sum(), cum_need[k - 1])).tolist()
+                self._allocate(slots[:k], held[:k], need[:k], got_blocks)
+                if tokens_at is None or new_at is None:
+                    first = (slots[:k], n[:k], held[:k], need[:k], known[:k], computed[:k])
+                else:
+                    tokens_at[where[:k]] = n[:k]
+                    new_at[where[:k]] = need[:k]
+                budget -= got_tokens
+            if fit >= stop:
+                break
+            # The request at index `fit` needs more blocks than are free: preempt.
+            if tokens_at is None or new_at is None:
+                tokens_at = torch.zeros(length, dtype=I64, device=self.device)
+                new_at = torch.zeros(length, dtype=I64, device=self.device)
+                if first is not None:
+                    tokens_at[:first[1].numel()] = first[1]
+                    new_at[:first[3].numel()] = first[3]
+            e_pos = int(where[fit])
+            e_tokens, e_need = torch.stack((n[fit], need[fit])).tolist()
+            if self._tail_victims:
+                victims = self._tail_victims_for(order, e_pos, end,
+                                                 e_need - self.gpu_free.count)
+            else:
+                if victim_order is None:
+                    victim_order = self._priority_order(order)
+                victims = self._priority_victims_for(order, victim_order, taken, e_pos,
+                                                     e_need - self.gpu_free.count)
+                taken += len(victims)
+            returned = self._preempt(order, victims, tokens_at, new_at, step)
+            budget += returned
+            dead.extend(victims)
+            if self._tail_victims:
+                end -= len(victims)
+            if victims[-1] == e_pos:
+                break  # the request gave itself up: the pass stops (as vLLM's)
+            e_slot = order[e_pos:e_pos + 1]
+            self._allocate(e_slot, st[G_, e_slot], need[fit:fit + 1], e_need)
+            tokens_at[e_pos] = e_tokens
+            new_at[e_pos] = e_need
+            budget -= e_tokens
+            pos = e_pos + 1
+
+        if tokens_at is None or new_at is None:
+            # No victims: the scheduled set is a prefix of the running order.
+            if first is not None:
+                slots, n, held, need, known, computed = first
+                keep = n > 0
+                if not bool(keep.all()):
+                    slots, n, held, need, known, computed = (
+                        slots[keep], n[keep], held[keep], need[keep], known[keep],
+                        computed[keep])
+                step.add(slots, n, held, need, computed + n, known)
+            return budget
+        keep = torch.nonzero(tokens_at).flatten()
+        s = order[keep]
+        n, new = tokens_at[keep], new_at[keep]
+        nc = st[N_:C_ + 1, s]
+        step.add(s, n, st[G_, s] - new, new, nc[2] + n, nc[0])
+        alive = torch.ones(length, dtype=torch.bool, device=self.device)
+        alive[torch.tensor(dead, dtype=I64, device=self.device)] = False
+        self.running = order[alive]
+        return budget
+
+    def _allocate(self, slots: Tensor, held: Tensor, need: Tensor, total: int) -> None:
+        """Give each running slot need[i] more GPU blocks, from the free list's head."""
+        if total == 0:
+            return
+        ids = self.gpu_free.take(total)
+        self.gpu_table.write(self.state[GROW, slots], held, need, ids)
+        self.state[G_, slots] = held + need
+
+    def _tail_victims_for(self, order: Tensor, e_pos: int, end: int, gap: int) -> list[int]:
+        """Positions end-1, end-2, ... until their blocks cover `gap`, or e_pos."""
+        window = 8
+        while True:
+            low = max(e_pos, end - window)
+            cand = torch.arange(end - 1, low - 1, -1, device=self.device)
+            freed = torch.cumsum(self.state[G_, order[cand]], 0)
+            i = int((freed < gap).sum())
+            if i < cand.numel():
+                return list(range(end - 1, end - 2 - i, -1))
+            if low == e_pos:
+                return list(range(end - 1, e_pos - 1, -1))
+            window *= 4
+
+    def _priority_order(self, order: Tensor) -> Tensor:
+        st = self.state
+        keys = st[PRIO:SEQ + 1, order]
+        return lex_order([keys[0], keys[1], keys[2]], descending=True)
+
+    def _priority_victims_for(self, order: Tensor, victim_order: Tensor, taken: int,
+                              e_pos: int, gap: int) -> list[int]:
+        """The next victims in descending (priority, arrival, seq) order until their
+        blocks (this step's new ones included) cover `gap`, or e_pos itself."""
+        window = 8
+        total = victim_order.numel()
+        while True:
+            cand = victim_order[taken:taken + window]
+            freed = torch.cumsum(self.state[G_, order[cand]], 0)
+            i = int((freed < gap).sum())
+            cand_list = cand.tolist()
+            limit = i + 1 if i < len(cand_list) else len(cand_list)
+            if e_pos in cand_list[:limit]:
+                return cand_list[:cand_list.index(e_pos) + 1]
+            if i < len(cand_list):
+                return cand_list[:limit]
+            if taken + window >= total:
+                return cand_list  # cannot happen: e_pos is among the candidates
+            window *= 4
+
+    def _preempt(self, order: Tensor, victims: list[int], tokens_at: Tensor,
+                 new_at: Tensor, step: _Step) -> int:
+        """Take the victims (positions in `order`) off the GPU: swap when the mode (or
+        auto's cost model) says so and the host has room, otherwise recompute. Returns
+        the tokens given back to the budget."""
+        cfg = self.config
+        st = self.state
+        pos = torch.tensor(victims, dtype=I64, device=self.device)
+        slots = order[pos]
+        numbers = torch.stack((st[G_, slots], st[C_, slots], tokens_at[pos],
+                               new_at[pos])).T.tolist()
+        free_host = self.cpu_free.count
+        modes: list[str] = []
+        returned = 0
+        released = 0
+        for g, c, tokens, new in numbers:
+            returned += tokens
+            released += g
+            held = g - new
+            mode = cfg.preemption
+            if mode == "auto":
+                mode = "swap" if self.knobs.cost.prefers_swap(held, c) else "recompute"
+            if mode == "swap" and held > free_host:
+                mode = "recompute"  # no room on the host
+            if mode == "swap":
+                free_host -= held
+            modes.append(mode)
+        tokens_at[pos] = 0
+        new_at[pos] = 0
+        swap = torch.tensor([m == "swap" for m in modes], dtype=torch.bool, device=self.device)
+        g_all = st[G_, slots]
+        held_all = g_all - torch.tensor([n[3] for n in numbers], dtype=I64, device=self.device)
+        rows = st[GROW, slots]
+        # Every victim's GPU blocks, this step's new ones included, in reverse table order.
+        self.gpu_free.put(self.gpu_table.read_reversed(rows, g_all, released))
+        self.gpu_table.give_back(rows)
+        slot_list = slots.tolist()
+        if any(modes[i] == "swap" for i in range(len(modes))):
+            ss = slots[swap]
+            hs = held_all[swap]
+            total = int(hs.sum())
+            host_rows = self.cpu_table.lend(ss.numel())
+            self.cpu_table.write(host_rows, torch.zeros_like(hs), hs,
+                                 self.cpu_free.take(total))
+            st[HROW, ss] = host_rows
+            st[H_, ss] = hs
+            st[STATUS, ss] = SWAPPED
+        rc = slots[~swap]
+        st[C_, rc] = 0
+        st[STATUS, rc] = WAITING
+        st[G_, slots] = 0
+        st[GROW, slots] = -1
+        st[NPRE, slots] += 1
+        for s, mode in zip(slot_list, modes, strict=True):
+            step.preempted.append((s, mode))
+            (step.swap_victims if mode == "swap" else step.recompute_victims).append(s)
+        return returned
+
+    # -- swap-in and waiting passes ---------------------------------------------------
+
+    def _swap_in_pass(self, budget: int, threshold: int, step: _Step) -> int:
+        cfg = self.config
+        st = self.state
+        running = self.running.numel()
+        room = cfg.max_num_seqs - running
+        if self.swapped.numel() == 0 or budget <= 0 or room <= 0:
+            return budget
+        cand = self.swapped[:room]
+        nch = st[N_:H_ + 1, cand]
+        known, computed, host = nch[0], nch[2], nch[4]
+        rest = known - computed
+        want = rest.clamp_max(threshold) if threshold > 0 else rest
+        left = budget - (torch.cumsum(want, 0) - want)
+        n = torch.minimum(want, left)
+        extra = (cdiv((computed + n).clamp_min(0), cfg.block_size) - host).clamp_min(0)
+        take = host + extra
+        free_before = self.gpu_free.count - (torch.cumsum(take, 0) - take)
+        watermark = torch.full_like(take, cfg.watermark_blocks)
+        if running == 0:
+            watermark[0] = 0
+        ok = (left > 0) & (take + watermark <= free_before)
+        if not cfg.chunked_prefill:
+            ok &= n >= rest
+        k = int(leading_true(ok))
+        if k == 0:
+            return budget
+        slots, n, take = cand[:k], n[:k], take[:k]
+        host, known, computed = host[:k], known[:k], computed[:k]
+        tokens, blocks, host_total = torch.stack((n.sum(), take.sum(), host.sum())).tolist()
+        host_rows = st[HROW, slots]
+        self.cpu_free.put(self.cpu_table.read(host_rows, torch.zeros_like(host), host,
+                                              host_total))
+        self.cpu_table.give_back(host_rows)
+        rows = self.gpu_table.lend(k)
+        self.gpu_table.write(rows, torch.zeros_like(take), take, self.gpu_free.take(blocks))
+        st[GROW, slots] = rows
+        st[G_, slots] = take
+        st[H_, slots] = 0
+        st[HROW, slots] = -1
+        st[STATUS, slots] = RUNNING
+        self.running = torch.cat((self.running, slots))
+        self.swapped = self.swapped[k:]
+        step.swapped_in.append(slots)
+        step.add(slots, n, torch.zeros_like(take), take, computed + n, known)
+        return budget - int(tokens)
+
+    def _waiting_pass(self, budget: int, threshold: int, step: _Step) -> None:
+        cfg = self.config
+        st = self.state
+        running = self.running.numel()
+        window = 64
+        free = self.gpu_free.count
+        while budget > 0 and running < cfg.max_num_seqs:
+            asked = min(window, cfg.max_num_seqs - running, budget)
+            peek = self.waiting.peek(asked, st[STATUS], st[SEQ], WAITING)
+            cand = peek.slots
+            m = cand.numel()
+            if m == 0:
+                break
+            known = st[N_, cand]  # waiting requests have C = 0 and hold no blocks
+            want = known.clamp_max(threshold) if threshold > 0 else known
+            left = budget - (torch.cumsum(want, 0) - want)
+            n = torch.minimum(want, left)
+            ok = left > 0
+            if not cfg.chunked_prefill:
+                ok &= want <= left
+            blocks = cdiv(n.clamp_min(0), cfg.block_size)
+            free_before = free - (torch.cumsum(blocks, 0) - blocks)
+            watermark = torch.full_like(blocks, cfg.watermark_blocks)
+            if running == 0:
+                watermark[0] = 0
+            if self.knobs.reserve_full_sequence:
+                full = cdiv(known.clamp_max(cfg.max_model_len), cfg.block_size)
+                ok &= full + watermark <= free_before
+            ok &= blocks + watermark <= free_before
+            a = int(leading_true(ok))
+            if a:
+                slots, n, blocks = cand[:a], n[:a], blocks[:a]
+                tokens, total = torch.stack((n.sum(), blocks.sum())).tolist()
+                rows = self.gpu_table.lend(a)
+                zero = torch.zeros_like(blocks)
+                self.gpu_table.write(rows, zero, blocks, self.gpu_free.take(total))
+                st[GROW, slots] = rows
+                st[G_, slots] = blocks
+                st[STATUS, slots] = RUNNING
+                self.running = torch.cat((self.running, slots))
+                step.add(slots, n, zero, blocks, n, known[:a])
+                budget -= tokens
+                free -= total
+                running += a
+            self.waiting.pop(peek, a)
+            if a < m or m < asked:
+                break
+            window *= 2
+
+    def _requeue_victims(self, step: _Step) -> None:
+        """Victims queue up only now, so none is admitted again in the step that took it."""
+        st = self.state
+        if step.recompute_victims:
+            slots = torch.tensor(step.recompute_victims, dtype=I64, device=self.device)
+            keys = st[PRIO:SEQ + 1, slots]
+            self.waiting.push_victims(slots, keys[2], keys[0].tolist(), keys[1])
+        if step.swap_victims:
+            slots = torch.tensor(step.swap_victims, dtype=I64, device=self.device)
+            swapped = torch.cat((self.swapped, slots))
+            keys = st[PRIO:SEQ + 1, swapped]
+            if self._priority:
+                self.swapped = swapped[lex_order([keys[0], keys[1], keys[2]], False)]
+            else:
+                self.swapped = swapped[torch.argsort(keys[2])]
+
+    # -- after the forward pass -------------------------------------------------------
+
+    def update(self, stopped: Collection[str]) -> tuple[str, ...]:
+        slot_of = self._slot_of
+        chosen = [slot_of[r] for r in stopped if r in slot_of]
+        finished = self.update_tensors(
+            torch.tensor(chosen, dtype=I64, device=self.device) if chosen else None)
+        if finished.numel() == 0:
+            return ()
+        return tuple(self._forget(finished.tolist()))
+
+    def update_tensors(self, stopped: Tensor | None = None) -> Tensor:
+        """Sample one token for each request the last step caught up; finish those that
+        stopped (the slots in `stopped`), reached max_tokens or max_model_len. Returns the
+        finished slots in batch order; their ids stay readable until `forget`."""
+        sampled = self._sampled
+        self._sampled = self._empty
+        if sampled.numel() == 0:
+            return sampled
+        st = self.state
+        nl = st[N_:LIMIT + 1, sampled]
+        known = nl[0] + 1
+        st[N_, sampled] = known
+        done = known >= nl[1]  # N reached P + max_tokens or max_model_len
+        marks = self._marks  # all False between calls
+        if stopped is not None and stopped.numel():
+            marks[stopped] = True
+            done |= marks[sampled]
+            marks[stopped] = False
+        finished = sampled[done]
+        if finished.numel() == 0:
+            return finished
+        self._release_blocks(finished)
+        st[STATUS, finished] = FREE
+        marks[finished] = True
+        self.running = self.running[~marks[self.running]]
+        marks[finished] = False
+        return finished
+
+    def forget(self, slots: Tensor) -> list[str]:
+        """The ids of slots `update_tensors` finished; frees the slots for reuse."""
+        return self._forget(slots.tolist())

@@ -1,0 +1,716 @@
+"""Benchmarks of issue 3: the optimized scheduler and the vectorized checker against the
+reference scheduler, vLLM's own scheduler and the spec checker, side by side in one run.
+
+    python -m kvsched.bench_optimized --out docs/benchmarks.md    (a section of the file)
+    python -m kvsched.bench_optimized --quick                     (small sizes, printed)
+    python -m kvsched.bench_optimized --gpu-check --out docs/benchmarks.md
+
+Every figure of a table is measured in the same run; ratios compare runs of the same
+work. Step times interleave the schedulers (a few steps of each in turn, median of the
+rounds), so that a busy machine slows them alike. The CPU figures use one torch thread
+(torch.set_num_threads(1)): per-step tensors are small, and on a shared two-core
+machine intra-op threads mostly wait on each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import torch
+
+from kvsched.bench import machine
+from kvsched.generators import generate
+from kvsched.optimized import OptimizedScheduler
+from kvsched.optimized.checker import check_trace_vectorized
+from kvsched.optimized.simulation import Arrivals, run_fast, step_dict
+from kvsched.reference import ReferenceScheduler, get_profile
+from kvsched.simulate import run
+from kvsched.spec.checker import check_trace
+from kvsched.spec.model import Config, Request
+from kvsched.spec.trace import TraceReader, TraceWriter
+from kvsched.spec.trace import step_dict as reference_step_dict
+from kvsched.workload import WorkItem
+
+START = "<!-- bench_optimized: start -->"
+END = "<!-- bench_optimized: end -->"
+KNOBS = get_profile("vllm-v1").knobs
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Sizes:
+    """How big each benchmark is (the defaults are the issue's; --quick shrinks them)."""
+
+    running: tuple[int, ...] = (256, 4096, 65536)
+    waiting: tuple[int, ...] = (1_000, 100_000, 1_000_000)
+    sim_requests: int = 1_000_000
+    sim_prefix: int = 100_000
+    sim_rate: float = 75.0
+    small_trace_requests: int = 20_000
+    vllm_running: tuple[int, ...] = (256, 4096)
+    memory_running: int = 4096
+    memory_waiting: int = 1_000_000
+
+
+QUICK = Sizes(running=(256, 2048), waiting=(1_000, 20_000), sim_requests=20_000,
+              sim_prefix=5_000, sim_rate=20.0, small_trace_requests=2_000,
+              vllm_running=(256,), memory_running=512, memory_waiting=20_000)
+
+
+@dataclass
+class Section:
+    lines: list[str] = field(default_factory=list)
+
+    def add(self, *text: str) -> None:
+        self.lines.extend(text)
+        print("\n".join(text), flush=True)
+
+
+def timed(what: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    what()
+    return time.perf_counter() - start
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# -- step time -----------------------------------------------------------------------
+
+def step_config(running: int, policy: str = "fcfs") -> Config:
+    """A cache that never runs out: steps differ only by what runs and what waits."""
+    return Config(block_size=16, num_gpu_blocks=40 * running + 1024,
+                  max_num_batched_tokens=2 * running, max_num_seqs=running,
+                  max_model_len=2048, chunked_prefill=True, policy=policy)
+
+
+def request(rid: str, i: int, arrival: int) -> Request:
+    """Prompts of 16-63 tokens, max_tokens 30-229: a steady stream of finishes."""
+    return Request(rid, 16 + i % 48, 30 + (i * 7919) % 200, i % 3, arrival)
+
+
+class Refill:
+    """New arrivals, one for each request that finished: the queue keeps its length, so
+    every step admits about as many requests as finish, at any queue length."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.made = 0
+        self.step = 1
+
+    def __call__(self, finished: int) -> None:
+        for _ in range(finished):
+            self.scheduler.add_request(request(f"a{self.made}", self.made, self.step))
+            self.made += 1
+        self.step += 1
+
+
+class Stepper:
+    """One scheduler and how one of its steps is taken."""
+
+    def __init__(self, name: str, scheduler: Any, step: Callable[[], object]) -> None:
+        self.name = name
+        self.scheduler = scheduler
+        self.step = step
+        self.rounds: list[float] = []
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            self.step()
+
+
+def steppers(config: Config, device: str = "cpu") -> list[Stepper]:
+    """The reference, and the optimized scheduler stepped two ways (the fast path and the
+    exact interface). A step includes the arrivals that replace its finished requests."""
+    ref = ReferenceScheduler(config, KNOBS)
+    opt = OptimizedScheduler(config, KNOBS, device=device)
+    ref_refill, opt_refill = Refill(ref), Refill(opt)
+
+    def ref_step() -> None:
+        ref.schedule()
+        ref_refill(len(ref.update(())))
+
+    def fast_step() -> None:
+        opt.schedule_tensors()
+        opt_refill(len(opt.forget(opt.update_tensors())))
+
+    def interface_step() -> None:
+        opt.schedule()
+        opt_refill(len(opt.update(())))
+
+    return [Stepper("reference", ref, ref_step), Stepper("optimized", opt, fast_step),
+            Stepper("optimized (schedule)", opt, interface_step)]
+
+
+def fill(scheduler: Any, waiting_from: int, waiting_to: int, arrival: int) -> None:
+    for i in range(waiting_from, waiting_to):
+        scheduler.add_request(request(f"w{i}", i, arrival))
+
+
+def start_running(scheduler: Any, running: int) -> int:
+    """Add `running` requests and step until all of them run; returns the steps taken."""
+    for i in range(running):
+        scheduler.add_request(request(f"r{i}", i, 0))
+    steps = 0
+    while True:
+        if isinstance(scheduler, OptimizedScheduler):
+            t = scheduler.schedule_tensors()
+            scheduler.forget(scheduler.update_tensors())
+            tokens = int(t.tokens.sum())
+        else:
+            d = scheduler.schedule()
+            scheduler.update(())
+            tokens = d.num_scheduled_tokens
+        steps += 1
+        if tokens == running:
+            return steps
+
+
+@dataclass
+class StepRow:
+    running: int
+    waiting: int
+    policy: str
+    seconds: dict[str, float]  # per step, median of the rounds
+
+    def cells(self) -> str:
+        ref = self.seconds["reference"]
+        fast = self.seconds["optimized"]
+        api = self.seconds["optimized (schedule)"]
+        return (f"| {self.running:,} | {self.waiting:,} | {self.policy} | {ref * 1e6:,.0f} | "
+                f"{ref * 1e9 / self.running:,.0f} | {fast * 1e6:,.0f} | "
+                f"{fast * 1e9 / self.running:,.0f} | {ref / fast:,.1f} | "
+                f"{api * 1e6:,.0f} | {ref / api:,.1f} |")
+
+
+def rounds_for(running: int) -> tuple[int, int]:
+    """(steps per round, rounds): about the same work at every size."""
+    if running >= 32768:
+        return 2, 4
+    if running >= 2048:
+        return 10, 5
+    return 100, 5
+
+
+def bench_steps(sizes: Sizes, out: Section) -> list[StepRow]:
+    """For each size of the running set, one pair of schedulers per queue length, all
+    stepped in turn in every round: load that comes and goes hits them alike."""
+    rows: list[StepRow] = []
+    cases = [(r, "fcfs") for r in sizes.running]
+    middle = sizes.running[len(sizes.running) // 2]
+    cases.append((middle, "priority"))
+    for running, policy in cases:
+        config = step_config(running, policy)
+        pairs: list[list[Stepper]] = []
+        for waiting in sizes.waiting:
+            sched = steppers(config)
+            for s in (sched[0].scheduler, sched[1].scheduler):
+                start_running(s, running)
+                fill(s, 0, waiting, 1)
+            # The first steps take the arrivals in (rejection check) and let finishes start.
+            for st in sched[:2]:
+                st.run(40)
+            pairs.append(sched)
+        gc.collect()
+        gc.freeze()  # the setup's objects: the collector need not walk them each step
+        steps_per_round, nrounds = rounds_for(running)
+        for _ in range(nrounds):
+            for sched in pairs:
+                for st in sched:
+                    start = time.perf_counter()
+                    st.run(steps_per_round)
+                    st.rounds.append((time.perf_counter() - start) / steps_per_round)
+        for waiting, sched in zip(sizes.waiting, pairs, strict=True):
+            row = StepRow(running, waiting, policy,
+                          {st.name: statistics.median(st.rounds) for st in sched})
+            rows.append(row)
+            out.add(row.cells())
+        del pairs, sched
+        gc.unfreeze()
+        gc.collect()
+    return rows
+
+
+# -- vLLM's scheduler ------------------------------------------------------------------
+
+VLLM_STEP = r'''
+import importlib.util, json, sys, tempfile, time
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("vllm_driver", sys.argv[1])
+d = importlib.util.module_from_spec(spec); spec.loader.exec_module(d)
+running, waiting, steps = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+outputs = d._module("vllm.v1.outputs")
+with tempfile.TemporaryDirectory() as tmp:
+    cfg = {"block_size": 16, "num_blocks": 40 * running + 1024 + 1, "max_num_seqs": running,
+           "max_num_batched_tokens": 2 * running, "max_model_len": 2048,
+           "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
+           "policy": "fcfs", "watermark": 0.0}
+    s = d.build_scheduler(cfg, Path(tmp))
+    order = [0]
+    def add(rid, i, arrival):
+        order[0] += 1
+        s.add_request(d.make_request({"id": rid, "prompt_len": 16 + i % 48,
+                                      "max_tokens": 30 + (i * 7919) % 200,
+                                      "priority": i % 3}, order[0]))
+    def step():
+        t0 = time.perf_counter()
+        out = s.schedule()
+        t1 = time.perf_counter()
+        sched = list(out.num_scheduled_tokens.items())
+        sampled = [[] if s.requests[rid].num_computed_tokens < s.requests[rid].num_tokens
+                   else [d.OTHER_TOKEN_ID] for rid, _ in sched]
+        ids = [rid for rid, _ in sched]
+        runner = outputs.ModelRunnerOutput(req_ids=ids,
+                                           req_id_to_index={r: i for i, r in enumerate(ids)},
+                                           sampled_token_ids=sampled)
+        t2 = time.perf_counter()
+        s.update_from_output(out, runner)
+        t3 = time.perf_counter()
+        return sum(n for _, n in sched), (t1 - t0) + (t3 - t2)
+    for i in range(running):
+        add(f"r{i}", i, 0)
+    while step()[0] != running:
+        pass
+    for i in range(waiting):
+        add(f"w{i}", i, 1)
+    for _ in range(40):
+        step()
+    spent = sum(step()[1] for _ in range(steps))
+    print(json.dumps({"seconds": spent / steps}))
+'''
+
+
+def vllm_python() -> Path | None:
+    python = ROOT / ".venv-vllm" / "bin" / "python"
+    return python if python.exists() else None
+
+
+def bench_vllm(sizes: Sizes, out: Section) -> None:
+    python = vllm_python()
+    if python is None:
+        out.add("", "vLLM's scheduler: not measured (no .venv-vllm here; `make "
+                "conformance-vllm` creates it).")
+        return
+    driver = ROOT / "src" / "kvsched" / "adapters" / "vllm_driver.py"
+    out.add("", "| running | waiting | vLLM schedule() + update_from_output(), us | "
+                "optimized step, us | ratio |", "|---:|---:|---:|---:|---:|")
+    waiting = sizes.waiting[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "vllm_step.py"
+        script.write_text(VLLM_STEP)
+        for running in sizes.vllm_running:
+            steps, _ = rounds_for(running)
+            done = subprocess.run([str(python), str(script), str(driver), str(running),
+                                   str(waiting), str(max(steps, 10))],
+                                  capture_output=True, text=True, timeout=1800, check=False)
+            if done.returncode != 0:
+                out.add(f"| {running:,} | {waiting:,} | failed: "
+                        f"{(done.stderr.strip().splitlines() or ['?'])[-1]} | | |")
+                continue
+            vllm = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+            sched = steppers(step_config(running))[1]
+            start_running(sched.scheduler, running)
+            fill(sched.scheduler, 0, waiting, 1)
+            sched.run(40)
+            count = max(steps, 10)
+            start = time.perf_counter()
+            sched.run(count)
+            fast = (time.perf_counter() - start) / count
+            out.add(f"| {running:,} | {waiting:,} | {vllm * 1e6:,.0f} | {fast * 1e6:,.0f} | "
+                    f"{vllm / fast:,.1f} |")
+
+
+# -- a whole simulation ----------------------------------------------------------------
+
+def sim_config() -> Config:
+    """A large engine: 16k sequences, 512k blocks of 16 tokens, a 32k-token step."""
+    return Config(block_size=16, num_gpu_blocks=524_288, max_num_seqs=16_384,
+                  max_num_batched_tokens=32_768, max_model_len=4096, chunked_prefill=True)
+
+
+def columns(items: list[WorkItem]) -> Arrivals:
+    return Arrivals([w.id for w in items], [w.arrival for w in items],
+                    [w.prompt_len for w in items], [w.output_len for w in items],
+                    [w.max_tokens for w in items], [w.priority for w in items],
+                    [w.abort for w in items])
+
+
+@dataclass
+class SimRun:
+    seconds: float
+    writing: float  # of which serializing and writing the trace
+    steps: int
+    entries: int
+    digest: int  # of the trace lines, to compare two runs
+
+    @property
+    def deciding(self) -> float:
+        return self.seconds - self.writing
+
+
+def simulate_reference(config: Config, items: list[WorkItem], trace: Path) -> SimRun:
+    scheduler = ReferenceScheduler(config, KNOBS)
+    writing = 0.0
+    steps = entries = digest = 0
+    with trace.open("wb") as stream:
+        stream.write(orjson.dumps({"kvsched": "trace"}) + b"\n")
+        start = time.perf_counter()
+        for rec in run(scheduler, items):
+            mark = time.perf_counter()
+            line = orjson.dumps(reference_step_dict(rec)) + b"\n"
+            stream.write(line)
+            digest = hash((digest, line))
+            writing += time.perf_counter() - mark
+            steps += 1
+            entries += len(rec.scheduled)
+        seconds = time.perf_counter() - start
+    return SimRun(seconds, writing, steps, entries, digest)
+
+
+def simulate_optimized(config: Config, items: list[WorkItem], trace: Path,
+                       device: str = "cpu") -> SimRun:
+    scheduler = OptimizedScheduler(config, KNOBS, device=device)
+    writing = 0.0
+    steps = entries = digest = 0
+    with trace.open("wb") as stream:
+        stream.write(orjson.dumps({"kvsched": "trace"}) + b"\n")
+        start = time.perf_counter()
+        for s in run_fast(scheduler, columns(items)):
+            mark = time.perf_counter()
+            line = orjson.dumps(step_dict(scheduler, s)) + b"\n"
+            stream.write(line)
+            digest = hash((digest, line))
+            writing += time.perf_counter() - mark
+            steps += 1
+            entries += s.decision.scheduled.numel()
+        seconds = time.perf_counter() - start
+    return SimRun(seconds, writing, steps, entries, digest)
+
+
+def bench_simulation(sizes: Sizes, out: Section, tmp: Path) -> Path:
+    """Returns the prefix's trace (for the checker benchmark)."""
+    config = sim_config()
+    items = generate("sharegpt", sizes.sim_requests, seed=0, arrival="poisson",
+                     rate=sizes.sim_rate, max_model_len=config.max_model_len)
+    prefix = items[:sizes.sim_prefix]
+    ref_trace, opt_trace, full_trace = tmp / "ref.jsonl", tmp / "opt.jsonl", tmp / "full.jsonl"
+    print(f"simulating {len(prefix):,} requests with the reference ...", flush=True)
+    ref = simulate_reference(config, prefix, ref_trace)
+    print(f"  {ref.seconds:.0f} s", flush=True)
+    opt = simulate_optimized(config, prefix, opt_trace)
+    same = ref.digest == opt.digest and ref.steps == opt.steps
+    print(f"simulating {len(items):,} requests with the optimized scheduler ...", flush=True)
+    full = simulate_optimized(config, items, full_trace)
+    full_trace.unlink()
+    opt_trace.unlink()
+    # The reference on the whole workload, extrapolated: its prefix time scaled by how much
+    # longer the whole took the optimized scheduler (the same steps, at the same sizes).
+    scale = full.seconds / opt.seconds
+    scale_deciding = full.deciding / opt.deciding
+    out.add(
+        f"Workload: {len(items):,} ShareGPT-like requests (`kvsched.generators`, seed 0), "
+        f"Poisson arrivals at {sizes.sim_rate:g} per step; the reference runs its first "
+        f"{len(prefix):,}. Config: {describe(config)}; profile `vllm-v1`. Both loops write "
+        "the trace (orjson); \"deciding\" leaves out the time spent serializing and "
+        "writing it. The two traces of the prefix are "
+        + ("identical, line for line." if same else "NOT identical (a divergence)."), "",
+        "| run | requests | steps | scheduled entries | seconds | deciding, s | "
+        "ratio | ratio, deciding |", "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| reference | {len(prefix):,} | {ref.steps:,} | {ref.entries:,} | {ref.seconds:,.1f} "
+        f"| {ref.deciding:,.1f} | 1 | 1 |",
+        f"| optimized | {len(prefix):,} | {opt.steps:,} | {opt.entries:,} | {opt.seconds:,.1f} "
+        f"| {opt.deciding:,.1f} | {ref.seconds / opt.seconds:,.1f} | "
+        f"{ref.deciding / opt.deciding:,.1f} |",
+        f"| optimized | {len(items):,} | {full.steps:,} | {full.entries:,} | "
+        f"{full.seconds:,.1f} | {full.deciding:,.1f} | | |",
+        f"| reference, extrapolated | {len(items):,} | | | {ref.seconds * scale:,.0f} | "
+        f"{ref.deciding * scale_deciding:,.0f} | {ref.seconds / opt.seconds:,.1f} | "
+        f"{ref.deciding / opt.deciding:,.1f} |",
+        "", f"The reference on all {len(items):,} requests is extrapolated from its prefix: "
+        "its time there times the ratio of the optimized scheduler's whole-run time to its "
+        "prefix time (both run the same steps at the same batch sizes).")
+    return ref_trace
+
+
+def describe(c: Config) -> str:
+    return (f"block_size {c.block_size}, {c.num_gpu_blocks:,} GPU blocks, max_num_seqs "
+            f"{c.max_num_seqs:,}, max_num_batched_tokens {c.max_num_batched_tokens:,}, "
+            f"max_model_len {c.max_model_len:,}, chunked prefill, {c.policy}, "
+            f"{c.preemption}")
+
+
+# -- the checkers ----------------------------------------------------------------------
+
+def small_trace(sizes: Sizes, path: Path) -> Config:
+    """The baseline benchmark's engine (kvsched.bench: 256 sequences, 8192 blocks)."""
+    from kvsched.bench import BENCH_CONFIG
+    items = generate("sharegpt", sizes.small_trace_requests, seed=0, arrival="poisson",
+                     rate=1.0, max_model_len=BENCH_CONFIG.max_model_len)
+    with path.open("wb") as stream:
+        writer = TraceWriter(stream, lambda o: orjson.dumps(o) + b"\n")
+        writer.header(BENCH_CONFIG)
+        for rec in run(ReferenceScheduler(BENCH_CONFIG, KNOBS), items):
+            writer.step(rec)
+        writer.end()
+    return BENCH_CONFIG
+
+
+def with_header(config: Config, trace: Path, path: Path) -> None:
+    """The simulation's trace (its first line a stand-in) with a real header."""
+    with trace.open("rb") as src, path.open("wb") as dst:
+        src.readline()
+        writer = TraceWriter(dst, lambda o: orjson.dumps(o) + b"\n")
+        writer.header(config)
+        while chunk := src.read(1 << 24):
+            dst.write(chunk)
+        writer.end()
+
+
+def bench_checkers(sizes: Sizes, out: Section, traces: list[tuple[str, Path]]) -> None:
+    out.add("", "| trace | steps | scheduled entries | spec checker, entries/s | "
+                "vectorized, entries/s | ratio | same report |",
+            "|---|---:|---:|---:|---:|---:|---|")
+    for name, path in traces:
+        data = path.read_bytes()
+        gc.collect()
+        start = time.perf_counter()
+        spec = check_trace(TraceReader(io.BytesIO(data), orjson.loads))
+        spec_s = time.perf_counter() - start
+        gc.collect()
+        start = time.perf_counter()
+        fast = check_trace_vectorized(io.BytesIO(data))
+        fast_s = time.perf_counter() - start
+        same = (spec.counts == fast.counts and spec.violations == fast.violations
+                and spec.scheduled_entries == fast.scheduled_entries)
+        n = spec.scheduled_entries
+        out.add(f"| {name} | {spec.steps:,} | {n:,} | {n / spec_s:,.0f} | {n / fast_s:,.0f} | "
+                f"{spec_s / fast_s:,.1f} | {'yes' if same else 'NO'} |")
+
+
+# -- memory ----------------------------------------------------------------------------
+
+MEMORY = r'''
+import gc, sys, torch
+from pathlib import Path
+torch.set_num_threads(1)
+from kvsched.bench_optimized import request, start_running, step_config, KNOBS
+from kvsched.optimized import OptimizedScheduler
+from kvsched.reference import ReferenceScheduler
+
+def status(key):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise SystemExit(f"no {key} in /proc/self/status")
+
+which, running, waiting = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+config = step_config(running)
+gc.collect()
+Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from here
+before = status("VmRSS")
+s = (ReferenceScheduler if which == "reference" else OptimizedScheduler)(config, KNOBS)
+start_running(s, running)
+for i in range(waiting):
+    s.add_request(request(f"w{i}", i, 1))
+for _ in range(5):
+    if which == "reference":
+        s.schedule(); s.update(())
+    else:
+        s.schedule_tensors(); s.forget(s.update_tensors())
+print(status("VmHWM") - before, status("VmRSS") - before)
+'''
+
+
+def bench_memory(sizes: Sizes, out: Section) -> None:
+    live = sizes.memory_running + sizes.memory_waiting
+    out.add("", "### Memory per live request", "",
+            f"{sizes.memory_running:,} running and {sizes.memory_waiting:,} waiting requests, "
+            "each scheduler in a process of its own (Linux VmHWM and VmRSS, from just "
+            "before the scheduler is built to after five steps):", "",
+            "| scheduler | peak, bytes per live request | resident, bytes per live request |",
+            "|---|---:|---:|")
+    for which in ("reference", "optimized"):
+        done = subprocess.run([sys.executable, "-c", MEMORY, which, str(sizes.memory_running),
+                               str(sizes.memory_waiting)], capture_output=True, text=True,
+                              timeout=1800, check=False)
+        if done.returncode == 0:
+            peak, resident = (int(x) for x in done.stdout.split()[-2:])
+            out.add(f"| {which} | {peak / live:,.0f} | {resident / live:,.0f} |")
+        else:
+            out.add(f"| {which} | failed: "
+                    f"{(done.stderr.strip().splitlines() or ['?'])[-1]} | |")
+
+
+# -- CUDA ------------------------------------------------------------------------------
+
+def bench_cuda(sizes: Sizes, out: Section) -> None:
+    if not torch.cuda.is_available():
+        out.add("", "CUDA: not measured here (torch.cuda.is_available() is False); "
+                    "`make gpu-check` on a GPU machine measures it.")
+        return
+    name = torch.cuda.get_device_name(0)
+    out.add("", f"CUDA, on {name} (torch {torch.__version__}):", "",
+            "| running | waiting | optimized step on cuda, us | on cpu, us |",
+            "|---:|---:|---:|---:|")
+    for running in sizes.running:
+        row = []
+        for device in ("cuda", "cpu"):
+            opt = OptimizedScheduler(step_config(running), KNOBS, device=device)
+            start_running(opt, running)
+            fill(opt, 0, sizes.waiting[0], 1)
+            for _ in range(40):
+                opt.schedule_tensors()
+                opt.forget(opt.update_tensors())
+            steps = 50
+
+            def go(opt: OptimizedScheduler = opt, steps: int = steps) -> None:
+                for _ in range(steps):
+                    opt.schedule_tensors()
+                    opt.forget(opt.update_tensors())
+                if opt.device.type == "cuda":
+                    torch.cuda.synchronize()
+
+            row.append(timed(go) / steps)
+        out.add(f"| {running:,} | {sizes.waiting[0]:,} | {row[0] * 1e6:,.0f} | "
+                f"{row[1] * 1e6:,.0f} |")
+
+
+# -- the report ------------------------------------------------------------------------
+
+def report(sizes: Sizes, command: str, gpu_only: bool) -> str:
+    out = Section()
+    out.add(START, "## Optimized scheduler and vectorized checker (issue 3)", "",
+            f"Measured by `{command}` on {datetime.now(UTC):%Y-%m-%d}.",
+            f"Machine: {machine()}; torch {torch.__version__}, one torch thread on CPU.")
+    if not gpu_only:
+        out.add("", "### Step time, optimized against reference",
+                "", "Each scheduler holds the same requests: `running` of them run (decode "
+                "and a steady stream of finishes and admissions), `waiting` more wait; each "
+                "step ends with as many new arrivals as requests finished, so the queue keeps "
+                "its length (the arrivals are part of the step's time). "
+                "Config: block_size 16, 40 blocks per running request, max_num_seqs = "
+                "running, a token budget of twice that; profile `vllm-v1`. \"optimized\" is "
+                "`schedule_tensors()` + `update_tensors()` (the fast path the simulation "
+                "uses); \"schedule()\" is the same step through the exact interface, which "
+                "also builds the Decision's tuples of ids. Medians of interleaved rounds.",
+                "", "| running | waiting | policy | reference, us/step | ns/running | "
+                "optimized, us/step | ns/running | ratio | schedule(), us/step | ratio |",
+                "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        with one_thread():
+            rows = bench_steps(sizes, out)
+        out.add("", "Waiting-queue independence, optimized (fast path), step time at the "
+                    "longest queue over the shortest:", "")
+        for r in sorted({(row.running, row.policy) for row in rows}):
+            same = [row for row in rows if (row.running, row.policy) == r]
+            short, long = same[0], same[-1]
+            out.add(f"- {r[0]:,} running, {r[1]}: {long.waiting:,} over {short.waiting:,} "
+                    f"waiting: {long.seconds['optimized'] / short.seconds['optimized']:.2f}x "
+                    f"(reference {long.seconds['reference'] / short.seconds['reference']:.2f}x)")
+        out.add("", "### The same steps through vLLM's own scheduler", "",
+                "vLLM 0.32's v1 Scheduler built as kvsched.adapters.vllm_driver builds it "
+                "(its own Python in .venv-vllm), same requests and config; the time is "
+                "schedule() plus update_from_output(), not the hand-made model output.")
+        with one_thread():
+            bench_vllm(sizes, out)
+        with tempfile.TemporaryDirectory() as tmp:
+            out.add("", "### A whole simulation", "")
+            with one_thread():
+                prefix_trace = bench_simulation(sizes, out, Path(tmp))
+            big = Path(tmp) / "big.jsonl"
+            with_header(sim_config(), prefix_trace, big)
+            prefix_trace.unlink()
+            small = Path(tmp) / "small.jsonl"
+            print("writing the baseline-sized trace ...", flush=True)
+            small_trace(sizes, small)
+            out.add("", "### Checker throughput", "",
+                    "Both checkers read the same file with orjson and must give the same "
+                    "report (counts, first violations). \"baseline engine\" is the engine of "
+                    "kvsched.bench (256 sequences, ~130 entries per step, "
+                    f"{sizes.small_trace_requests:,} requests); \"large engine\" is the "
+                    "simulation's prefix above (thousands of entries per step).")
+            bench_checkers(sizes, out, [("baseline engine", small), ("large engine", big)])
+        bench_memory(sizes, out)
+    with one_thread():
+        bench_cuda(sizes, out)
+    out.add(END)
+    return "\n".join(out.lines) + "\n"
+
+
+def place(text: str, path: Path) -> None:
+    """Replace this module's section of `path` (or append it)."""
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    if START in old and END in old:
+        head, rest = old.split(START, 1)
+        tail = rest.split(END, 1)[1].lstrip("\n")
+        new = head + text + ("\n" + tail if tail else "")
+    else:
+        new = old.rstrip("\n") + "\n\n" + text
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(new)
+    tmp.replace(path)
+
+
+def gpu_check() -> int:
+    """The CUDA tests, then the CUDA benchmark: one command for a GPU machine."""
+    if not torch.cuda.is_available():
+        print("gpu-check: torch.cuda.is_available() is False on this machine", file=sys.stderr)
+        return 2
+    tests = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
+             "tests/test_differential.py", "tests/test_optimized_suite.py",
+             "tests/test_optimized_simulation.py", "-k", "cuda or Cuda"]
+    return subprocess.run(tests, cwd=ROOT, check=False).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvsched.bench_optimized")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="put the section in this Markdown file (default: print only)")
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--gpu-check", action="store_true",
+                        help="run the CUDA tests, then measure on cuda only")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else Sizes()
+    given = list(argv if argv is not None else sys.argv[1:])
+    if "--out" in given:  # where the text goes is not part of what was measured
+        at = given.index("--out")
+        del given[at:at + 2]
+    command = "python -m kvsched.bench_optimized " + " ".join(given)
+    if args.gpu_check:
+        failed = gpu_check()
+        if failed:
+            return failed
+        sizes = replace(sizes, waiting=(1_000,))
+    text = report(sizes, command.strip(), gpu_only=args.gpu_check)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        place(text, args.out)
+        print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())

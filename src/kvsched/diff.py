@@ -1,0 +1,513 @@
+"""`kvsched diff`: the audit of a scheduler change (docs/audit.md).
+
+Two sides, A and B, each a stream of steps: a trace file, or a scheduler run by the
+simulation loop on a workload. They are walked in lockstep, one step of each at a time
+(memory stays bounded by the live requests, as for `kvsched check`). At every step the
+two are compared in the order a step happens, and the first difference is the
+divergence:
+
+1. inputs: the arrivals (id, prompt_len, max_tokens, priority) and the aborts; a
+   difference here means the two sides did not run the same workload;
+2. the decision: rejections, preemptions with their mode, swap-ins, the scheduled
+   [id, tokens] pairs in batch order (Decision.comparable(); block ids are not compared:
+   two correct allocators hand out different ids);
+3. the finishes, as a set;
+4. the reported free GPU blocks, when both sides report them (equal decisions with
+   different free counts mean one side's accounting is off);
+5. the length: one side stops while the other goes on.
+
+The divergence is shown with both sides' versions and the spec checker's view of the
+requests involved just before the step (N tokens known, C computed, G GPU and H host
+blocks, status), as `kvsched check --profile` shows one. After it both sides go on to
+their end, each through its own spec checker and metrics collector, for the
+per-invariant violation counts and the metric deltas.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields, replace
+from itertools import zip_longest
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kvsched.conformance import describe, describe_state
+from kvsched.metrics import Distribution, Metrics, MetricsCollector
+from kvsched.simulate import run
+from kvsched.spec import should
+from kvsched.spec.checker import Checker, Report
+from kvsched.spec.interface import Scheduler
+from kvsched.spec.model import Config, Decision, Request, RequestView, Status, StepRecord
+from kvsched.spec.trace import TraceError
+from kvsched.spec.violation import INVARIANTS
+from kvsched.workload import WorkItem
+
+# What differs at the first divergent step, in the order a step is compared.
+INPUTS = "inputs"
+DECISION = "decision"
+FINISHES = "finishes"
+FREE_BLOCKS = "free blocks"
+LENGTH = "length"
+
+
+class SideFailed(Exception):
+    """One side cannot go on: its scheduler raised, or its steps name requests that never
+    arrived. For a trace that is bad input; for a scheduler, a fault of that scheduler."""
+
+    def __init__(self, label: str, message: str) -> None:
+        super().__init__(f"{label}: {message}")
+        self.label = label
+        self.message = message
+
+
+@dataclass
+class Stream:
+    """One side of a diff: its steps, and whether it ended with every request done."""
+
+    label: str
+    config: Config
+    engine: dict[str, str]
+    records: Iterator[StepRecord]
+    complete: Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first step where A and B differ, with both versions and the state before it."""
+
+    step: int
+    what: str  # INPUTS, DECISION, FINISHES, FREE_BLOCKS or LENGTH
+    a: str  # A's whole version of what differs (its decision, finishes, ...)
+    b: str
+    state: str  # the spec checker's view of the requests involved, before the step
+    differs: str = ""  # only what differs, per request, when the versions are long
+
+    def text(self) -> str:
+        return (f"first divergence at step {self.step} ({self.what}): A {self.a} | "
+                f"B {self.b}" + (f" | state before: {self.state}" if self.state else ""))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "what": self.what, "a": self.a, "b": self.b,
+                "differs": self.differs, "state_before": self.state}
+
+
+@dataclass(frozen=True)
+class Side:
+    """What one side did: its checker's report and its metrics."""
+
+    label: str
+    config: Config
+    engine: dict[str, str]
+    report: Report
+    metrics: Metrics
+
+
+@dataclass(frozen=True)
+class MetricDelta:
+    name: str
+    a: float | None
+    b: float | None
+    percent: bool = False  # a fraction shown as a percentage
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.a is None or self.b is None else self.b - self.a
+
+    @property
+    def relative(self) -> float | None:
+        """(B - A) / A, when A is a nonzero number."""
+        if self.delta is None or not self.a:
+            return None
+        return self.delta / abs(self.a)
+
+    def cells(self) -> tuple[str, str, str, str]:
+        def show(x: float | None, signed: bool = False) -> str:
+            if x is None:
+                return "-"
+            if self.percent:
+                return f"{x:+.1%}" if signed else f"{x:.1%}"
+            text = f"{x:.0f}" if x == int(x) else f"{x:.2f}"
+            return ("+" + text if signed and x > 0 else text)
+        rel = self.relative
+        return (show(self.a), show(self.b), show(self.delta, signed=True),
+                "-" if rel is None else f"{rel:+.1%}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"metric": self.name, "a": self.a, "b": self.b, "delta": self.delta,
+                "relative": self.relative}
+
+
+@dataclass(frozen=True)
+class Diff:
+    a: Side
+    b: Side
+    config_differences: tuple[str, ...]  # "num_gpu_blocks: 40 | 48", one per field
+    divergence: Divergence | None
+    steps_compared: int
+
+    @property
+    def diverged(self) -> bool:
+        return self.divergence is not None
+
+    def violation_counts(self) -> list[tuple[str, str, int, int]]:
+        """(invariant id, level, count in A, count in B) for every id either side broke."""
+        ids = [i for i in INVARIANTS if self.a.report.counts[i] or self.b.report.counts[i]]
+        return [(i, INVARIANTS[i], self.a.report.counts[i], self.b.report.counts[i])
+                for i in ids]
+
+    def metric_deltas(self) -> list[MetricDelta]:
+        return metric_deltas(self.a.metrics, self.b.metrics)
+
+    def as_dict(self) -> dict[str, Any]:
+        def side(s: Side) -> dict[str, Any]:
+            return {"label": s.label, "engine": s.engine, "steps": s.report.steps,
+                    "requests": s.report.requests, "complete": s.report.complete,
+                    "violations": {k: n for k, n in sorted(s.report.counts.items())}}
+        return {"diverged": self.diverged, "steps_compared": self.steps_compared,
+                "divergence": None if self.divergence is None else self.divergence.as_dict(),
+                "config_differences": list(self.config_differences),
+                "a": side(self.a), "b": side(self.b),
+                "violations": [{"invariant": i, "level": lvl, "a": na, "b": nb}
+                               for i, lvl, na, nb in self.violation_counts()],
+                "metrics": [m.as_dict() for m in self.metric_deltas()]}
+
+
+def metric_deltas(a: Metrics, b: Metrics) -> list[MetricDelta]:
+    """Throughput, TTFT and TPOT p50 and p99, preemptions, recomputed tokens, KV use."""
+    rows = [
+        MetricDelta("steps", a.steps, b.steps),
+        MetricDelta("finished requests", a.finished, b.finished),
+        MetricDelta("throughput (generated tokens/step)", a.generated_per_step,
+                    b.generated_per_step),
+    ]
+    if a.generated_per_second is not None or b.generated_per_second is not None:
+        rows.append(MetricDelta("throughput (generated tokens/s)", a.generated_per_second,
+                                b.generated_per_second))
+    rows += [
+        MetricDelta("TTFT p50 (steps)", a.ttft.p50, b.ttft.p50),
+        MetricDelta("TTFT p99 (steps)", a.ttft.p99, b.ttft.p99),
+        MetricDelta("TPOT p50 (steps/token)", a.tpot.p50, b.tpot.p50),
+        MetricDelta("TPOT p99 (steps/token)", a.tpot.p99, b.tpot.p99),
+    ]
+    if a.ttft_ms is not None or b.ttft_ms is not None:
+        for name, unit, da, db in (("TTFT", "ms", a.ttft_ms, b.ttft_ms),
+                                   ("TPOT", "ms/token", a.tpot_ms, b.tpot_ms)):
+            rows += [MetricDelta(f"{name} {q} ({unit})", _quantile(da, q), _quantile(db, q))
+                     for q in ("p50", "p99")]
+    rows += [
+        MetricDelta("preemptions", sum(a.preemptions.values()), sum(b.preemptions.values())),
+        MetricDelta("recomputed tokens", a.recomputed_tokens, b.recomputed_tokens),
+        MetricDelta("KV use mean", a.kv_use_mean, b.kv_use_mean, percent=True),
+        MetricDelta("KV use peak", a.kv_use_peak, b.kv_use_peak, percent=True),
+    ]
+    return rows
+
+
+def _quantile(d: Distribution | None, q: str) -> float | None:
+    if d is None:
+        return None
+    value: float | None = getattr(d, q)
+    return value
+
+
+# -- the lockstep walk -------------------------------------------------------------------
+
+
+def _arrival_text(r: Request) -> str:
+    return f"{r.id} (P={r.prompt_len}, O={r.max_tokens}, priority {r.priority})"
+
+
+def _inputs_text(rec: StepRecord) -> str:
+    parts = []
+    if rec.arrivals:
+        parts.append("arrivals " + ", ".join(_arrival_text(r) for r in rec.arrivals))
+    if rec.aborted:
+        parts.append("aborts " + ", ".join(rec.aborted))
+    return "; ".join(parts) or "no arrivals or aborts"
+
+
+# The state shown is cut to this many requests (a batch may hold hundreds).
+MAX_SHOWN = 12
+
+
+def _treatment(d: Decision) -> dict[str, str]:
+    """What the decision does to each request it names, in its order."""
+    out: dict[str, list[str]] = {}
+    for r in d.rejected:
+        out.setdefault(r.id, []).append("rejected")
+    for p in d.preempted:
+        out.setdefault(p.id, []).append(f"preempted ({p.mode})")
+    for rid in d.swapped_in:
+        out.setdefault(rid, []).append("swapped in")
+    for rid, n in d.scheduled:
+        out.setdefault(rid, []).append(f"scheduled {n}")
+    return {rid: ", ".join(what) for rid, what in out.items()}
+
+
+def decision_difference(da: Decision, db: Decision) -> tuple[str, list[str]]:
+    """Per request, what A and B do differently; and those requests. Equal treatments in
+    another order are told as an order difference."""
+    ta, tb = _treatment(da), _treatment(db)
+    ids = [rid for rid in dict.fromkeys([*ta, *tb]) if ta.get(rid) != tb.get(rid)]
+    if ids:
+        return "; ".join(f"{rid}: A {ta.get(rid, 'nothing')} | B {tb.get(rid, 'nothing')}"
+                         for rid in ids), ids
+    order_a = [p.id for p in da.preempted] + [rid for rid, _ in da.scheduled]
+    order_b = [p.id for p in db.preempted] + [rid for rid, _ in db.scheduled]
+    moved = [x for x, y in zip(order_a, order_b, strict=False) if x != y]
+    return (f"the same requests in another order: A {', '.join(order_a)} | "
+            f"B {', '.join(order_b)}"), moved
+
+
+def state_before(checker: Checker, rec: StepRecord, involved: Iterable[str]) -> str:
+    """The checker's view of `involved` once `rec`'s arrivals and aborts are in, before
+    its decision: the state the scheduler decided on (the first MAX_SHOWN of them)."""
+    involved = list(dict.fromkeys(involved))
+    wanted = set(involved)
+    views = {rid: RequestView(t.status, t.num_tokens, t.num_computed, t.gpu_blocks,
+                              t.host_blocks, t.preemptions)
+             for rid, t in checker.live.items() if rid in wanted}
+    for r in rec.arrivals:
+        if r.id in wanted:
+            views[r.id] = RequestView(Status.WAITING, r.prompt_len, 0, 0, 0, 0)
+    free = checker.free
+    for rid in rec.aborted:
+        t = checker.live.get(rid)
+        if t is not None:
+            free += t.gpu_blocks
+            if rid in wanted:  # shown as aborted, with what it held
+                views[rid] = replace(views[rid], status=Status.ABORTED)
+    shown = involved[:MAX_SHOWN]
+    more = len(wanted) - len(shown)
+    return describe_state(views, free, shown) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _both_states(ca: Checker, ra: StepRecord, cb: Checker, rb: StepRecord,
+                 involved: list[str]) -> str:
+    sa = state_before(ca, ra, involved)
+    sb = state_before(cb, rb, involved)
+    return sa if sa == sb else f"A: {sa}; B: {sb}"
+
+
+def first_difference(ra: StepRecord, rb: StepRecord, ca: Checker, cb: Checker
+                     ) -> Divergence | None:
+    """How step `ra` of A and step `rb` of B differ, if they do (checkers before the step)."""
+    s = ra.step
+    if ra.arrivals != rb.arrivals or set(ra.aborted) != set(rb.aborted):
+        return Divergence(s, INPUTS, _inputs_text(ra), _inputs_text(rb), "")
+    da, db = ra.decision, rb.decision
+    if da.comparable() != db.comparable():
+        differs, involved = decision_difference(da, db)
+        involved += [p.id for p in (*da.preempted, *db.preempted)]  # the victims matter too
+        return Divergence(s, DECISION, describe(da), describe(db),
+                          _both_states(ca, ra, cb, rb, involved), differs)
+    if set(ra.finished) != set(rb.finished):
+        odd = [rid for rid in dict.fromkeys([*ra.finished, *rb.finished])
+               if (rid in ra.finished) != (rid in rb.finished)]
+        return Divergence(s, FINISHES, "finishes " + (", ".join(ra.finished) or "nothing"),
+                          "finishes " + (", ".join(rb.finished) or "nothing"),
+                          _both_states(ca, ra, cb, rb, odd),
+                          "; ".join(f"{rid}: {'A' if rid in ra.finished else 'B'} finishes "
+                                    "it" for rid in odd))
+    if ra.free_blocks is not None and rb.free_blocks is not None \
+            and ra.free_blocks != rb.free_blocks:
+        # Blocks go back at finishes, preemptions and aborts: the usual suspects.
+        suspects = [*ra.finished, *(p.id for p in da.preempted), *ra.aborted]
+        return Divergence(s, FREE_BLOCKS, f"reports {ra.free_blocks} free GPU blocks after "
+                          f"the step", f"reports {rb.free_blocks}",
+                          _both_states(ca, ra, cb, rb, suspects or list(_treatment(da))),
+                          f"the same decision ({describe(da, ra.finished)}), "
+                          f"{ra.free_blocks} | {rb.free_blocks} free GPU blocks after it")
+    return None
+
+
+def config_differences(a: Config, b: Config) -> tuple[str, ...]:
+    return tuple(f"{f.name}: {getattr(a, f.name)} | {getattr(b, f.name)}" for f in fields(a)
+                 if getattr(a, f.name) != getattr(b, f.name))
+
+
+def diff_streams(a: Stream, b: Stream, *, series: bool = False,
+                 max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS) -> Diff:
+    """Walk A and B in lockstep; report the first divergence, both checks, both metrics."""
+    ca, cb = Checker(a.config, max_preemptions), Checker(b.config, max_preemptions)
+    ma, mb = MetricsCollector(a.config, series=series), MetricsCollector(b.config,
+                                                                        series=series)
+    divergence: Divergence | None = None
+    compared = 0
+    for ra, rb in zip_longest(a.records, b.records):
+        if divergence is None:
+            if ra is None or rb is None:
+                longer, rec = ("B", rb) if ra is None else ("A", ra)
+                assert rec is not None
+                shorter = f"ends after {rec.step} steps"
+                goes_on = f"goes on: {describe(rec.decision, rec.finished)}"
+                divergence = Divergence(rec.step, LENGTH,
+                                        goes_on if longer == "A" else shorter,
+                                        goes_on if longer == "B" else shorter, "")
+            else:
+                divergence = first_difference(ra, rb, ca, cb)
+                compared += 1
+        for stream, checker, collector, rec in ((a, ca, ma, ra), (b, cb, mb, rb)):
+            if rec is None:
+                continue
+            try:
+                checker.step(rec)
+            except TraceError as e:
+                raise SideFailed(stream.label, str(e)) from None
+            collector.step(rec)
+    sa = Side(a.label, a.config, a.engine, ca.end(a.complete()), ma.result())
+    sb = Side(b.label, b.config, b.engine, cb.end(b.complete()), mb.result())
+    return Diff(sa, sb, config_differences(a.config, b.config), divergence, compared)
+
+
+def simulated(label: str, scheduler: Scheduler, workload: Sequence[WorkItem],
+              engine: dict[str, str], *, max_steps: int | None = None,
+              on_step: Callable[[StepRecord], None] | None = None) -> Stream:
+    """A side that runs `scheduler` on `workload` through the simulation loop."""
+    ended = 0
+
+    def records() -> Iterator[StepRecord]:
+        nonlocal ended
+        steps = run(scheduler, workload, max_steps=max_steps)
+        step = 0
+        while True:
+            try:
+                rec = next(steps)
+            except StopIteration:
+                return
+            except Exception as e:  # the scheduler's fault, told in one line
+                text = (str(e).strip().splitlines() or [""])[0]
+                raise SideFailed(label, f"the scheduler raised {type(e).__name__} at step "
+                                        f"{step}: {text}") from None
+            step += 1
+            ended += len(rec.finished) + len(rec.rejected) + len(rec.aborted)
+            if on_step is not None:
+                on_step(rec)
+            yield rec
+
+    return Stream(label, scheduler.config, engine, records(), lambda: ended == len(workload))
+
+
+# -- the report --------------------------------------------------------------------------
+
+
+SHORT = 200  # longer versions are cut in the text report (--format json has them whole)
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= SHORT else text[:SHORT].rsplit(" ", 1)[0] + " ..."
+
+
+def render_text(d: Diff, console: Console) -> None:
+    console.print(f"kvsched diff: A = {d.a.label}, B = {d.b.label}")
+    if d.config_differences:
+        console.print("[yellow]the configs differ[/yellow] (A | B): "
+                      + "; ".join(d.config_differences), markup=True)
+    if d.divergence is None:
+        console.print(f"[green]no divergence[/green]: {d.steps_compared} steps, the same "
+                      "inputs, decisions, finishes and free block counts")
+    else:
+        v = d.divergence
+        note = {INPUTS: " (the two sides did not run the same workload)",
+                LENGTH: " (every earlier step is equal)"}.get(v.what, "")
+        console.print(f"[red]first divergence at step {v.step}[/red]: {v.what}{note}")
+        table = Table(show_header=False, box=None, padding=(0, 1))
+        table.add_column(overflow="fold")
+        table.add_column(overflow="fold")
+        table.add_row("A", _shorten(v.a))
+        table.add_row("B", _shorten(v.b))
+        if v.differs and (v.differs != v.a or len(v.a) > SHORT):
+            table.add_row("differs", v.differs)
+        if v.state:
+            table.add_row("state before", v.state)
+        console.print(table)
+    counts = d.violation_counts()
+    if counts:
+        table = Table(title="violations per invariant")
+        for col in ("invariant", "level", "A", "B"):
+            table.add_column(col, justify="right" if col in ("A", "B") else "left")
+        for inv, level, na, nb in counts:
+            table.add_row(inv, level, str(na), str(nb))
+        console.print(table)
+    else:
+        console.print("violations: none on either side (MUST and SHOULD)")
+    table = Table(title="metrics (delta = B - A)")
+    for col in ("metric", "A", "B", "delta", "relative"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for m in d.metric_deltas():
+        table.add_row(m.name, *m.cells())
+    console.print(table)
+
+
+# -- the plot ----------------------------------------------------------------------------
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PlotUnavailable("--plot needs matplotlib: pip install 'kvsched[plot]'") from None
+
+
+def plot_png(d: Diff, title: str | None = None) -> bytes:
+    """Both sides over time: queue lengths, KV use, preemptions (cumulative), as a PNG.
+
+    pre: d.a.metrics.series is not None and d.b.metrics.series is not None
+    """
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    sa, sb = d.a.metrics.series, d.b.metrics.series
+    assert sa is not None and sb is not None, "collect the diff with series=True"
+    fig = Figure(figsize=(9, 7.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    queue, kv, pre = fig.subplots(3, 1, sharex=True)
+    # A wide and pale under B thin and dark: where they agree, B runs inside A's band.
+    looks = {"A": ("tab:blue", 2.6, 0.5), "B": ("tab:orange", 1.1, 1.0)}
+    for name, side, s in (("A", d.a, sa), ("B", d.b, sb)):
+        steps = range(len(s.waiting))
+        c, lw, alpha = looks[name]
+        queue.plot(steps, s.running, color=c, lw=lw, alpha=alpha, label=f"{name} running")
+        queue.plot(steps, s.waiting, color=c, lw=lw, alpha=alpha, ls="--",
+                   label=f"{name} waiting")
+        if any(s.swapped):
+            queue.plot(steps, s.swapped, color=c, lw=lw, alpha=alpha, ls=":",
+                       label=f"{name} swapped")
+        blocks = side.config.num_gpu_blocks
+        kv.plot(steps, [100 * k / blocks for k in s.kv_blocks], color=c, lw=lw, alpha=alpha,
+                label=f"{name} ({blocks} blocks)")
+        total = 0
+        cumulative = []
+        for n in s.preemptions:
+            total += n
+            cumulative.append(total)
+        pre.step(steps, cumulative, where="post", color=c, lw=lw, alpha=alpha,
+                 label=f"{name}: {total}")
+    queue.set_ylabel("requests")
+    queue.set_title("queue lengths after each step", fontsize=10, loc="left")
+    kv.set_ylabel("KV use (%)")
+    kv.set_ylim(0, 105)
+    kv.set_title("GPU KV blocks held while the batch runs", fontsize=10, loc="left")
+    pre.set_ylabel("preemptions")
+    pre.set_title("preemptions so far", fontsize=10, loc="left")
+    pre.set_xlabel("step")
+    if d.divergence is not None:
+        for ax in (queue, kv, pre):
+            ax.axvline(d.divergence.step, color="tab:red", lw=0.9, ls="-.",
+                       label=f"first divergence (step {d.divergence.step})"
+                       if ax is queue else None)
+    for ax in (queue, kv, pre):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, ncols=2 if ax is queue else 1, loc="upper right")
+    fig.suptitle(title or f"kvsched diff: A = {d.a.label}, B = {d.b.label}", fontsize=11)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()

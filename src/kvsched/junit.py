@@ -1,0 +1,134 @@
+"""JUnit XML of `kvsched check --junit`, for CI systems that show test reports.
+
+One <testsuite> per trace, named by its path; in it one <testcase> per invariant id,
+named by the id, with the trace path as classname:
+
+- a MUST invariant, or `profile` (only with --profile), fails when broken: a <failure>
+  whose type is the level, whose message counts the violations and names the first,
+  and whose text lists the violations the checker kept (the first 20 of each id);
+- a SHOULD invariant fails the same way with --strict; without it a broken SHOULD
+  invariant passes (as the exit code does) and its violations go to <system-out>,
+  marked as warnings;
+- an invariant the trace cannot exercise is <skipped> with the reason: `block-ids`
+  without `new_blocks` from step 0 on, `accounting` without `free_blocks`, and
+  `completion` without the `{"end": true}` line.
+
+The counts on <testsuite> and <testsuites> (tests, failures, errors, skipped) follow.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvsched.spec.checker import Report
+from kvsched.spec.model import StepRecord
+from kvsched.spec.violation import INVARIANTS, PROFILE, SHOULD, Violation
+
+
+@dataclass
+class TraceCoverage:
+    """What a trace carries that some invariants need; `observe` every step."""
+
+    steps: int = 0
+    free_blocks: bool = False  # some step reports free_blocks: accounting is checked
+    block_ids: bool = False  # step 0 carries new_blocks: block-ids is checked
+
+    def observe(self, rec: StepRecord) -> None:
+        if self.steps == 0:
+            self.block_ids = rec.new_blocks is not None
+        self.free_blocks |= rec.free_blocks is not None
+        self.steps += 1
+
+
+@dataclass
+class CheckedTrace:
+    """One checked trace: its name, the checker's report, and what the trace carried."""
+
+    name: str
+    report: Report
+    coverage: TraceCoverage = field(default_factory=TraceCoverage)
+    seconds: float = 0.0
+
+
+def _violation_line(v: Violation) -> str:
+    where = f", {v.request}" if v.request else ""
+    numbers = f" ({v.numbers()})" if v.numbers() else ""
+    return f"step {v.step}{where}{numbers}: {v.message}"
+
+
+def _not_exercised(invariant: str, trace: CheckedTrace) -> str | None:
+    if invariant == "block-ids" and not trace.coverage.block_ids:
+        return "the trace carries no new_blocks from step 0 on: block ids are not checked"
+    if invariant == "accounting" and not trace.coverage.free_blocks:
+        return "the trace reports no free_blocks: the engine's free count is not checked"
+    if invariant == "completion" and not trace.report.complete:
+        return 'the trace has no {"end": true} line: completion is not checked'
+    return None
+
+
+def suite_element(trace: CheckedTrace, *, strict: bool, profile: str | None) -> ET.Element:
+    report = trace.report
+    suite = ET.Element("testsuite", name=trace.name)
+    tests = failures = skipped = 0
+    for invariant, level in INVARIANTS.items():
+        if level == PROFILE and profile is None:
+            continue
+        tests += 1
+        case = ET.SubElement(suite, "testcase", classname=trace.name, name=invariant,
+                             time="0")
+        count = report.counts[invariant]
+        kept = [v for v in report.violations if v.invariant == invariant]
+        lines = [_violation_line(v) for v in kept]
+        if count > len(kept):
+            lines.append(f"({count - len(kept)} more not shown)")
+        if count == 0:
+            reason = _not_exercised(invariant, trace)
+            if reason is not None:
+                skipped += 1
+                ET.SubElement(case, "skipped", message=reason)
+            continue
+        first = kept[0] if kept else None
+        summary = (f"{invariant} broken {count} time{'s' if count != 1 else ''}"
+                   + (f"; first at {_violation_line(first)}" if first else ""))
+        if level == SHOULD and not strict:
+            out = ET.SubElement(case, "system-out")
+            out.text = (f"warning ({level}; fails only with --strict): {summary}\n"
+                        + "\n".join(lines) + "\n")
+            continue
+        failures += 1
+        fail = ET.SubElement(case, "failure", message=summary, type=level)
+        fail.text = "\n".join(lines) + "\n"
+    suite.set("tests", str(tests))
+    suite.set("failures", str(failures))
+    suite.set("errors", "0")
+    suite.set("skipped", str(skipped))
+    suite.set("time", f"{trace.seconds:.3f}")
+    props = ET.Element("properties")
+    for name, value in (("steps", report.steps), ("requests", report.requests),
+                        ("complete", str(report.complete).lower()),
+                        ("profile", profile or ""), ("strict", str(strict).lower())):
+        ET.SubElement(props, "property", name=name, value=str(value))
+    suite.insert(0, props)
+    return suite
+
+
+def junit_xml(traces: Sequence[CheckedTrace], *, strict: bool, profile: str | None) -> bytes:
+    """The JUnit XML document (UTF-8, with declaration) for the checked traces."""
+    root = ET.Element("testsuites", name="kvsched check")
+    totals = dict.fromkeys(("tests", "failures", "errors", "skipped"), 0)
+    seconds = 0.0
+    for trace in traces:
+        suite = suite_element(trace, strict=strict, profile=profile)
+        root.append(suite)
+        for key in totals:
+            totals[key] += int(suite.get(key, "0"))
+        seconds += trace.seconds
+    for key, value in totals.items():
+        root.set(key, str(value))
+    root.set("time", f"{seconds:.3f}")
+    ET.indent(root)
+    document = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+    assert isinstance(document, bytes)
+    return document + b"\n"

@@ -1,0 +1,184 @@
+"""The kvsched pytest plugin: check every step of your scheduler against the spec.
+
+Installed with kvsched (entry point `pytest11`), so any project's tests can write:
+
+    def test_my_scheduler(kvsched_checked):
+        scheduler = kvsched_checked(my_engine.make_scheduler, config)  # or an instance
+        scheduler.run(workload)  # a list of kvsched.workload.WorkItem
+
+The fixture wraps any object with the kvsched.spec.interface.Scheduler methods in a
+CheckedScheduler: it is itself a scheduler, forwarding every call, and at the end of
+each step (`update`) it feeds the step to the spec's checker. A MUST violation (with
+`profile=`, also the first divergence from that reference profile; with `strict=True`,
+also a SHOULD warning) raises SpecViolation, an AssertionError, in the step it
+happens, naming the invariant id, the step, the request and both sides of the broken
+inequality. The fixture is session-scoped (it holds no state), so hypothesis tests
+may use it with `@given`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+
+import pytest
+
+from kvsched.conformance import ProfileReplay
+from kvsched.simulate import run
+from kvsched.spec import should
+from kvsched.spec.checker import Checker, Report
+from kvsched.spec.interface import Scheduler
+from kvsched.spec.model import Config, Decision, Request, RequestView, StepRecord
+from kvsched.spec.trace import TraceError
+from kvsched.spec.violation import SHOULD, Violation
+from kvsched.workload import WorkItem
+
+__all__ = ["CheckedScheduler", "SpecViolation", "kvsched_checked"]
+
+
+class SpecViolation(AssertionError):
+    """A step broke the spec; `violation` says which invariant, where and by how much."""
+
+    def __init__(self, violation: Violation) -> None:
+        numbers = f" ({violation.numbers()})" if violation.numbers() else ""
+        where = f", {violation.request}" if violation.request else ""
+        super().__init__(f"{violation.level} {violation.invariant} at step {violation.step}"
+                         f"{where}{numbers}: {violation.message}")
+        self.violation = violation
+
+
+class CheckedScheduler:
+    """A scheduler whose every step is checked by the spec as it happens.
+
+    The driver calls it as it would the wrapped scheduler: add_request and
+    abort_request for the step's arrivals and aborts, schedule(), then update(stopped);
+    `run(workload)` does that with kvsched's simulation loop.
+    """
+
+    def __init__(self, scheduler: Scheduler, *, profile: str | None = None,
+                 strict: bool = False,
+                 max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS) -> None:
+        self.scheduler = scheduler
+        self.config: Config = scheduler.config
+        self.strict = strict
+        self.checker = Checker(self.config, max_preemptions)
+        self.replay = ProfileReplay(self.config, profile) if profile else None
+        self.steps = 0
+        self._arrivals: list[Request] = []
+        self._aborted: list[str] = []
+        self._decision: Decision | None = None
+
+    # -- the scheduler interface, forwarded --------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+        self._arrivals.append(request)
+
+    def abort_request(self, request_id: str) -> None:
+        self.scheduler.abort_request(request_id)
+        self._aborted.append(request_id)
+
+    def schedule(self) -> Decision:
+        if self._decision is not None:
+            raise RuntimeError("schedule() called twice in one step: call update() first")
+        self._decision = self.scheduler.schedule()
+        return self._decision
+
+    def update(self, stopped: Collection[str]) -> tuple[str, ...]:
+        decision = self._decision
+        if decision is None:
+            raise RuntimeError("update() called before schedule() in this step")
+        finished = tuple(self.scheduler.update(stopped))
+        rec = StepRecord(self.steps, tuple(self._arrivals), tuple(self._aborted),
+                         decision.rejected, decision.preempted, decision.swapped_in,
+                         decision.scheduled, finished, self.scheduler.free_blocks(),
+                         decision.new_blocks)
+        self._arrivals, self._aborted, self._decision = [], [], None
+        self.steps += 1
+        self._check(rec)
+        return finished
+
+    def free_blocks(self) -> int:
+        return self.scheduler.free_blocks()
+
+    def states(self) -> dict[str, RequestView]:
+        return self.scheduler.states()
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- checking ----------------------------------------------------------------------
+
+    def _check(self, rec: StepRecord) -> None:
+        seen = len(self.checker.report.violations)
+        try:
+            self.checker.step(rec)
+        except TraceError as e:
+            # The decision names a request that was never added: nothing may be scheduled
+            # that is unknown (one-state).
+            raise SpecViolation(Violation("one-state", rec.step, e.message)) from None
+        found = self.checker.report.violations[seen:]
+        if self.replay is not None and self.replay.step(rec) is not None:
+            assert self.replay.divergence is not None
+            found.append(self.replay.divergence)
+        self._raise_first(found)
+
+    def _raise_first(self, found: Sequence[Violation]) -> None:
+        for v in found:
+            if v.level != SHOULD or self.strict:
+                raise SpecViolation(v)
+
+    @property
+    def report(self) -> Report:
+        """Everything the checker found so far (SHOULD warnings included)."""
+        return self.checker.report
+
+    def end(self, complete: bool = True) -> Report:
+        """Close the run; a complete one (every request ended) is checked for
+        completion (a SHOULD invariant: it raises only when strict)."""
+        seen = len(self.checker.report.violations)
+        report = self.checker.end(complete)
+        self._raise_first(report.violations[seen:])
+        return report
+
+    def run(self, workload: Sequence[WorkItem], *, max_steps: int | None = None
+            ) -> list[StepRecord]:
+        """Drive `workload` (sorted by arrival, as kvsched.workload.validate returns it)
+        through the simulation loop, checking every step; return the steps."""
+        records = []
+        ended = 0
+        for rec in run(self, workload, max_steps=max_steps):
+            records.append(rec)
+            ended += len(rec.finished) + len(rec.rejected) + len(rec.aborted)
+        self.end(complete=ended == len(workload))
+        return records
+
+
+Wrap = Callable[..., CheckedScheduler]
+
+
+def wrap(scheduler: Scheduler | Callable[[Config], Scheduler], config: Config | None = None,
+         *, profile: str | None = None, strict: bool = False,
+         max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS) -> CheckedScheduler:
+    """A CheckedScheduler around a scheduler instance, or around `factory(config)`."""
+    if isinstance(scheduler, Scheduler):
+        if config is not None and config != scheduler.config:
+            raise ValueError("kvsched_checked: config differs from the scheduler's own config")
+        instance = scheduler
+    else:
+        if config is None:
+            raise ValueError("kvsched_checked: a factory needs a config: "
+                             "kvsched_checked(factory, config)")
+        instance = scheduler(config)
+        if not isinstance(instance, Scheduler):
+            raise TypeError(f"kvsched_checked: the factory returned a "
+                            f"{type(instance).__name__}, which lacks the "
+                            "kvsched.spec.interface.Scheduler interface")
+    return CheckedScheduler(instance, profile=profile, strict=strict,
+                            max_preemptions=max_preemptions)
+
+
+@pytest.fixture(scope="session")
+def kvsched_checked() -> Wrap:
+    """Wrap a scheduler (instance, or factory and config) so that every step is checked:
+    `kvsched_checked(scheduler_or_factory, config=None, *, profile=None, strict=False)`."""
+    return wrap

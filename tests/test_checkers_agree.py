@@ -1,0 +1,225 @@
+"""The vectorized checker gives the spec checker's verdicts: the same report (counts,
+first violations, steps, entries, requests, completeness, ignored keys) or the same
+one-line error, on correct traces, on the seeded bugs' traces, on traces with random
+faults planted in them, and on malformed input. Runs of a few steps make every run
+boundary (and the hand-over between the two checkers) occur often.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvsched.optimized.checker import check_trace_vectorized
+from kvsched.reference import ReferenceScheduler, get_profile
+from kvsched.reference.knobs import Knobs
+from kvsched.seeded_bugs import SEEDED_BUGS
+from kvsched.simulate import run
+from kvsched.spec import Config, Report, StepRecord, TraceError, TraceReader, check_trace
+from kvsched.spec.trace import TraceWriter
+from kvsched.strategies import configs, knobs, profiles, workloads
+
+MAX_STEPS = 300
+
+
+def trace_bytes(config: Config, records: list[StepRecord], complete: bool) -> bytes:
+    out = io.BytesIO()
+    writer = TraceWriter(out, lambda o: orjson.dumps(o) + b"\n")
+    writer.header(config)
+    for rec in records:
+        writer.step(rec)
+    if complete:
+        writer.end()
+    return out.getvalue()
+
+
+@dataclass
+class Verdicts:
+    spec: Report | str
+    vectorized: Report | str
+    stats: dict[str, int]
+
+
+def both(data: bytes, run_steps: int = 2048) -> Verdicts:
+    """Each checker's report, or its error message."""
+    spec: Report | str
+    vectorized: Report | str
+    try:
+        spec = check_trace(TraceReader(io.BytesIO(data), orjson.loads))
+    except TraceError as e:
+        spec = str(e)
+    stats: dict[str, int] = {}
+    try:
+        vectorized = check_trace_vectorized(io.BytesIO(data), run_steps=run_steps, stats=stats)
+    except TraceError as e:
+        vectorized = str(e)
+    return Verdicts(spec, vectorized, stats)
+
+
+def assert_agree(v: Verdicts) -> None:
+    if isinstance(v.spec, str) or isinstance(v.vectorized, str):
+        assert v.spec == v.vectorized
+        return
+    for name in ("counts", "violations", "steps", "scheduled_entries", "requests",
+                 "complete", "unknown_keys"):
+        assert getattr(v.spec, name) == getattr(v.vectorized, name), (
+            f"{name}: spec {getattr(v.spec, name)} vectorized {getattr(v.vectorized, name)}")
+
+
+def simulate(config: Config, scheduler: Any, items: Any, block_ids: bool = True
+             ) -> tuple[list[StepRecord], bool]:
+    records = list(run(scheduler, items, max_steps=MAX_STEPS, block_ids=block_ids))
+    return records, not scheduler.has_unfinished()
+
+
+@given(config=configs(), setup=st.one_of(profiles(), knobs()), data=st.data(),
+       run_steps=st.sampled_from([1, 2, 3, 2048]), block_ids=st.booleans())
+def test_correct_traces_agree_and_take_the_fast_path(config: Config, setup: str | Knobs,
+                                                     data: st.DataObject, run_steps: int,
+                                                     block_ids: bool) -> None:
+    if isinstance(setup, str):
+        profile = get_profile(setup)
+        config = profile.configure(config)
+        setup = profile.knobs
+    items = data.draw(workloads(config), label="workload")
+    records, complete = simulate(config, ReferenceScheduler(config, setup), items, block_ids)
+    v = both(trace_bytes(config, records, complete), run_steps)
+    assert_agree(v)
+    assert isinstance(v.spec, Report)
+    if v.spec.errors() == 0 and not v.spec.counts:
+        # A clean trace is checked without the spec's checker.
+        assert v.stats["exact"] == 0 and v.stats["fast"] > 0
+    # What the trace carries, for reports of what was checked (kvsched check --junit).
+    assert v.stats["block_ids"] == int(bool(records) and block_ids)
+    assert v.stats["free_blocks"] == int(bool(records))
+
+
+@pytest.mark.parametrize("name", sorted(SEEDED_BUGS))
+@pytest.mark.parametrize("buggy", [True, False])
+def test_seeded_bug_traces_agree(name: str, buggy: bool) -> None:
+    bug = SEEDED_BUGS[name]
+    scheduler = bug.factory(bug.config) if buggy else bug.reference()
+    records = bug.simulate(scheduler)
+    data = trace_bytes(bug.config, records, complete=True)  # as tests/test_seeded_bugs.py
+    for run_steps in (1, 4, 2048):
+        v = both(data, run_steps)
+        assert_agree(v)
+    assert isinstance(v.vectorized, Report)
+    if buggy and bug.level != "PROFILE":
+        assert bug.expected in v.vectorized.counts
+    if not buggy:
+        assert not v.vectorized.counts
+
+
+# -- traces with planted faults --------------------------------------------------------
+
+FAULTS = ("count", "duplicate", "drop", "finish", "unfinish", "free", "block", "no-blocks",
+          "preempt", "abort", "swap-in", "reject", "unknown-id", "extra-key", "step")
+
+
+def plant(lines: list[dict[str, Any]], fault: str, pick: st.DataObject) -> None:
+    """Change one step line of a correct trace (header first) in place."""
+    steps = [line for line in lines[1:] if "step" in line]
+    if not steps:
+        return
+    line = pick.draw(st.sampled_from(steps), label="step")
+    ids = sorted({a["id"] for s in steps for a in s.get("arrivals", [])}) or ["r0"]
+    rid = pick.draw(st.sampled_from(ids), label="id")
+    scheduled = line.get("scheduled", [])
+    if fault == "count" and scheduled:
+        entry = pick.draw(st.sampled_from(scheduled), label="entry")
+        entry[1] += pick.draw(st.sampled_from([-1, 1, -entry[1]]), label="delta")
+    elif fault == "duplicate" and scheduled:
+        scheduled.append(list(pick.draw(st.sampled_from(scheduled), label="entry")))
+    elif fault == "drop" and scheduled:
+        scheduled.pop(pick.draw(st.integers(0, len(scheduled) - 1), label="index"))
+    elif fault == "finish":
+        line.setdefault("finished", []).append(rid)
+    elif fault == "unfinish" and line.get("finished"):
+        line["finished"].pop()
+    elif fault == "free" and "free_blocks" in line:
+        line["free_blocks"] += pick.draw(st.sampled_from([-1, 1]), label="delta")
+    elif fault == "block" and line.get("new_blocks"):
+        owner = pick.draw(st.sampled_from(sorted(line["new_blocks"])), label="owner")
+        line["new_blocks"][owner] = [pick.draw(st.integers(0, 40), label="block")]
+    elif fault == "no-blocks" and line.get("new_blocks"):
+        del line["new_blocks"][pick.draw(st.sampled_from(sorted(line["new_blocks"])),
+                                         label="owner")]
+    elif fault == "preempt":
+        mode = pick.draw(st.sampled_from(["recompute", "swap"]), label="mode")
+        line.setdefault("preempted", []).append({"id": rid, "mode": mode})
+    elif fault == "abort":
+        line.setdefault("aborted", []).append(rid)
+    elif fault == "swap-in":
+        line.setdefault("swapped_in", []).append(rid)
+    elif fault == "reject":
+        line.setdefault("rejected", []).append({"id": rid, "reason": "planted"})
+    elif fault == "unknown-id":
+        line["scheduled"] = [*scheduled, ["never-arrived", 1]]
+    elif fault == "extra-key":
+        line["engine_note"] = 1
+    elif fault == "step":
+        line["step"] += 1
+
+
+@given(config=configs(), setup=st.one_of(profiles(), knobs()), data=st.data(),
+       faults=st.lists(st.sampled_from(FAULTS), min_size=1, max_size=3),
+       run_steps=st.sampled_from([1, 2, 5, 2048]))
+def test_traces_with_planted_faults_agree(config: Config, setup: str | Knobs,
+                                          data: st.DataObject, faults: list[str],
+                                          run_steps: int) -> None:
+    if isinstance(setup, str):
+        profile = get_profile(setup)
+        config = profile.configure(config)
+        setup = profile.knobs
+    items = data.draw(workloads(config), label="workload")
+    records, complete = simulate(config, ReferenceScheduler(config, setup), items)
+    lines = [orjson.loads(x) for x in trace_bytes(config, records, complete).splitlines()]
+    for fault in faults:
+        plant(lines, fault, data)
+    assert_agree(both(b"".join(orjson.dumps(x) + b"\n" for x in lines), run_steps))
+
+
+HEADER = (b'{"kvsched":"trace","version":1,"config":{"block_size":4,"num_gpu_blocks":8,'
+          b'"num_cpu_blocks":0,"max_num_batched_tokens":64,"max_num_seqs":4,'
+          b'"max_model_len":64,"chunked_prefill":true,"long_prefill_token_threshold":0,'
+          b'"policy":"fcfs","preemption":"recompute","watermark_blocks":0}}\n')
+ARRIVE = b'{"step":0,"arrivals":[{"id":"a","prompt_len":4,"max_tokens":2}],' \
+         b'"scheduled":[["a",4]],"free_blocks":7}\n'
+
+
+@pytest.mark.parametrize("body", [
+    b"",  # header only
+    ARRIVE + b'{"end": true}\n',
+    ARRIVE + b'{"step":1,"scheduled":[["a",1]],"finished":["a"],"free_blocks":8}\n{"end":true}\n',
+    ARRIVE + b"\n\n" + b'{"step":1,"scheduled":[["a",1]]}\n',  # blank lines
+    ARRIVE + b'{"step":2}\n',  # a gap in step numbers
+    ARRIVE + b'{"step":1,"scheduled":[["a",1]]',  # truncated last line
+    ARRIVE + b'{"step":1,"scheduled":[["a",1]]}}\n',  # malformed
+    ARRIVE + b'{"step":1,"scheduled":[["a",1.5]]}\n',  # a float count
+    ARRIVE + b'{"step":1,"scheduled":[["a", 1]]}\n',  # spaces: read as JSON
+    ARRIVE + b'{"step":1,"scheduled":[["\\u0061",1]]}\n',  # an escaped id
+    ARRIVE + b'{"step":1,"scheduled":[["b",1]]}\n',  # never arrived
+    ARRIVE + b'{"step":1,"scheduled":[["a",01]]}\n',  # a leading zero
+    ARRIVE + b'{"step":1,"scheduled":[["a",-1]]}\n',  # a negative count
+    ARRIVE + b'{"step":1,"scheduled":[["a",1]],"note":{"scheduled":[["a",1]]}}\n',
+    ARRIVE + b'{"step":1,"new_blocks":{"a":[true]}}\n',
+    ARRIVE + b'{"end":true}\n{"step":1}\n',  # something after the end
+    ARRIVE + b'{"step":1,"prefix_hits":{"a":[1]}}\n',
+    ARRIVE + b'{"step":1,"arrivals":[{"id":"a","prompt_len":4,"max_tokens":2}]}\n',
+    ARRIVE + b'{"step":1,"scheduled":[["a",1]]}\n\xff\n',  # not UTF-8
+])
+def test_malformed_and_odd_input_gets_the_same_verdict(body: bytes) -> None:
+    for run_steps in (1, 2048):
+        assert_agree(both(HEADER + body, run_steps))
+
+
+def test_a_trace_without_a_header_is_refused_alike() -> None:
+    for data in (b"", b"\n\n", b'{"step":0}\n'):
+        assert_agree(both(data))

@@ -1,0 +1,184 @@
+"""Differential, stateful: the reference and the optimized scheduler in lockstep.
+
+Hypothesis draws a config and a profile (or any knobs) in @initialize, so they shrink,
+then a program of arrivals, aborts and steps (with end-of-sequence chosen per sampled
+request) that both schedulers receive alike. After every step the decisions must be
+equal (rejections, preemptions with their mode, swap-ins, scheduled ids and token
+counts in order, sampled ids, new block ids), and after every rule so must the state:
+every request's view, the free block count, the block tables and the free lists.
+A failure prints the minimal program.
+
+Profiles: `ci` runs 60 programs of up to 50 rules in `make test`; `deep` (make
+fuzz-deep) runs 2000 programs of up to 500 rules. The same machine runs on cuda when
+torch sees a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
+
+from kvsched.optimized import OptimizedScheduler
+from kvsched.reference import ReferenceScheduler, get_profile
+from kvsched.reference.knobs import Knobs
+from kvsched.spec import Config, Decision, Request
+from kvsched.strategies import configs, knobs, output_lens, profiles, prompt_lens
+
+# Per-step tensors are small: intra-op threads only wait on each other (and pytest -n 2
+# already gives each of the 2 cores a worker).
+torch.set_num_threads(1)
+
+DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
+STEPS = 500 if DEEP else 50
+DRAIN_STEPS = 300
+
+
+def describe(d: Decision) -> str:
+    return (f"rejected={[r.id for r in d.rejected]} "
+            f"preempted={[(p.id, p.mode) for p in d.preempted]} "
+            f"swapped_in={list(d.swapped_in)} scheduled={list(d.scheduled)} "
+            f"sampled={list(d.sampled)} new_blocks={d.new_blocks}")
+
+
+class LockstepMachine(RuleBasedStateMachine):
+    """Both schedulers receive the same calls; every answer must be the same."""
+
+    device = "cpu"
+    ids = Bundle("ids")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = False
+
+    @initialize(target=ids, config=configs(), setup=st.one_of(profiles(), knobs()),
+                data=st.data())
+    def start(self, config: Config, setup: str | Knobs, data: st.DataObject) -> str:
+        if isinstance(setup, str):
+            profile = get_profile(setup)
+            config = profile.configure(config)
+            setup = profile.knobs
+        self.config = config
+        self.reference = ReferenceScheduler(config, setup)
+        self.optimized = OptimizedScheduler(config, setup, device=self.device)
+        self.step_no = 0
+        self.next_id = 0
+        self.started = True
+        return self._arrive(data, 0)
+
+    # -- rules ------------------------------------------------------------------------
+
+    @rule(target=ids, data=st.data(), priority=st.integers(-2, 2))
+    def arrive(self, data: st.DataObject, priority: int) -> str:
+        return self._arrive(data, priority)
+
+    @rule(data=st.data(), count=st.integers(2, 6))
+    def burst(self, data: st.DataObject, count: int) -> None:
+        """Several arrivals in one step, with mixed priorities."""
+        for _ in range(count):
+            self._arrive(data, data.draw(st.integers(-2, 2), label="priority"))
+
+    @rule(rid=ids)
+    def abort(self, rid: str) -> None:
+        live = rid in self.reference.states()
+        assert live == (rid in self.optimized.states()), f"{rid} live in one scheduler only"
+        if live:
+            self.reference.abort_request(rid)
+            self.optimized.abort_request(rid)
+
+    @rule(eos=st.lists(st.booleans(), max_size=8))
+    def step(self, eos: list[bool]) -> None:
+        """One step of both; the i-th sampled request hits end-of-sequence if eos[i]."""
+        self._step(eos)
+
+    @rule(steps=st.integers(2, 12))
+    def run_steps(self, steps: int) -> None:
+        """A few steps without end-of-sequence (requests reach max_tokens, blocks fill)."""
+        for _ in range(steps):
+            self._step([])
+
+    # -- invariants -------------------------------------------------------------------
+
+    @invariant()
+    def same_states(self) -> None:
+        if not self.started:
+            return
+        ref, opt = self.reference.states(), self.optimized.states()
+        assert ref == opt, f"after step {self.step_no}: states differ\n  reference {ref}\n" \
+                           f"  optimized {opt}"
+
+    @invariant()
+    def same_free_blocks(self) -> None:
+        if not self.started:
+            return
+        assert self.reference.free_blocks() == self.optimized.free_blocks()
+        assert list(self.reference.blocks._free_gpu) == self.optimized.gpu_free.snapshot(), \
+            "GPU free lists differ"
+        assert list(self.reference.blocks._free_cpu) == self.optimized.cpu_free.snapshot(), \
+            "host free lists differ"
+
+    @invariant()
+    def same_block_tables(self) -> None:
+        if not self.started:
+            return
+        for rid in self.reference.states():
+            assert self.reference.blocks._gpu.get(rid, []) == \
+                self.optimized.gpu_block_ids(rid), f"GPU block table of {rid}"
+            assert self.reference.blocks._cpu.get(rid, []) == \
+                self.optimized.host_block_ids(rid), f"host block table of {rid}"
+
+    def teardown(self) -> None:
+        """Drain: both finish everything live, still in lockstep."""
+        if not self.started:
+            return
+        for _ in range(DRAIN_STEPS):
+            if not self.reference.has_unfinished():
+                break
+            self._step([])
+        assert self.reference.has_unfinished() == self.optimized.has_unfinished()
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _arrive(self, data: st.DataObject, priority: int) -> str:
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        request = Request(rid, data.draw(prompt_lens(self.config), label="prompt_len"),
+                          data.draw(output_lens(self.config), label="max_tokens"),
+                          priority, self.step_no)
+        self.reference.add_request(request)
+        self.optimized.add_request(request)
+        return rid
+
+    def _step(self, eos: list[bool]) -> None:
+        ref = self.reference.schedule()
+        opt = self.optimized.schedule()
+        assert ref.comparable() == opt.comparable(), (
+            f"step {self.step_no}: decisions differ\n  reference {describe(ref)}\n"
+            f"  optimized {describe(opt)}")
+        assert ref.sampled == opt.sampled, f"step {self.step_no}: sampled differ"
+        assert ref.new_blocks == opt.new_blocks, (
+            f"step {self.step_no}: new block ids differ\n  reference {ref.new_blocks}\n"
+            f"  optimized {opt.new_blocks}")
+        assert [r.reason for r in ref.rejected] == [r.reason for r in opt.rejected]
+        stopped = [rid for rid, stop in zip(ref.sampled, eos, strict=False) if stop]
+        finished = self.reference.update(stopped)
+        assert finished == self.optimized.update(stopped), f"step {self.step_no}: finishes"
+        self.step_no += 1
+
+
+class CudaLockstepMachine(LockstepMachine):
+    device = "cuda"
+
+
+LockstepMachine.TestCase.settings = settings(stateful_step_count=STEPS)
+TestLockstepCpu = LockstepMachine.TestCase
+
+CudaLockstepMachine.TestCase.settings = settings(stateful_step_count=STEPS)
+TestLockstepCuda = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="torch.cuda.is_available() is False: no CUDA GPU on this machine")(
+    CudaLockstepMachine.TestCase)

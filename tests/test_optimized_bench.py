@@ -1,0 +1,32 @@
+"""kvsched.bench_optimized: its section of docs/benchmarks.md is replaced, not appended
+again, and its step-time rows compare schedulers that hold the same requests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kvsched.bench_optimized import END, START, Section, Sizes, bench_steps, place
+
+torch.set_num_threads(1)
+
+
+def test_the_section_replaces_its_previous_version_and_keeps_the_rest(tmp_path: Path) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\n## Baselines\n\nold numbers\n")
+    place(f"{START}\nfirst\n{END}\n", doc)
+    place(f"{START}\nsecond\n{END}\n", doc)
+    text = doc.read_text()
+    assert text.count(START) == 1 and "second" in text and "first" not in text
+    assert text.startswith("# Benchmarks\n\n## Baselines\n\nold numbers\n")
+
+
+def test_step_rows_time_every_scheduler_at_every_queue_length() -> None:
+    rows = bench_steps(Sizes(running=(8,), waiting=(10, 30)), Section())
+    assert [(r.running, r.waiting, r.policy) for r in rows] == [
+        (8, 10, "fcfs"), (8, 30, "fcfs"), (8, 10, "priority"), (8, 30, "priority")]
+    for row in rows:
+        assert set(row.seconds) == {"reference", "optimized", "optimized (schedule)"}
+        assert all(seconds > 0 for seconds in row.seconds.values())
+        assert row.cells().count("|") == 11

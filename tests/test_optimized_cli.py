@@ -1,0 +1,80 @@
+"""kvsched simulate --scheduler optimized writes the reference's trace, and kvsched check
+--checker vectorized gives the spec checker's verdict; bad combinations are one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SMALL = ["--requests", "40", "--num-gpu-blocks", "64", "--max-num-seqs", "8",
+         "--max-model-len", "1024", "--rate", "0.5"]
+
+
+def kvsched(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvsched", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("cli")
+    out = {}
+    for implementation in ("reference", "optimized"):
+        path = folder / f"{implementation}.jsonl"
+        result = kvsched("simulate", *SMALL, "--policy", "priority", "--scheduler",
+                         implementation, "--out", str(path))
+        assert result.returncode == 0, result.stderr
+        out[implementation] = path
+    return out
+
+
+def test_both_schedulers_write_the_same_steps(traces: dict[str, Path]) -> None:
+    reference = traces["reference"].read_text().splitlines()
+    optimized = traces["optimized"].read_text().splitlines()
+    assert reference[1:] == optimized[1:]  # every step line, byte for byte
+    assert json.loads(reference[-1]) == {"end": True}
+    engines = [json.loads(x[0])["engine"] for x in (reference, optimized)]
+    assert engines[0]["name"] == "kvsched-reference"
+    assert engines[1]["name"] == "kvsched-optimized" and engines[1]["device"] == "cpu"
+
+
+def test_both_checkers_give_the_same_report(traces: dict[str, Path], tmp_path: Path) -> None:
+    path = traces["optimized"]
+    # A leak planted in the trace: one step reports a free block too few.
+    lines = path.read_text().splitlines()
+    step = json.loads(lines[5])
+    step["free_blocks"] -= 1
+    lines[5] = json.dumps(step, separators=(",", ":"))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join(lines) + "\n")
+    for trace in (path, broken):
+        results = {choice: kvsched("check", "--format", "json", "--checker", choice, str(trace))
+                   for choice in ("spec", "vectorized", "auto")}
+        assert results["spec"].stdout == results["vectorized"].stdout == results["auto"].stdout
+        assert results["spec"].returncode == results["vectorized"].returncode
+    [report] = json.loads(results["vectorized"].stdout)
+    assert report["counts"] == {"accounting": 1} and results["vectorized"].returncode == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["check", "--checker", "vectorized", "--profile", "vllm-v1", "TRACE"],
+     "--checker vectorized does not replay profiles"),
+    (["simulate", *SMALL, "--device", "cuda"], "--device applies to --scheduler optimized"),
+])
+def test_bad_combinations_are_one_line(args: list[str], message: str,
+                                       traces: dict[str, Path]) -> None:
+    result = kvsched(*[str(traces["reference"]) if a == "TRACE" else a for a in args])
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_a_gpu_is_one_line() -> None:
+    result = kvsched("simulate", *SMALL, "--scheduler", "optimized", "--device", "cuda")
+    assert result.returncode == 2
+    assert "torch.cuda.is_available() is False" in result.stderr

@@ -1,0 +1,76 @@
+"""The optimized scheduler's tensor simulation loop writes the trace that the generic
+loop (kvsched.simulate.run) writes with the reference scheduler, byte for byte: same
+steps, same decisions, same new block ids, same finishes."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvsched.optimized import OptimizedScheduler
+from kvsched.optimized.simulation import Arrivals, run_fast, step_dict
+from kvsched.reference import ReferenceScheduler, get_profile
+from kvsched.reference.knobs import Knobs
+from kvsched.simulate import run
+from kvsched.spec import Config
+from kvsched.spec.trace import step_dict as reference_step_dict
+from kvsched.strategies import configs, knobs, profiles, workloads
+from kvsched.workload import WorkItem
+
+torch.set_num_threads(1)  # small tensors: intra-op threads only add waiting
+
+MAX_STEPS = 400
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="torch.cuda.is_available() is False: no CUDA GPU here"))]
+
+
+def columns(items: list[WorkItem]) -> Arrivals:
+    return Arrivals([w.id for w in items], [w.arrival for w in items],
+                    [w.prompt_len for w in items], [w.output_len for w in items],
+                    [w.max_tokens for w in items], [w.priority for w in items],
+                    [w.abort for w in items])
+
+
+def traces(config: Config, setup: Knobs, items: list[WorkItem], device: str,
+           block_ids: bool) -> tuple[list[bytes], list[bytes]]:
+    reference = [orjson.dumps(reference_step_dict(rec)) for rec in
+                 run(ReferenceScheduler(config, setup), items, block_ids=block_ids,
+                     max_steps=MAX_STEPS)]
+    optimized = OptimizedScheduler(config, setup, device=device)
+    fast = [orjson.dumps(step_dict(optimized, s, block_ids))
+            for s in run_fast(optimized, columns(items), max_steps=MAX_STEPS)]
+    return reference, fast
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(config=configs(), setup=st.one_of(profiles(), knobs()), data=st.data(),
+       block_ids=st.booleans())
+def test_the_fast_loop_writes_the_reference_trace(device: str, config: Config,
+                                                  setup: str | Knobs, data: st.DataObject,
+                                                  block_ids: bool) -> None:
+    if isinstance(setup, str):
+        profile = get_profile(setup)
+        config = profile.configure(config)
+        setup = profile.knobs
+    items = data.draw(workloads(config), label="workload")
+    reference, fast = traces(config, setup, items, device, block_ids)
+    for step, (a, b) in enumerate(zip(reference, fast, strict=False)):
+        assert a == b, f"step {step}:\n  reference {a.decode()}\n  optimized {b.decode()}"
+    assert len(reference) == len(fast)
+
+
+def test_a_crowded_run_with_preemptions_and_aborts_matches() -> None:
+    """A cache that holds a few requests, many arrivals at once, some aborted."""
+    config = Config(block_size=4, num_gpu_blocks=24, max_num_batched_tokens=48,
+                    max_num_seqs=6, max_model_len=96)
+    items = [WorkItem(f"r{i}", i // 5, 6 + (i * 7) % 30, 4 + (i * 5) % 25, 30, i % 3,
+                      abort=i + 3 if i % 7 == 0 else None) for i in range(40)]
+    setup = get_profile("vllm-v1").knobs
+    reference, fast = traces(config, setup, items, "cpu", True)
+    assert reference == fast
+    assert any(b'"preempted"' in line for line in fast)
+    assert any(b'"aborted"' in line for line in fast)
