@@ -160,6 +160,51 @@ def build_config(profile: str, given: dict[str, Any]) -> Config:
     return config
 
 
+def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """A workload file, or the generator's options (kvsched.generators)."""
+    opts = [
+        click.option("--workload", "workload_path", type=click.Path(path_type=Path),
+                     help="Workload JSONL file (default: a generated one)."),
+        click.option("--generator", default="sharegpt", show_default=True,
+                     type=click.Choice(KINDS), help="Generated workload: length distribution."),
+        click.option("--requests", "num_requests", type=int, default=DEFAULT_REQUESTS,
+                     show_default=True, help="Number of generated requests."),
+        click.option("--arrival", default="poisson", show_default=True,
+                     type=click.Choice(ARRIVALS),
+                     help="Arrival process of the generated workload."),
+        click.option("--priorities", default=None,
+                     help="Priority mix as weights of priorities 0, 1, ...: e.g. 0.7,0.2,0.1."),
+        click.option("--max-tokens", "max_tokens", type=int, default=None,
+                     help="Generated workload: max_tokens of every request (default: drawn)."),
+        click.option("--rate", type=float, default=DEFAULT_RATE, show_default=True,
+                     help="Mean arrivals per step."),
+        click.option("--seed", type=int, default=0, show_default=True),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+WORKLOAD_PARAMS = ("workload_path", "generator", "num_requests", "arrival", "priorities",
+                   "max_tokens", "rate", "seed")
+
+
+def load_workload(max_model_len: int, workload_path: Path | None, generator: str,
+                  num_requests: int, arrival: str, priorities: str | None,
+                  max_tokens: int | None, rate: float, seed: int) -> list[WorkItem]:
+    """The workload file, or a generated workload that fits max_model_len."""
+    if workload_path is not None:
+        return read_workload(workload_path)
+    if num_requests < 1:
+        fail(f"--requests must be at least 1, got {num_requests}")
+    try:
+        mix = parse_priorities(priorities) if priorities is not None else None
+        return generate(generator, num_requests, seed, arrival=arrival, rate=rate,
+                        max_model_len=max_model_len, priorities=mix, max_tokens=max_tokens)
+    except ValueError as e:
+        fail(str(e))
+
+
 @main.command()
 @config_options
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
@@ -175,21 +220,7 @@ def build_config(profile: str, given: dict[str, Any]) -> Config:
 @click.option("--swap-bytes-per-block", type=int, help="Auto preemption: bytes per KV block.")
 @click.option("--host-bandwidth", type=float, help="Auto preemption: host link bytes/s.")
 @click.option("--prefill-tokens-per-s", type=float, help="Auto preemption: recompute speed.")
-@click.option("--workload", "workload_path", type=click.Path(path_type=Path),
-              help="Workload JSONL file (default: a generated one).")
-@click.option("--generator", default="sharegpt", show_default=True, type=click.Choice(KINDS),
-              help="Generated workload: length distribution.")
-@click.option("--requests", "num_requests", type=int, default=DEFAULT_REQUESTS,
-              show_default=True, help="Number of generated requests.")
-@click.option("--arrival", default="poisson", show_default=True, type=click.Choice(ARRIVALS),
-              help="Arrival process of the generated workload.")
-@click.option("--priorities", default=None,
-              help="Priority mix as weights of priorities 0, 1, ...: e.g. 0.7,0.2,0.1.")
-@click.option("--max-tokens", "max_tokens", type=int, default=None,
-              help="Generated workload: max_tokens of every request (default: drawn).")
-@click.option("--rate", type=float, default=DEFAULT_RATE, show_default=True,
-              help="Mean arrivals per step.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@workload_options
 @click.option("--out", "out_path", type=click.Path(path_type=Path), default=None,
               help="Write the trace here (JSON Lines).")
 @click.option("--no-block-ids", is_flag=True, help="Leave new_blocks out of the trace.")
@@ -230,21 +261,10 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
         if v <= 0:
             fail(f"--{k.replace('_', '-')} must be positive, got {v}")
     knobs = replace(knobs, cost=replace(knobs.cost, **cost), **overrides)
-    if num_requests < 1:
-        fail(f"--requests must be at least 1, got {num_requests}")
     if max_steps is not None and max_steps < 1:
         fail(f"--max-steps must be at least 1, got {max_steps}")
-    workload: list[WorkItem]
-    if workload_path is not None:
-        workload = read_workload(workload_path)
-    else:
-        try:
-            mix = parse_priorities(priorities) if priorities is not None else None
-            workload = generate(generator, num_requests, seed, arrival=arrival, rate=rate,
-                                max_model_len=config.max_model_len, priorities=mix,
-                                max_tokens=max_tokens)
-        except ValueError as e:
-            fail(str(e))
+    workload = load_workload(config.max_model_len, workload_path, generator, num_requests,
+                             arrival, priorities, max_tokens, rate, seed)
 
     scheduler = make_scheduler(implementation, device, config, knobs)
     collector = MetricsCollector(config, series=False)
@@ -595,21 +615,7 @@ def trace_records(path: Path, reader: TraceReader) -> Iterator[StepRecord]:
 @click.argument("a")
 @click.argument("b")
 @config_options
-@click.option("--workload", "workload_path", type=click.Path(path_type=Path),
-              help="Schedulers: workload JSONL file (default: a generated one).")
-@click.option("--generator", default="sharegpt", show_default=True, type=click.Choice(KINDS),
-              help="Generated workload: length distribution.")
-@click.option("--requests", "num_requests", type=int, default=DEFAULT_REQUESTS,
-              show_default=True, help="Number of generated requests.")
-@click.option("--arrival", default="poisson", show_default=True, type=click.Choice(ARRIVALS),
-              help="Arrival process of the generated workload.")
-@click.option("--priorities", default=None,
-              help="Priority mix as weights of priorities 0, 1, ...: e.g. 0.7,0.2,0.1.")
-@click.option("--max-tokens", "max_tokens", type=int, default=None,
-              help="Generated workload: max_tokens of every request (default: drawn).")
-@click.option("--rate", type=float, default=DEFAULT_RATE, show_default=True,
-              help="Mean arrivals per step.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@workload_options
 @click.option("--out-a", type=click.Path(path_type=Path), default=None,
               help="Schedulers: keep A's trace here.")
 @click.option("--out-b", type=click.Path(path_type=Path), default=None,
@@ -671,9 +677,8 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
         fail(f"--max-preemptions must not be negative, got {max_preemptions}")
     if traces:
         for param in ctx.command.params:
-            if param.name in ("workload_path", "generator", "num_requests", "arrival",
-                              "priorities", "max_tokens", "rate", "seed", "out_a", "out_b",
-                              "max_steps", *config_given) \
+            if param.name in (*WORKLOAD_PARAMS, "out_a", "out_b", "max_steps",
+                              *config_given) \
                     and ctx.get_parameter_source(param.name or "") \
                     != click.core.ParameterSource.DEFAULT:
                 fail(f"{param.opts[0]} applies to schedulers, not to traces (the traces "
@@ -707,18 +712,9 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
             configs = [build_config(text if kind == "profile" else DEFAULT_PROFILE,
                                     config_given) for text, kind in zip((a, b), kinds,
                                                                         strict=True)]
-            if workload_path is not None:
-                workload = read_workload(workload_path)
-            else:
-                if num_requests < 1:
-                    fail(f"--requests must be at least 1, got {num_requests}")
-                try:
-                    mix = parse_priorities(priorities) if priorities is not None else None
-                    workload = generate(generator, num_requests, seed, arrival=arrival,
-                                        rate=rate, priorities=mix, max_tokens=max_tokens,
-                                        max_model_len=min(c.max_model_len for c in configs))
-                except ValueError as e:
-                    fail(str(e))
+            workload = load_workload(min(c.max_model_len for c in configs), workload_path,
+                                     generator, num_requests, arrival, priorities,
+                                     max_tokens, rate, seed)
             sides = []
             scheduler: Scheduler
             for text, kind, config, keep in zip((a, b), kinds, configs, (out_a, out_b),
