@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: demo test lint unit bench fuzz-deep docs conformance-vllm clean
+.PHONY: demo test lint unit bench fuzz-deep docs conformance-vllm proofs clean
 VLLM_VENV ?= .venv-vllm
 
 $(STAMP): pyproject.toml
@@ -23,11 +23,17 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy --strict -p kvsched
 	$(BIN)/mypy --strict tests docs/examples/examples.py
+	$(BIN)/mypy --strict proofs
 	@# spec/ and reference/ stay standard-library Python (design.md section 1).
 	$(BIN)/python tests/layout_rules.py
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -p no:cacheprovider
+	$(BIN)/python -m proofs.run --quick --jobs 2
+
+# CrossHair obligations, diffbehavior pairs and the bounded model checker (docs/proofs.md).
+proofs: $(STAMP)
+	$(BIN)/python -m proofs.run --jobs 2
 
 test: lint unit
 

@@ -50,11 +50,9 @@ def never_completes(config: Config, prompt_len: int, max_tokens: int) -> str | N
     otherwise the longest sequence it can reach, min(P + O, max_model_len), must
     fit in the GPU blocks.
 
-    pre: prompt_len >= 1 and max_tokens >= 1
-    post: (__return__ is None) == (prompt_len < config.max_model_len and
-          blocks_for(min(prompt_len + max_tokens, config.max_model_len), config.block_size)
-          <= config.num_gpu_blocks)
-    """
+    pre: prompt_len >= 1 and max_tokens >= 1 and config.block_size >= 1
+    post: (__return__ is None) == (prompt_len < config.max_model_len and blocks_for(min(prompt_len + max_tokens, config.max_model_len), config.block_size) <= config.num_gpu_blocks)
+    """  # noqa: E501
     if prompt_len >= config.max_model_len:
         return (f"prompt of {prompt_len} tokens leaves no room for an output token "
                 f"(max_model_len {config.max_model_len})")

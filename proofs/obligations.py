@@ -1,0 +1,151 @@
+"""Every CrossHair obligation and diffbehavior pair, with the status it must reach.
+
+Status, strongest first:
+- proven: CrossHair confirms every postcondition over all paths, for all integers the
+  preconditions allow (loop-free arithmetic);
+- exhaustive: confirmed over all paths, for inputs within the stated bounds (the code
+  formats its numbers into a sentence, which makes CrossHair realize them, or loops);
+- searched: no counterexample within the bounds at the fixed effort below; CrossHair
+  cannot exhaust the paths (loops over requests and blocks), so this is a bounded search.
+The runner fails an obligation that does not reach its status, so a proof that stops
+going through is a failure, not a silent downgrade.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROVEN = "proven"
+EXHAUSTIVE = "exhaustive"
+SEARCHED = "searched"
+
+
+@dataclass(frozen=True)
+class Effort:
+    """CrossHair's fixed effort: iterations without progress, and CPU seconds per condition."""
+
+    iterations: int
+    seconds: int
+
+    def args(self) -> list[str]:
+        return [f"--max_uninteresting_iterations={self.iterations}",
+                f"--per_condition_timeout={self.seconds}"]
+
+
+# Enough to exhaust the bounded inputs (they finish well before the cap).
+TO_EXHAUSTION = Effort(100_000, 120)
+SEARCH = Effort(300, 25)
+DIFF = Effort(200, 30)
+
+
+@dataclass(frozen=True)
+class Obligation:
+    name: str
+    kind: str  # "check" (postconditions) or "diff" (a diffbehavior pair)
+    targets: tuple[str, ...]  # check: one function; diff: (spec side, reference side)
+    status: str
+    bound: str
+    statement: str
+    quick: bool = False  # in the `make test` subset
+    given_effort: Effort | None = None  # instead of the default for its kind and status
+
+    @property
+    def effort(self) -> Effort:
+        if self.given_effort is not None:
+            return self.given_effort
+        if self.kind == "diff":
+            return DIFF
+        return SEARCH if self.status == SEARCHED else TO_EXHAUSTION
+
+
+ALL_INTEGERS = "all integers the preconditions allow"
+STATES = ("3 requests of fixed statuses, prompts 1-4, max_tokens 1-3, 1-4 blocks of 1-2 "
+          "tokens, token budget 1-4, 1-3 sequences, every policy, preemption mode and knob")
+
+
+def check(name: str, target: str, status: str, bound: str, statement: str,
+          quick: bool = False) -> Obligation:
+    return Obligation(name, "check", (target,), status, bound, statement, quick)
+
+
+def pair(name: str, stem: str, status: str, bound: str, statement: str,
+         quick: bool = False) -> Obligation:
+    return Obligation(name, "diff", (f"proofs.pairs.{stem}_spec",
+                                     f"proofs.pairs.{stem}_reference"),
+                      status, bound, statement, quick)
+
+
+A = "proofs.arithmetic."
+D = "proofs.decisions."
+P = "proofs.preemption."
+
+OBLIGATIONS: tuple[Obligation, ...] = (
+    check("cdiv-ceiling", A + "cdiv_is_ceiling", PROVEN, ALL_INTEGERS,
+          "cdiv(a, b) is the least q with q * b >= a", quick=True),
+    check("blocks-for-least", A + "blocks_for_is_least", PROVEN, ALL_INTEGERS,
+          "blocks_for(tokens) is the fewest blocks that hold the tokens", quick=True),
+    check("blocks-needed-least", A + "blocks_needed_is_least", PROVEN, ALL_INTEGERS,
+          "Db is the least number of new blocks with which G covers C + Dn", quick=True),
+    check("chunks-add-up", A + "chunks_need_what_the_whole_needs", PROVEN, ALL_INTEGERS,
+          "Db for Dn1 then Dn2 adds up to Db for Dn1 + Dn2", quick=True),
+    check("spec-block-contracts", "kvsched.spec.blocks", SEARCHED,
+          "cdiv, blocks_for, blocks_needed: all integers (confirmed); never_completes: "
+          "searched (its reason strings realize the numbers)",
+          "the contracts in spec/blocks.py's own docstrings hold", quick=True),
+    check("reject-exact", A + "rejects_exactly_the_hopeless", EXHAUSTIVE,
+          "block_size 1-4, 1-8 blocks, max_model_len 1-16, prompt and max_tokens 1-16",
+          "never_completes refuses exactly P >= max_model_len or "
+          "ceil(min(P + O, max_model_len) / block_size) > num_gpu_blocks", quick=True),
+    check("finish-due", A + "finish_is_due_exactly_at_the_limits", EXHAUSTIVE,
+          "prompt, max_tokens and outputs 1-8, max_model_len 2-16",
+          "finish is due exactly when outputs reach max_tokens or tokens max_model_len"),
+    check("token-range-exact", A + "token_range_allows_exactly", EXHAUSTIVE,
+          "Dn -1-5, C 0-5, N 1-5, max_model_len 1-5, chunked or not",
+          "token-range allows exactly Dn >= 1, C + Dn <= N, <= max_model_len, whole "
+          "without chunking"),
+    check("kv-budget-exact", A + "kv_budget_is_the_step_invariant", EXHAUSTIVE,
+          "demand, free and reclaim 0-6",
+          "kv-budget holds exactly when sum Db <= B_free + B_reclaim"),
+    check("step-safe-rrw", D + "step_is_safe_running_running_waiting", SEARCHED, STATES,
+          "from two running and one waiting request, the reference's step keeps the step "
+          "invariant, token budget, sequence limit and every MUST invariant"),
+    check("step-safe-rsw", D + "step_is_safe_running_swapped_waiting", SEARCHED, STATES,
+          "from running, swapped and waiting requests, likewise (swap-in before admission)"),
+    check("step-safe-rrr", D + "step_is_safe_three_running", SEARCHED, STATES,
+          "from three running requests, likewise (chains of preemption)"),
+    check("step-safe-www", D + "step_is_safe_three_waiting", SEARCHED, STATES,
+          "from three waiting requests, likewise (admission)"),
+    check("admission-cut-running", D + "admission_cut_behind_a_running_request", SEARCHED,
+          STATES, "behind a running request, the waiting pass admits the longest prefix of "
+          "the waiting order that fits the token, block and sequence budgets"),
+    check("admission-cut-idle", D + "admission_cut_from_an_idle_engine", SEARCHED, STATES,
+          "from an idle engine, likewise"),
+    check("recompute-victim", P + "recompute_victim_restarts", SEARCHED, STATES,
+          "a recompute victim ends waiting with C = 0 and no blocks, N kept, G freed"),
+    check("swap-victim", P + "swap_victim_moves_its_blocks", SEARCHED, STATES,
+          "a swap victim moves exactly its G blocks to the host and keeps C"),
+    check("swap-round-trip", P + "swap_out_then_in_restores", SEARCHED, STATES,
+          "swap out then swap in restores N, C, G, H and the free pools exactly"),
+    pair("admission-blocks", "admission_blocks", EXHAUSTIVE,
+         "block_size 1-4, watermark 0-4, C 0-32, Dn 1-32, G 0-16",
+         "the reference's admission blocks are the spec's Db plus the watermark when a "
+         "request runs", quick=True),
+    pair("finish-rule", "finish_rule", EXHAUSTIVE,
+         "prompt and max_tokens 1-8, max_model_len 2-16",
+         "the reference's update finishes exactly the requests the spec's finish rule "
+         "says must finish"),
+    pair("reject-rule", "reject_rule", SEARCHED,
+         "block_size 1-4, 1-8 blocks, max_model_len 2-16, prompt and max_tokens 1-16",
+         "the reference rejects exactly the arrivals never_completes refuses"),
+    pair("first-chunk-blocks", "first_chunk_blocks", SEARCHED,
+         "block_size 1-4, prompt 1-16, token budget 1-16",
+         "the reference hands a first chunk exactly Db new block ids"),
+)
+
+
+def by_name(names: list[str]) -> list[Obligation]:
+    known = {o.name: o for o in OBLIGATIONS}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise SystemExit(f"unknown obligation {', '.join(missing)}; known: {', '.join(known)}")
+    return [known[n] for n in names]

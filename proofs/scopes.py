@@ -1,0 +1,243 @@
+"""The model checker's scopes: small configs, knobs and request shapes, explored whole.
+
+A scope is one config, one set of knobs and up to three request shapes (prompt_len,
+max_tokens, priority); arrival steps, aborts and end-of-sequence are left to the
+explorer, which tries them all. Two families make the full run:
+
+- `profiles`: each named profile in three caches (CACHES), fcfs on every multiset of
+  one to three shapes with prompts 1 to 4 and max_tokens 1 to 3 (454 request sets),
+  priority on every multiset of two or three of four shapes with both alternating
+  priority patterns; vllm-v0-swap with 2 host blocks;
+- `grid`: every knob and config value (victim rule, admission after preemption, full
+  sequence reservation, threshold lifting, policy, preemption mode, host blocks, block
+  size and count, token and sequence budgets, chunking and threshold, watermark,
+  max_model_len), every pair of values in at least one config (a greedy pairwise
+  covering array), each config on every multiset of two or three of six shapes
+  (under priority, with both alternating priority patterns).
+A third, `quick`, is a few seconds' worth of the first for `make test`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from itertools import combinations, combinations_with_replacement, product
+from typing import TypeVar
+
+from kvsched.reference.knobs import Knobs
+from kvsched.reference.profiles import PROFILES
+from kvsched.spec.model import Config
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Shape:
+    prompt_len: int
+    max_tokens: int
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Scope:
+    name: str
+    family: str
+    config: Config
+    knobs: Knobs
+    shapes: tuple[Shape, ...]
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(f"r{i}" for i in range(len(self.shapes)))
+
+
+def shapes(*items: tuple[int, int] | tuple[int, int, int]) -> tuple[Shape, ...]:
+    return tuple(Shape(*item) for item in items)
+
+
+BASE = Config(block_size=1, num_gpu_blocks=4, max_num_batched_tokens=4, max_num_seqs=4,
+              max_model_len=8)
+
+
+def profile_scope(profile: str, requests: tuple[Shape, ...], family: str = "profiles",
+                  **fields: object) -> Scope:
+    """A scope under a named profile: its knobs, its config defaults where not given."""
+    p = PROFILES[profile]
+    config = p.configure(replace(BASE, **fields), frozenset(fields))  # type: ignore[arg-type]
+    return Scope(name_of(profile, config, requests), family, config, p.knobs, requests)
+
+
+def name_of(prefix: str, c: Config, requests: tuple[Shape, ...]) -> str:
+    reqs = ",".join(f"{s.prompt_len}/{s.max_tokens}" + (f"p{s.priority}" if s.priority else "")
+                    for s in requests)
+    mode = c.preemption[:4] + (f"{c.num_cpu_blocks}" if c.preemption != "recompute" else "")
+    flags = [c.policy[:4], mode]
+    flags += [] if c.chunked_prefill else ["whole"]
+    flags += [f"thr{c.long_prefill_token_threshold}"] if c.long_prefill_token_threshold else []
+    flags += [f"wm{c.watermark_blocks}"] if c.watermark_blocks else []
+    return (f"{prefix} bs{c.block_size} gpu{c.num_gpu_blocks} tok{c.max_num_batched_tokens} "
+            f"seq{c.max_num_seqs} len{c.max_model_len} {'/'.join(flags)} [{reqs}]")
+
+
+def request_sets(choices: tuple[Shape, ...], sizes: tuple[int, ...]
+                 ) -> Iterator[tuple[Shape, ...]]:
+    for k in sizes:
+        yield from combinations_with_replacement(choices, k)
+
+
+ALL_SHAPES = tuple(Shape(p, o) for p in range(1, 5) for o in range(1, 4))
+# Four shapes that together overfill the roomy cache; the grid adds two small ones so
+# that its tight caches (3 blocks of 1 token) keep more than one request alive.
+FOUR_SHAPES = shapes((1, 3), (2, 1), (3, 2), (4, 3))
+GRID_SHAPES = (*shapes((1, 1), (2, 2)), *FOUR_SHAPES)
+
+
+# The profile family's caches: roomy; tight (one-token blocks, small budgets); capped
+# (max_model_len caps the sequence at the whole cache).
+CACHES: tuple[dict[str, int], ...] = (
+    {"block_size": 2, "num_gpu_blocks": 4},
+    {"block_size": 1, "num_gpu_blocks": 4, "max_num_seqs": 2, "max_num_batched_tokens": 3},
+    {"block_size": 2, "num_gpu_blocks": 2, "max_num_seqs": 3, "max_model_len": 4},
+)
+
+
+def profile_scopes() -> list[Scope]:
+    """Priority sets first, then three requests before two before one, each on every
+    cache, so that the request sets that stress a scheduler most come first."""
+    out = []
+    for profile in PROFILES:
+        host = {"num_cpu_blocks": 2} if profile == "vllm-v0-swap" else {}
+        for reqs in request_sets(FOUR_SHAPES, (3, 2)):
+            for first in (0, 1):
+                for cache in CACHES:
+                    out.append(profile_scope(profile, alternate(reqs, first), policy="priority",
+                                             **cache, **host))  # type: ignore[arg-type]
+        for reqs in request_sets(ALL_SHAPES, (3, 2, 1)):
+            for cache in CACHES:
+                out.append(profile_scope(profile, reqs, **cache, **host))  # type: ignore[arg-type]
+    return out
+
+
+def alternate(reqs: tuple[Shape, ...], first: int) -> tuple[Shape, ...]:
+    """Priorities first, 1 - first, first, ... in the request set's order."""
+    return tuple(replace(s, priority=(i + first) % 2) for i, s in enumerate(reqs))
+
+
+# The grid's dimensions: every value of every knob and config field the scopes vary.
+DIMENSIONS: dict[str, tuple[object, ...]] = {
+    "victim": ("policy", "tail", "lowest_priority"),
+    "admit_after_preempt": (False, True),
+    "reserve_full_sequence": (True, False),
+    "lift_threshold_when_alone": (True, False),
+    "policy": ("fcfs", "priority"),
+    "preemption": ("recompute", "swap", "auto"),
+    "num_cpu_blocks": (1, 2, 4),
+    "cache": ((1, 3), (1, 4), (2, 2), (2, 3), (2, 4)),
+    "max_num_batched_tokens": (1, 2, 3, 4),
+    "max_num_seqs": (1, 2, 3),
+    "prefill": ("chunked", "threshold1", "threshold2", "whole"),
+    "watermark_blocks": (0, 1),
+    "max_model_len": (4, 5, 8),
+}
+
+
+def valid(point: dict[str, object]) -> bool:
+    """Config.problems' rule: without chunking a whole prefill must fit the token budget."""
+    if point.get("prefill") == "whole":
+        tokens = point.get("max_num_batched_tokens", 4)
+        return tokens == 4 and point.get("max_model_len", 4) == 4
+    return True
+
+
+def pairwise(dims: dict[str, tuple[object, ...]], seed: int = 0, candidates: int = 60
+             ) -> list[dict[str, object]]:
+    """A covering array of strength 2: every feasible pair of values is in some point
+    (greedy, as AETG: of `candidates` random valid points, keep the one covering most
+    uncovered pairs). Deterministic for a seed."""
+    names = list(dims)
+    rng = random.Random(seed)
+    uncovered = {((a, va), (b, vb)) for a, b in combinations(names, 2)
+                 for va, vb in product(dims[a], dims[b]) if valid({a: va, b: vb})}
+    points: list[dict[str, object]] = []
+    while uncovered:
+        first = next(iter(sorted(uncovered, key=repr)))
+        best: dict[str, object] = {}
+        best_gain = -1
+        for _ in range(candidates):
+            point = {n: rng.choice(dims[n]) for n in names}
+            point.update(dict(first))
+            if not valid(point):
+                continue
+            gain = sum(1 for a, b in combinations(names, 2)
+                       if ((a, point[a]), (b, point[b])) in uncovered)
+            if gain > best_gain:
+                best, best_gain = point, gain
+        if best_gain < 0:  # no valid candidate drawn with this pair: build one
+            best = {n: dims[n][0] for n in names} | dict(first)
+            best |= {"max_num_batched_tokens": 4, "max_model_len": 4}
+        for a, b in combinations(names, 2):
+            uncovered.discard(((a, best[a]), (b, best[b])))
+        points.append(best)
+    return points
+
+
+def grid_scope(point: dict[str, object], requests: tuple[Shape, ...]) -> Scope:
+    def value(name: str, kind: type[T]) -> T:
+        v = point[name]
+        assert isinstance(v, kind), (name, v)
+        return v
+
+    knobs = Knobs(victim=value("victim", str),
+                  admit_after_preempt=value("admit_after_preempt", bool),
+                  reserve_full_sequence=value("reserve_full_sequence", bool),
+                  lift_threshold_when_alone=value("lift_threshold_when_alone", bool))
+    block_size, blocks = value("cache", tuple)
+    prefill = value("prefill", str)
+    config = replace(BASE, block_size=block_size, num_gpu_blocks=blocks,
+                     num_cpu_blocks=value("num_cpu_blocks", int), policy=value("policy", str),
+                     preemption=value("preemption", str),
+                     max_num_batched_tokens=value("max_num_batched_tokens", int),
+                     max_num_seqs=value("max_num_seqs", int),
+                     max_model_len=value("max_model_len", int),
+                     chunked_prefill=prefill != "whole",
+                     long_prefill_token_threshold=int(prefill[-1]) if "threshold" in prefill
+                     else 0, watermark_blocks=value("watermark_blocks", int))
+    label = (f"grid {knobs.victim}{'/admit' if knobs.admit_after_preempt else ''}"
+             f"{'/full' if knobs.reserve_full_sequence else ''}"
+             f"{'/lift' if knobs.lift_threshold_when_alone else ''}")
+    return Scope(name_of(label, config, requests), "grid", config, knobs, requests)
+
+
+def grid_scopes() -> list[Scope]:
+    out = []
+    for point in pairwise(DIMENSIONS):
+        for reqs in request_sets(GRID_SHAPES, (2, 3)):
+            if point["policy"] == "priority":
+                out += [grid_scope(point, alternate(reqs, first)) for first in (0, 1)]
+            else:
+                out.append(grid_scope(point, reqs))
+    return out
+
+
+def quick_scopes() -> list[Scope]:
+    """Seconds, for `make test`: each profile in each cache, three requests of the grid's
+    shapes, fcfs and priority."""
+    out = []
+    for profile in PROFILES:
+        host = {"num_cpu_blocks": 2} if profile == "vllm-v0-swap" else {}
+        for cache in CACHES:
+            for reqs in request_sets(FOUR_SHAPES, (3,)):
+                out.append(profile_scope(profile, reqs, "quick", **cache, **host))
+                out.append(profile_scope(profile, alternate(reqs, 1), "quick",
+                                         policy="priority", **cache, **host))
+    return out
+
+
+def full_scopes() -> list[Scope]:
+    return profile_scopes() + grid_scopes()
+
+
+SCOPE_SETS: dict[str, Callable[[], list[Scope]]] = {
+    "quick": quick_scopes, "profiles": profile_scopes, "grid": grid_scopes, "full": full_scopes,
+}

@@ -1,0 +1,80 @@
+"""The model checker against the foundation's seeded-bug schedulers (kvsched.seeded_bugs).
+
+Each bug runs with its own profile's knobs, so it is explored only in the scopes of
+that profile's knobs, smallest family first, until one finds it; the bugs that are
+legal under the spec but break their profile (level PROFILE) run with the reference in
+lockstep. This module imports the tool (kvsched.seeded_bugs), so only the runner uses
+it; model_check.py itself stays on kvsched.spec and kvsched.reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvsched.reference.knobs import Knobs
+from kvsched.reference.profiles import PROFILES
+from kvsched.reference.scheduler import ReferenceScheduler
+from kvsched.spec.model import Config
+from proofs.model_check import Result, run_scopes
+from proofs.scopes import Scope
+
+
+@dataclass(frozen=True)
+class SeededFactory:
+    """Builds the named seeded bug for a scope's config (picklable, for worker processes)."""
+
+    name: str
+
+    def __call__(self, config: Config, knobs: Knobs) -> ReferenceScheduler:
+        from kvsched.seeded_bugs import SEEDED_BUGS
+
+        scheduler = SEEDED_BUGS[self.name].factory(config)
+        assert isinstance(scheduler, ReferenceScheduler), "the explorer encodes reference state"
+        return scheduler
+
+
+@dataclass(frozen=True)
+class Hunt:
+    """Which scope found a bug, and what it found."""
+
+    bug: str
+    expected: str
+    level: str
+    scopes_tried: int
+    result: Result | None
+    family: str = ""
+
+    @property
+    def found(self) -> bool:
+        return self.result is not None and self.result.finding is not None
+
+    @property
+    def named(self) -> tuple[str, ...]:
+        if self.result is None or self.result.finding is None:
+            return ()
+        f = self.result.finding
+        return tuple(dict.fromkeys((f.kind, *f.ids)))
+
+
+def hunt(name: str, scopes: list[Scope], jobs: int = 1) -> Hunt:
+    """Explore `name` in the scopes of its profile's knobs until one finds it."""
+    from kvsched.seeded_bugs import SEEDED_BUGS
+
+    bug = SEEDED_BUGS[name]
+    knobs = PROFILES[bug.profile].knobs
+    mine = [s for s in scopes if s.knobs == knobs]
+    tried = 0
+    results = run_scopes(mine, SeededFactory(name), twin=bug.level == "PROFILE", jobs=jobs)
+    for result in results:
+        tried += 1
+        if result.finding is not None:
+            results.close()  # stops the worker processes still exploring
+            family = next(s.family for s in mine if s.name == result.scope)
+            return Hunt(name, bug.expected, bug.level, tried, result, family)
+    return Hunt(name, bug.expected, bug.level, tried, None)
+
+
+def seeded_bug_names() -> list[str]:
+    from kvsched.seeded_bugs import SEEDED_BUGS
+
+    return list(SEEDED_BUGS)

@@ -1,0 +1,89 @@
+"""Canonical state encoding for the model checker: two worlds with equal keys behave alike.
+
+A key holds everything a future step can depend on, and nothing that only counts
+time: the step number, arrival steps and arrival sequence numbers enter only through
+the order they induce (the reference orders by (priority, arrival step, sequence),
+and the sequence grows with the arrival step), and preemption counters are left out
+(they feed only the SHOULD no-thrash warning). Block ids stay in, so the block-ids
+check sees the same owners from equal keys. Attributes a subclass adds (a seeded bug's
+counters) are encoded generically, so a planted fault cannot hide in them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from enum import Enum
+from typing import Any
+
+from kvsched.reference.allocator import BlockAllocator
+from kvsched.reference.scheduler import Entry, ReferenceScheduler
+from kvsched.spec.checker import Checker
+from kvsched.spec.model import Status
+
+# Attributes encoded explicitly below (or constant within one exploration).
+SCHEDULER_FIELDS = frozenset({"config", "knobs", "blocks", "entries", "running", "swapped",
+                              "_fcfs", "_heap", "_arrived", "_seq", "_sampled", "_victims"})
+ALLOCATOR_FIELDS = frozenset({"_free_gpu", "_free_cpu", "_gpu", "_cpu"})
+
+
+def plain(value: Any) -> Hashable:
+    """A hashable, order-preserving encoding of an attribute value; entries become ids."""
+    if value is None or isinstance(value, bool | int | str | float):
+        return value
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, Entry):
+        return ("entry", value.request.id)
+    if isinstance(value, list | tuple | deque):
+        return tuple(plain(v) for v in value)
+    if isinstance(value, set | frozenset):
+        return tuple(sorted(repr(plain(v)) for v in value))
+    if isinstance(value, dict):
+        return tuple(sorted((repr(plain(k)), plain(v)) for k, v in value.items()))
+    attrs = getattr(value, "__dict__", None)
+    if attrs is not None:
+        return (type(value).__name__, plain(attrs))
+    return repr(value)
+
+
+def extras(obj: object, known: frozenset[str]) -> Hashable:
+    attrs = {k: v for k, v in vars(obj).items() if k not in known}
+    return plain(attrs) if attrs else ()
+
+
+def allocator_key(blocks: BlockAllocator) -> Hashable:
+    tables = tuple(sorted((rid, tuple(ids)) for rid, ids in blocks._gpu.items() if ids))
+    host = tuple(sorted((rid, tuple(ids)) for rid, ids in blocks._cpu.items() if ids))
+    return (tuple(blocks._free_gpu), tuple(blocks._free_cpu), tables, host,
+            extras(blocks, ALLOCATOR_FIELDS))
+
+
+def waiting_order(s: ReferenceScheduler) -> tuple[str, ...]:
+    """The order the waiting pass would take the waiting requests in."""
+    if s.config.policy == "priority":
+        live = sorted((key, e.request.id) for key, e in s._heap if e.status == Status.WAITING)
+        return tuple(rid for _, rid in live)
+    return tuple(e.request.id for e in s._fcfs)
+
+
+def scheduler_key(s: ReferenceScheduler) -> Hashable:
+    live = sorted(s.entries.values(), key=lambda e: e.seq)
+    entries = tuple((e.request.id, e.request.prompt_len, e.request.max_tokens,
+                     e.request.priority, e.status.value, e.num_tokens, e.num_computed)
+                    for e in live)
+    pending = tuple(plain(getattr(s, name)) for name in ("_arrived", "_sampled", "_victims"))
+    return (entries, waiting_order(s), tuple(e.request.id for e in s.running),
+            tuple(e.request.id for e in s.swapped), pending, allocator_key(s.blocks),
+            extras(s, SCHEDULER_FIELDS))
+
+
+def checker_key(c: Checker) -> Hashable:
+    """The spec's own view of the state, as the checker replays it."""
+    live = tuple(sorted((rid, t.status.value, t.num_tokens, t.num_computed, t.gpu_blocks,
+                         t.host_blocks, tuple(t.block_ids), t.recomputing)
+                        for rid, t in c.live.items()))
+    # Before the first step track_ids is undecided (None); it then turns True exactly
+    # where it stays True, so the two behave alike.
+    return (live, c.free, c.free_host, c.running, c.leaked, c.track_ids is not False,
+            tuple(sorted(c.owner.items())))
