@@ -28,8 +28,8 @@ lint: $(STAMP)
 	$(BIN)/python tests/layout_rules.py
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -p no:cacheprovider
 	$(BIN)/python -m proofs.run --quick --jobs 2
+	$(BIN)/python -m pytest -n 2 -p no:cacheprovider
 
 # CrossHair obligations, diffbehavior pairs and the bounded model checker (docs/proofs.md).
 proofs: $(STAMP)
