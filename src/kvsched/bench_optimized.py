@@ -49,6 +49,8 @@ from kvsched.workload import WorkItem
 
 START = "<!-- bench_optimized: start -->"
 END = "<!-- bench_optimized: end -->"
+GPU_START = "<!-- bench_optimized gpu: start -->"  # written by --gpu-check, on a GPU machine
+GPU_END = "<!-- bench_optimized gpu: end -->"
 KNOBS = get_profile("vllm-v1").knobs
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -209,10 +211,10 @@ class StepRow:
 def rounds_for(running: int) -> tuple[int, int]:
     """(steps per round, rounds): about the same work at every size."""
     if running >= 32768:
-        return 2, 4
+        return 2, 8
     if running >= 2048:
-        return 10, 5
-    return 100, 5
+        return 5, 15
+    return 20, 15
 
 
 def bench_steps(sizes: Sizes, out: Section) -> list[StepRow]:
@@ -451,7 +453,9 @@ def bench_simulation(sizes: Sizes, out: Section, tmp: Path) -> Path:
         f"{ref.deciding / opt.deciding:,.1f} |",
         "", f"The reference on all {len(items):,} requests is extrapolated from its prefix: "
         "its time there times the ratio of the optimized scheduler's whole-run time to its "
-        "prefix time (both run the same steps at the same batch sizes).")
+        "prefix time. That assumes the reference's cost grows with the work as the optimized "
+        "scheduler's does; its cost per step grows faster with the batch (the prefix ramps "
+        "up and drains), so the estimate is on the low side.")
     return ref_trace
 
 
@@ -567,12 +571,10 @@ def bench_memory(sizes: Sizes, out: Section) -> None:
 # -- CUDA ------------------------------------------------------------------------------
 
 def bench_cuda(sizes: Sizes, out: Section) -> None:
-    if not torch.cuda.is_available():
-        out.add("", "CUDA: not measured here (torch.cuda.is_available() is False); "
-                    "`make gpu-check` on a GPU machine measures it.")
-        return
     name = torch.cuda.get_device_name(0)
-    out.add("", f"CUDA, on {name} (torch {torch.__version__}):", "",
+    out.add(f"GPU: {name}, torch {torch.__version__} (CUDA {torch.version.cuda}). The step "
+            "of the step-time table above (fast path), on cuda and, on the same machine, "
+            "on cpu with one thread.", "",
             "| running | waiting | optimized step on cuda, us | on cpu, us |",
             "|---:|---:|---:|---:|")
     for running in sizes.running:
@@ -600,71 +602,82 @@ def bench_cuda(sizes: Sizes, out: Section) -> None:
 
 # -- the report ------------------------------------------------------------------------
 
-def report(sizes: Sizes, command: str, gpu_only: bool) -> str:
+def gpu_report(sizes: Sizes, command: str) -> str:
+    out = Section()
+    out.add(GPU_START, "### The optimized scheduler on a CUDA GPU", "",
+            f"Measured by `{command}` on {datetime.now(UTC):%Y-%m-%d}.",
+            f"Machine: {machine()}.")
+    with one_thread():
+        bench_cuda(sizes, out)
+    out.add(GPU_END)
+    return "\n".join(out.lines) + "\n"
+
+
+def report(sizes: Sizes, command: str) -> str:
     out = Section()
     out.add(START, "## Optimized scheduler and vectorized checker (issue 3)", "",
             f"Measured by `{command}` on {datetime.now(UTC):%Y-%m-%d}.",
             f"Machine: {machine()}; torch {torch.__version__}, one torch thread on CPU.")
-    if not gpu_only:
-        out.add("", "### Step time, optimized against reference",
-                "", "Each scheduler holds the same requests: `running` of them run (decode "
-                "and a steady stream of finishes and admissions), `waiting` more wait; each "
-                "step ends with as many new arrivals as requests finished, so the queue keeps "
-                "its length (the arrivals are part of the step's time). "
-                "Config: block_size 16, 40 blocks per running request, max_num_seqs = "
-                "running, a token budget of twice that; profile `vllm-v1`. \"optimized\" is "
-                "`schedule_tensors()` + `update_tensors()` (the fast path the simulation "
-                "uses); \"schedule()\" is the same step through the exact interface, which "
-                "also builds the Decision's tuples of ids. Medians of interleaved rounds.",
-                "", "| running | waiting | policy | reference, us/step | ns/running | "
-                "optimized, us/step | ns/running | ratio | schedule(), us/step | ratio |",
-                "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-        with one_thread():
-            rows = bench_steps(sizes, out)
-        out.add("", "Waiting-queue independence, optimized (fast path), step time at the "
-                    "longest queue over the shortest:", "")
-        for r in sorted({(row.running, row.policy) for row in rows}):
-            same = [row for row in rows if (row.running, row.policy) == r]
-            short, long = same[0], same[-1]
-            out.add(f"- {r[0]:,} running, {r[1]}: {long.waiting:,} over {short.waiting:,} "
-                    f"waiting: {long.seconds['optimized'] / short.seconds['optimized']:.2f}x "
-                    f"(reference {long.seconds['reference'] / short.seconds['reference']:.2f}x)")
-        out.add("", "### The same steps through vLLM's own scheduler", "",
-                "vLLM 0.32's v1 Scheduler built as kvsched.adapters.vllm_driver builds it "
-                "(its own Python in .venv-vllm), same requests and config; the time is "
-                "schedule() plus update_from_output(), not the hand-made model output.")
-        with one_thread():
-            bench_vllm(sizes, out)
-        with tempfile.TemporaryDirectory() as tmp:
-            out.add("", "### A whole simulation", "")
-            with one_thread():
-                prefix_trace = bench_simulation(sizes, out, Path(tmp))
-            big = Path(tmp) / "big.jsonl"
-            with_header(sim_config(), prefix_trace, big)
-            prefix_trace.unlink()
-            small = Path(tmp) / "small.jsonl"
-            print("writing the baseline-sized trace ...", flush=True)
-            small_trace(sizes, small)
-            out.add("", "### Checker throughput", "",
-                    "Both checkers read the same file with orjson and must give the same "
-                    "report (counts, first violations). \"baseline engine\" is the engine of "
-                    "kvsched.bench (256 sequences, ~130 entries per step, "
-                    f"{sizes.small_trace_requests:,} requests); \"large engine\" is the "
-                    "simulation's prefix above (thousands of entries per step).")
-            bench_checkers(sizes, out, [("baseline engine", small), ("large engine", big)])
-        bench_memory(sizes, out)
+    out.add("", "### Step time, optimized against reference",
+            "", "Each scheduler holds the same requests: `running` of them run (decode "
+            "and a steady stream of finishes and admissions), `waiting` more wait; each "
+            "step ends with as many new arrivals as requests finished, so the queue keeps "
+            "its length (the arrivals are part of the step's time). "
+            "Config: block_size 16, 40 blocks per running request, max_num_seqs = "
+            "running, a token budget of twice that; profile `vllm-v1`. \"optimized\" is "
+            "`schedule_tensors()` + `update_tensors()` (the fast path the simulation "
+            "uses); \"schedule()\" is the same step through the exact interface, which "
+            "also builds the Decision's tuples of ids. Medians of interleaved rounds.",
+            "", "| running | waiting | policy | reference, us/step | ns/running | "
+            "optimized, us/step | ns/running | ratio | schedule(), us/step | ratio |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     with one_thread():
-        bench_cuda(sizes, out)
+        rows = bench_steps(sizes, out)
+    out.add("", "Waiting-queue independence, optimized (fast path), step time at the "
+                "longest queue over the shortest:", "")
+    for r in sorted({(row.running, row.policy) for row in rows}):
+        same = [row for row in rows if (row.running, row.policy) == r]
+        short, long = same[0], same[-1]
+        out.add(f"- {r[0]:,} running, {r[1]}: {long.waiting:,} over {short.waiting:,} "
+                f"waiting: {long.seconds['optimized'] / short.seconds['optimized']:.2f}x "
+                f"(reference {long.seconds['reference'] / short.seconds['reference']:.2f}x)")
+    out.add("", "### The same steps through vLLM's own scheduler", "",
+            "vLLM 0.32's v1 Scheduler built as kvsched.adapters.vllm_driver builds it "
+            "(its own Python in .venv-vllm), same requests and config; the time is "
+            "schedule() plus update_from_output(), not the hand-made model output.")
+    with one_thread():
+        bench_vllm(sizes, out)
+    with tempfile.TemporaryDirectory() as tmp:
+        out.add("", "### A whole simulation", "")
+        with one_thread():
+            prefix_trace = bench_simulation(sizes, out, Path(tmp))
+        big = Path(tmp) / "big.jsonl"
+        with_header(sim_config(), prefix_trace, big)
+        prefix_trace.unlink()
+        small = Path(tmp) / "small.jsonl"
+        print("writing the baseline-sized trace ...", flush=True)
+        small_trace(sizes, small)
+        out.add("", "### Checker throughput", "",
+                "Both checkers read the same file with orjson and must give the same "
+                "report (counts, first violations). \"baseline engine\" is the engine of "
+                "kvsched.bench (256 sequences, ~130 entries per step, "
+                f"{sizes.small_trace_requests:,} requests); \"large engine\" is the "
+                "simulation's prefix above (thousands of entries per step).")
+        bench_checkers(sizes, out, [("baseline engine", small), ("large engine", big)])
+    bench_memory(sizes, out)
+    out.add("", "CUDA: " + ("see the next section (`make gpu-check`)." if torch.cuda.is_available()
+                           else "not measured on this machine (torch.cuda.is_available() is "
+                                "False); `make gpu-check` on a GPU machine adds its section."))
     out.add(END)
     return "\n".join(out.lines) + "\n"
 
 
-def place(text: str, path: Path) -> None:
-    """Replace this module's section of `path` (or append it)."""
+def place(text: str, path: Path, start: str = START, end: str = END) -> None:
+    """Replace the section between `start` and `end` in `path` (or append it)."""
     old = path.read_text() if path.exists() else "# Benchmarks\n"
-    if START in old and END in old:
-        head, rest = old.split(START, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
+    if start in old and end in old:
+        head, rest = old.split(start, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
         new = head + text + ("\n" + tail if tail else "")
     else:
         new = old.rstrip("\n") + "\n\n" + text
@@ -698,15 +711,18 @@ def main(argv: list[str] | None = None) -> int:
         at = given.index("--out")
         del given[at:at + 2]
     command = "python -m kvsched.bench_optimized " + " ".join(given)
+    markers = (START, END)
     if args.gpu_check:
         failed = gpu_check()
         if failed:
             return failed
-        sizes = replace(sizes, waiting=(1_000,))
-    text = report(sizes, command.strip(), gpu_only=args.gpu_check)
+        text = gpu_report(replace(sizes, waiting=(1_000,)), command.strip())
+        markers = (GPU_START, GPU_END)
+    else:
+        text = report(sizes, command.strip())
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        place(text, args.out)
+        place(text, args.out, *markers)
         print(f"written to {args.out}")
     return 0
 

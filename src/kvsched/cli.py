@@ -328,7 +328,7 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
     if out_path is not None:
         out.print(f"trace written to {out_path}")
     if report.counts:
-        out.print("the reference broke invariants on its own run: "
+        out.print(f"the {implementation} scheduler broke invariants on its own run: "
                   + ", ".join(f"{k} x{n}" for k, n in sorted(report.counts.items())))
 
 
