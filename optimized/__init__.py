@@ -1,6 +1,6 @@
 """kvsched.optimized: the reference's decisions on torch tensors, and a vectorized checker.
 
-Imports kvsched.spec, torch and numpy, never kvsched.reference (design.md section 1).
+Imports kvsched.spec, torch and numpy, never the reference package (design.md section 1).
 The scheduler's names load torch on first use only, so that the vectorized checker
 (kvsched.optimized.checker, numpy) can be imported without it.
 """

@@ -1,6 +1,6 @@
 """The policy knobs the optimized scheduler reads, as protocols.
 
-kvsched.optimized never imports kvsched.reference (design.md section 1), yet it must
+kvsched.optimized never imports the reference package (design.md section 1), yet it must
 obey every knob and profile the reference has. So it reads knobs through these
 protocols: the reference's `Knobs` and `CostModel` (or any object with the same
 fields) can be passed as they are, and the profiles' knobs apply unchanged.
@@ -23,7 +23,7 @@ class CostLike(Protocol):
 
 
 class KnobsLike(Protocol):
-    """The reference's knobs (kvsched.reference.knobs.Knobs) by their fields."""
+    """The reference's knobs (the reference's Knobs) by their fields."""
 
     @property
     def victim(self) -> str: ...

@@ -3,7 +3,7 @@
 NOTE on the algorithm. The state is a struct of arrays: one column per request slot
 (N tokens known, C computed, G GPU blocks, H host blocks, prompt, max_tokens, priority,
 arrival step, seq, status, preemptions, block-table rows). A step is the reference's
-step (design.md section 2; kvsched.reference.scheduler has the loop-per-request
+step (design.md section 2; the reference scheduler has the loop-per-request
 version), computed without a Python loop over requests:
 
 - running pass: each request's chunk is min(N - C, threshold, max_model_len - 1 - C)
@@ -25,7 +25,7 @@ version), computed without a Python loop over requests:
 
 Block ids come from a tensor free list in the reference allocator's order, so every
 decision, new block ids included, equals the reference's. This module never imports
-kvsched.reference: it is an independent implementation, checked against the reference
+the reference package: it is an independent implementation, checked against the reference
 by tests/test_differential.py.
 """
 
