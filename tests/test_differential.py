@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from kvsched.optimized import OptimizedScheduler
-from kvsched.reference import ReferenceScheduler, get_profile
+from kvsched.reference import ReferenceScheduler
 from kvsched.reference.knobs import Knobs
 from kvsched.spec import Config, Decision, Request
-from kvsched.strategies import configs, knobs, output_lens, profiles, prompt_lens
+from kvsched.strategies import configs, output_lens, policies, prompt_lens, resolve
 
 # Per-step tensors are small: intra-op threads only wait on each other (and pytest -n 2
 # already gives each of the 2 cores a worker).
@@ -55,13 +55,10 @@ class LockstepMachine(RuleBasedStateMachine):
         super().__init__()
         self.started = False
 
-    @initialize(target=ids, config=configs(), setup=st.one_of(profiles(), knobs()),
+    @initialize(target=ids, config=configs(), setup=policies(),
                 data=st.data())
     def start(self, config: Config, setup: str | Knobs, data: st.DataObject) -> str:
-        if isinstance(setup, str):
-            profile = get_profile(setup)
-            config = profile.configure(config)
-            setup = profile.knobs
+        config, setup = resolve(config, setup)
         self.config = config
         self.reference = ReferenceScheduler(config, setup)
         self.optimized = OptimizedScheduler(config, setup, device=self.device)

@@ -18,10 +18,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvsched.reference import ReferenceScheduler, get_profile
+from kvsched.reference import ReferenceScheduler
 from kvsched.reference.knobs import Knobs
 from kvsched.spec import Checker, Config, Decision, Request, Status, StepRecord
-from kvsched.strategies import configs, knobs, output_lens, profiles, prompt_lens
+from kvsched.strategies import configs, output_lens, policies, prompt_lens, resolve
 
 # To finish what is live at the end: a request alone needs at most max_model_len steps
 # (prefill at one token a step, then decodes); 200 leaves room for waiting and
@@ -36,14 +36,11 @@ class ReferenceMachine(RuleBasedStateMachine):
         super().__init__()
         self.started = False
 
-    @initialize(target=ids, config=configs(), setup=st.one_of(profiles(), knobs()),
+    @initialize(target=ids, config=configs(), setup=policies(),
                 data=st.data())
     def start(self, config: Config, setup: str | Knobs, data: st.DataObject) -> str:
         """The config, the policy, and a first request (so that abort has an id)."""
-        if isinstance(setup, str):
-            profile = get_profile(setup)
-            config = profile.configure(config)
-            setup = profile.knobs
+        config, setup = resolve(config, setup)
         self.started = True
         self.config = config
         self.sched = ReferenceScheduler(config, setup)

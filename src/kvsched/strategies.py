@@ -21,7 +21,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from kvsched.reference.knobs import VICTIM_CHOICES, Knobs
-from kvsched.reference.profiles import PROFILES
+from kvsched.reference.profiles import PROFILES, get_profile
 from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config
 from kvsched.workload import WorkItem, validate
 
@@ -84,6 +84,20 @@ def knobs() -> st.SearchStrategy[Knobs]:
 def profiles() -> st.SearchStrategy[str]:
     """The name of a profile in kvsched.reference.PROFILES."""
     return st.sampled_from(sorted(PROFILES))
+
+
+def policies() -> st.SearchStrategy[str | Knobs]:
+    """A profile name or a free combination of knobs; resolve it with `resolve`."""
+    return st.one_of(profiles(), knobs())
+
+
+def resolve(config: Config, policy: str | Knobs) -> tuple[Config, Knobs]:
+    """The config and knobs a drawn policy stands for: a profile sets its config
+    defaults and its knobs; bare knobs leave the config as drawn."""
+    if isinstance(policy, str):
+        profile = get_profile(policy)
+        return profile.configure(config), profile.knobs
+    return config, policy
 
 
 @st.composite
