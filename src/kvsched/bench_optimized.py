@@ -51,6 +51,8 @@ START = "<!-- bench_optimized: start -->"
 END = "<!-- bench_optimized: end -->"
 GPU_START = "<!-- bench_optimized gpu: start -->"  # written by --gpu-check, on a GPU machine
 GPU_END = "<!-- bench_optimized gpu: end -->"
+FULL_START = "<!-- bench_optimized full simulation: start -->"  # --full-simulation (long)
+FULL_END = "<!-- bench_optimized full simulation: end -->"
 KNOBS = get_profile("vllm-v1").knobs
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -600,6 +602,36 @@ def bench_cuda(sizes: Sizes, out: Section) -> None:
                 f"{row[1] * 1e6:,.0f} |")
 
 
+def full_simulation_report(sizes: Sizes, command: str) -> str:
+    """Both schedulers on the whole workload (the reference takes about an hour)."""
+    config = sim_config()
+    items = generate("sharegpt", sizes.sim_requests, seed=0, arrival="poisson",
+                     rate=sizes.sim_rate, max_model_len=config.max_model_len)
+    with tempfile.TemporaryDirectory() as tmp, one_thread():
+        print(f"simulating {len(items):,} requests with the optimized scheduler ...",
+              flush=True)
+        opt = simulate_optimized(config, items, Path(tmp) / "opt.jsonl")
+        (Path(tmp) / "opt.jsonl").unlink()
+        print(f"  {opt.seconds:.0f} s; now with the reference ...", flush=True)
+        ref = simulate_reference(config, items, Path(tmp) / "ref.jsonl")
+    same = ref.digest == opt.digest and ref.steps == opt.steps
+    out = Section()
+    out.add(FULL_START, "### The whole simulation, both schedulers", "",
+            f"Measured by `{command}` on {datetime.now(UTC):%Y-%m-%d}.",
+            f"Machine: {machine()}; torch {torch.__version__}, one torch thread.", "",
+            f"The workload of \"A whole simulation\" above, all {len(items):,} requests "
+            "through both schedulers, one after the other in one process. The two traces "
+            "are " + ("identical, line for line." if same else "NOT identical (a divergence)."),
+            "", "| run | requests | steps | scheduled entries | seconds | deciding, s | "
+            "ratio | ratio, deciding |", "|---|---:|---:|---:|---:|---:|---:|---:|",
+            f"| reference | {len(items):,} | {ref.steps:,} | {ref.entries:,} | "
+            f"{ref.seconds:,.1f} | {ref.deciding:,.1f} | 1 | 1 |",
+            f"| optimized | {len(items):,} | {opt.steps:,} | {opt.entries:,} | "
+            f"{opt.seconds:,.1f} | {opt.deciding:,.1f} | {ref.seconds / opt.seconds:,.1f} | "
+            f"{ref.deciding / opt.deciding:,.1f} |", FULL_END)
+    return "\n".join(out.lines) + "\n"
+
+
 # -- the report ------------------------------------------------------------------------
 
 def gpu_report(sizes: Sizes, command: str) -> str:
@@ -704,6 +736,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--gpu-check", action="store_true",
                         help="run the CUDA tests, then measure on cuda only")
+    parser.add_argument("--full-simulation", action="store_true",
+                        help="only the whole simulation, through both schedulers (about "
+                             "an hour: the reference on all 1M requests)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
     given = list(argv if argv is not None else sys.argv[1:])
@@ -718,6 +753,9 @@ def main(argv: list[str] | None = None) -> int:
             return failed
         text = gpu_report(replace(sizes, waiting=(1_000,)), command.strip())
         markers = (GPU_START, GPU_END)
+    elif args.full_simulation:
+        text = full_simulation_report(sizes, command.strip())
+        markers = (FULL_START, FULL_END)
     else:
         text = report(sizes, command.strip())
     if args.out:
