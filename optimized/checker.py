@@ -9,11 +9,12 @@ blocks per step, free blocks, running requests), against which every MUST and SH
 invariant is one vectorized comparison. Block ids are checked by sorting the handed-out
 ids by (block, step): each must have been free when given.
 
-Reading. The scheduled lists, the bulk of every line, are cut out of the line as bytes
-(orjson parses the rest) and split into ids and counts with numpy, every byte
-accounted for; an id of at most 16 plain ASCII characters is its own key, found in an
-open-addressing table of the known ids. Anything else (spaces, escapes, long ids) is
-read as JSON instead. The cyclic garbage collector pauses while a trace is checked.
+Reading. Step lines are read by a compiled scanner (kvsched.optimized.scan) straight
+into numpy columns, ids as keys (an id of at most 16 plain ASCII bytes is its own key,
+found in an open-addressing table of the known ids). Lines it leaves alone (aborts,
+rejections, preemptions and swap-ins, unknown keys, escapes, long ids, anything odd)
+are read with orjson and checked field by field here, or handed to the spec's parser.
+The cyclic garbage collector pauses while a trace is checked.
 
 A run holds at most one step with aborts, rejections, preemptions or swap-ins, its
 first, whose few events are applied one by one (as the spec does) before the rest is
@@ -31,13 +32,12 @@ import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import itemgetter
 from typing import IO, Any
 
 import numpy as np
 import orjson
 
+from kvsched.optimized import scan as sc
 from kvsched.spec import should
 from kvsched.spec.blocks import blocks_needed, never_completes
 from kvsched.spec.checker import Checker, Report, Tracked
@@ -51,6 +51,7 @@ from kvsched.spec.trace import (
 )
 
 I64 = np.int64
+U64 = np.uint64
 WAITING, RUNNING, SWAPPED, FINISHED, ABORTED, REJECTED = range(6)
 STATUS_OF = [Status.WAITING, Status.RUNNING, Status.SWAPPED, Status.FINISHED, Status.ABORTED,
              Status.REJECTED]
@@ -63,8 +64,6 @@ RUN_ENTRIES = 1 << 20  # most scheduled entries in one run
 READ_BYTES = 1 << 24
 
 Loads = Callable[[bytes], Any]
-_first = itemgetter(0)
-_second = itemgetter(1)
 
 
 class _Unusual(Exception):
@@ -77,14 +76,13 @@ def _ids_ok(v: Any) -> bool:
 
 @dataclass(slots=True)
 class FastStep:
-    """One step line, parsed and validated without building the spec's records."""
+    """One step line read with orjson, validated without building the spec's records."""
 
     line: int
     raw: bytes
     step: int
     arrivals: list[Request]
-    scheduled: list[Any] | bytes  # the JSON list, or its bytes cut out of the line
-    entries: int
+    scheduled: list[Any]
     finished: list[str]
     free_blocks: int | None
     new_blocks: dict[str, Any] | None
@@ -100,37 +98,26 @@ class FastStep:
 
     @property
     def idle(self) -> bool:
-        return not self.entries and not self.preempted and not self.swapped_in
+        return not self.scheduled and not self.preempted and not self.swapped_in
 
 
-SCHEDULED_KEY = b'"scheduled":'
+def _pairs_ok(v: Any) -> bool:
+    """A scheduled list as parse_step accepts it: [id, count] pairs."""
+    return type(v) is list and all(
+        type(p) is list and len(p) == 2 and type(p[0]) is str and p[0]
+        and type(p[1]) is int and abs(p[1]) <= MAX_COUNT for p in v)
 
 
-def cut_scheduled(raw: bytes) -> tuple[bytes, bytes] | None:
-    """Split a line into (the line with its "scheduled" value replaced by 0, the value's
-    bytes) when the value is a compact list of lists; None otherwise. Parsing the rest
-    as JSON tells whether the cut was right: its "scheduled" must be the 0 put there."""
-    at = raw.find(SCHEDULED_KEY)
-    if at < 0:
-        return None  # (a second "scheduled" key, or one nested deeper, fails that test)
-    start = at + len(SCHEDULED_KEY)
-    if raw.startswith(b"[]", start):
-        end = start + 2
-    elif raw.startswith(b"[[", start):
-        end = raw.find(b"]]", start)
-        if end < 0:
-            return None
-        end += 2
-    else:
-        return None
-    return raw[:start] + b"0" + raw[end:], raw[start:end]
+def _block_map_ok(v: Any) -> bool:
+    """new_blocks as parse_step accepts it: lists of integers in 0..2**40."""
+    return type(v) is dict and all(
+        type(ids) is list and all(type(b) is int and 0 <= b <= MAX_COUNT for b in ids)
+        for ids in v.values())
 
 
-def parse_fast(obj: Any, line: int, expected: int, raw: bytes,
-               segment: bytes | None) -> FastStep | None:
+def parse_fast(obj: Any, line: int, expected: int, raw: bytes) -> FastStep | None:
     """The step, if the line is one parse_step accepts and numbered `expected`; None when
-    the spec's own parser should look at it (it may raise the error). With `segment`,
-    obj is the line with its scheduled list cut out (see cut_scheduled)."""
+    the spec's own parser should look at it (it may raise the error)."""
     if type(obj) is not dict:
         return None
     step = obj.get("step")
@@ -145,18 +132,9 @@ def parse_fast(obj: Any, line: int, expected: int, raw: bytes,
             arrivals = [parse_arrival(a, step, line) for a in given]
         except TraceError:
             return None
-    scheduled: list[Any] | bytes
-    if segment is not None:
-        placeholder = obj.get("scheduled")
-        if type(placeholder) is not int or placeholder != 0:
-            return None
-        scheduled = segment
-        entries = segment.count(b'"') // 2
-    else:
-        scheduled = obj.get("scheduled", NOTHING)
-        if type(scheduled) is not list:
-            return None
-        entries = len(scheduled)
+    scheduled = obj.get("scheduled", NOTHING)
+    if not _pairs_ok(scheduled):
+        return None
     finished = obj.get("finished", NOTHING)
     if not _ids_ok(finished):
         return None
@@ -167,13 +145,12 @@ def parse_fast(obj: Any, line: int, expected: int, raw: bytes,
     new_blocks = obj.get("new_blocks", MISSING)
     if new_blocks is MISSING:
         new_blocks = None
-    elif type(new_blocks) is not dict:
+    elif not _block_map_ok(new_blocks):
         return None
     time_ms = obj.get("time_ms")
     if time_ms is not None and (type(time_ms) not in (int, float) or time_ms < 0):
         return None
-    st = FastStep(line, raw, step, arrivals, scheduled, entries, finished, free_blocks,
-                  new_blocks)
+    st = FastStep(line, raw, step, arrivals, scheduled, finished, free_blocks, new_blocks)
     if not STEP_KEYS.issuperset(obj):
         st.unknown_keys = [k for k in obj if k not in STEP_KEYS]
     if RARE_KEYS.isdisjoint(obj):
@@ -199,16 +176,15 @@ def parse_fast(obj: Any, line: int, expected: int, raw: bytes,
     return st
 
 
-# -- scheduled lists read as bytes ----------------------------------------------------
+# -- ids as keys ----------------------------------------------------------------------
 
-U64 = np.uint64
 K1, K2 = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F
-MASK64 = (1 << 64) - 1
 
 
 def id_key(rid: str) -> tuple[int, int] | None:
     """The id's bytes as two 64-bit words (exact, no hashing), for ids of at most 16
-    printable ASCII characters that JSON writes without escapes; None for others."""
+    printable ASCII characters that JSON writes without escapes; None for others. The
+    scanner (kvsched.optimized.scan) makes the same key from the id's bytes."""
     if len(rid) > 16 or not rid.isascii() or '"' in rid or "\\" in rid:
         return None
     raw = rid.encode("ascii")
@@ -219,7 +195,7 @@ def id_key(rid: str) -> tuple[int, int] | None:
 
 class IdTable:
     """Open addressing (linear probing) from id keys (id_key) to request indices; keys
-    are added in batches and looked up with numpy."""
+    are added in batches and looked up by the compiled `scan.lookup`."""
 
     def __init__(self) -> None:
         self.bits = 12
@@ -227,26 +203,35 @@ class IdTable:
         self.hi = np.zeros(1 << self.bits, dtype=U64)
         self.ri = np.full(1 << self.bits, -1, dtype=I64)
         self.count = 0
-        self.probes = 0  # the longest probe sequence so far
         self.pending: list[tuple[int, int, int]] = []  # (lo, hi, ri) not yet in the table
-        self.long_ids = False  # some key has a high word (an id of 9 to 16 bytes)
+        self.pending_arrays: list[np.ndarray] = []  # rows (lo, hi, ri), likewise
         self.filled: list[np.ndarray] = []  # slots filled since `mark`
 
     def add(self, rid: str, ri: int) -> None:
         key = id_key(rid)
         if key is not None:
             self.pending.append((key[0], key[1], ri))
-            self.long_ids |= key[1] != 0
+
+    def add_keys(self, keys: np.ndarray, first: int) -> None:
+        """Keys (rows lo, hi as int64, from the scanner) for indices first, first + 1..."""
+        rows = np.empty((keys.shape[0], 3), dtype=U64)
+        rows[:, :2] = keys[:, :2].view(U64) if keys.flags.c_contiguous else keys[:, :2]
+        rows[:, 2] = np.arange(first, first + keys.shape[0], dtype=U64)
+        self.pending_arrays.append(rows)
 
     def _home(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         out: np.ndarray = ((lo * U64(K1)) ^ (hi * U64(K2))) >> U64(64 - self.bits)
         return out
 
     def _flush(self) -> None:
-        if not self.pending:
+        if not self.pending and not self.pending_arrays:
             return
-        keys = np.array(self.pending, dtype=U64).reshape(-1, 3)
+        parts = self.pending_arrays
+        if self.pending:
+            parts = [*parts, np.array(self.pending, dtype=U64).reshape(-1, 3)]
+        keys = np.concatenate(parts) if len(parts) > 1 else parts[0]
         self.pending = []
+        self.pending_arrays = []
         lo, hi, ri = keys[:, 0], keys[:, 1], keys[:, 2].astype(I64)
         if 2 * (self.count + ri.size) > self.ri.size:
             used = self.ri >= 0
@@ -259,7 +244,6 @@ class IdTable:
             self.hi = np.zeros(1 << self.bits, dtype=U64)
             self.ri = np.full(1 << self.bits, -1, dtype=I64)
             self.count = 0
-            self.probes = 0
             self.filled = []
         mask = U64(self.ri.size - 1)
         home = self._home(lo, hi)
@@ -273,179 +257,34 @@ class IdTable:
             self.lo[slots], self.hi[slots], self.ri[slots] = lo[won], hi[won], ri[won]
             self.filled.append(slots)
             self.count += won.size
-            if won.size:
-                self.probes = max(self.probes, probe)
             placed = np.zeros(ri.size, dtype=bool)
             placed[won] = True
             left = left[~placed[left]]
             probe += 1
 
-    def mark(self) -> tuple[int, int, int]:
+    def mark(self) -> tuple[int, int]:
         self._flush()
         self.filled = []
-        return self.count, self.probes, self.bits
+        return self.count, self.bits
 
-    def rollback(self, mark: tuple[int, int, int]) -> bool:
+    def rollback(self, mark: tuple[int, int]) -> bool:
         """Undo the additions since `mark` (False if the table grew meanwhile)."""
         self.pending = []
-        if mark[2] != self.bits:
+        self.pending_arrays = []
+        if mark[1] != self.bits:
             return False
         for slots in self.filled:
             self.lo[slots], self.hi[slots], self.ri[slots] = 0, 0, -1
         self.filled = []
-        self.count, self.probes = mark[0], mark[1]
+        self.count = mark[0]
         return True
 
-    def find(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """The request index of each key, -1 where unknown."""
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """The request index of each key (rows lo, hi as int64), -1 where unknown."""
         self._flush()
-        mask = U64(self.ri.size - 1)
-        home = self._home(lo, hi)
-        out = np.full(lo.size, -1, dtype=I64)
-        if not self.long_ids and not hi.any():
-            # Every key is at most 8 bytes: the low word alone decides.
-            at = home & mask
-            found = self.ri[at]
-            hit = (found >= 0) & (self.lo[at] == lo)
-            out[hit] = found[hit]
-            pending = np.flatnonzero(~hit & (found >= 0))
-            for probe in range(1, self.probes + 1):
-                if pending.size == 0:
-                    break
-                at = (home[pending] + U64(probe)) & mask
-                found = self.ri[at]
-                hit = (found >= 0) & (self.lo[at] == lo[pending])
-                out[pending[hit]] = found[hit]
-                pending = pending[~hit & (found >= 0)]
-            return out
-        pending = np.arange(lo.size)
-        for probe in range(self.probes + 1):
-            at = (home[pending] + U64(probe)) & mask
-            found = self.ri[at]
-            hit = (found >= 0) & (self.lo[at] == lo[pending]) & (self.hi[at] == hi[pending])
-            out[pending[hit]] = found[hit]
-            pending = pending[~hit & (found >= 0)]
-            if pending.size == 0:
-                break
+        out = np.empty(keys.shape[0], dtype=I64)
+        sc.lookup(keys[:, 0], keys[:, 1], self.lo, self.hi, self.ri, self.bits, out)
         return out
-
-
-def _words(b: np.ndarray) -> np.ndarray:
-    """A view in which element i is the 8 bytes from b[i] on as a little-endian integer
-    (b must end with 8 bytes of padding)."""
-    return np.ndarray(shape=(b.size - 8,), dtype="<u8", buffer=b, strides=(1,))
-
-
-HIGH = U64(0x8080808080808080)
-ONES = U64(0x0101010101010101)
-FILLER = U64(0x4141414141414141)  # "AAAAAAAA": stands in for the bytes past an id's end
-
-
-def _plain(words: np.ndarray) -> bool:
-    """No byte of any word is non-ASCII, a control character (< 32) or a backslash: the
-    id was written by JSON without escapes, as its bytes."""
-    if np.any(words & HIGH):
-        return False
-    control = (words - ONES * U64(0x20)) & ~words & HIGH  # a byte below 0x20
-    slash = words ^ (ONES * U64(0x5C))
-    backslash = (slash - ONES) & ~slash & HIGH  # a byte equal to 0x5C
-    return not (np.any(control) or np.any(backslash))
-
-
-def read_scheduled(segments: list[bytes], table: IdTable
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The scheduled entries of several lines from their bytes (see cut_scheduled):
-    request index and token count per entry, entries per line. None unless every list
-    is compact JSON of [id, count] pairs with plain ids of known requests and counts of
-    1 to 13 digits; the caller then reads them as JSON.
-
-    Every byte is accounted for: each line is [[ entry ],[ entry ]...] with entries
-    "id",digits, where ids hold no quote, backslash, control or non-ASCII byte."""
-    T = len(segments)
-    lens = np.fromiter(map(len, segments), dtype=I64, count=T)
-    size = int(lens.sum())
-    padded = np.frombuffer(b"".join(segments) + bytes(16), dtype=np.uint8)
-    b = padded[:size]
-    ends = np.cumsum(lens)
-    begins = ends - lens
-    if size == 0:
-        return np.zeros(0, dtype=I64), np.zeros(0, dtype=I64), np.zeros(T, dtype=I64)
-    q = np.flatnonzero(b == 34)
-    if q.size % 2:
-        return None
-    q0, q1 = q[0::2], q[1::2]
-    E = q0.size
-    per_line = np.searchsorted(q, ends) - np.searchsorted(q, begins)
-    if np.any(per_line % 2):
-        return None
-    per_line //= 2
-    empty = per_line == 0
-    if np.any(empty & (lens != 0) & (lens != 2)):
-        return None
-    two = begins[empty & (lens == 2)]
-    if two.size and (np.any(b[two] != 91) or np.any(b[two + 1] != 93)):
-        return None
-    if E == 0:
-        return np.zeros(0, dtype=I64), np.zeros(0, dtype=I64), per_line
-    line_of = np.repeat(np.arange(T), per_line)
-    id_len = q1 - q0 - 1
-    if id_len.min() < 1 or id_len.max() > 16 or np.any(b[q0 - 1] != 91) \
-            or np.any(padded[q1 + 1] != 44):
-        return None
-    # The count: digits from q1 + 2 up to the entry's closing bracket.
-    n = np.zeros(E, dtype=I64)
-    digits = np.zeros(E, dtype=I64)
-    going = np.ones(E, dtype=bool)
-    for j in range(14):
-        byte = padded[q1 + 2 + j]
-        going &= (byte >= 48) & (byte <= 57)
-        if not going.any():
-            break
-        n = np.where(going, n * 10 + (byte.astype(I64) - 48), n)
-        digits += going
-    c = q1 + 2 + digits
-    if digits.min() < 1 or digits.max() > 13 or np.any(padded[c] != 93):
-        return None
-    if np.any((b[q1 + 2] == 48) & (digits > 1)):
-        return None  # a leading zero is not JSON
-    last = np.ones(E, dtype=bool)
-    last[:-1] = line_of[1:] != line_of[:-1]
-    after = padded[c + 1]
-    inner = np.flatnonzero(~last)
-    if inner.size and (np.any(after[inner] != 44) or np.any(padded[c[inner] + 2] != 91)
-                       or np.any(q0[inner + 1] != c[inner] + 3)):
-        return None
-    tail = np.flatnonzero(last)
-    if np.any(c[tail] + 2 != ends[line_of[tail]]) or np.any(after[tail] != 93):
-        return None
-    first = np.ones(E, dtype=bool)
-    first[1:] = last[:-1]
-    heads = np.flatnonzero(first)
-    starts = begins[line_of[heads]]
-    if np.any(q0[heads] != starts + 2) or np.any(b[starts] != 91) or np.any(b[starts + 1] != 91):
-        return None
-    if n.max() > MAX_COUNT:
-        return None
-    # The id: its bytes as two words, bytes past its end masked off.
-    words = _words(padded)
-    ones = ~U64(0)
-    low_bits = np.minimum(id_len, 8).astype(U64) * U64(8)
-    mask = np.where(low_bits == 64, ones, (U64(1) << (low_bits & U64(63))) - U64(1))
-    lo = words[q0 + 1] & mask
-    if not _plain(lo | (~mask & FILLER)):
-        return None
-    hi = np.zeros(E, dtype=U64)
-    long = id_len > 8
-    if long.any():
-        high_bits = (np.maximum(id_len - 8, 0)).astype(U64) * U64(8)
-        mask = np.where(high_bits == 64, ones, (U64(1) << (high_bits & U64(63))) - U64(1))
-        hi = np.where(long, words[q0 + 9] & mask, U64(0))
-        if not _plain(hi | (~mask & FILLER)):
-            return None
-    ri = table.find(lo, hi)
-    if np.any(ri < 0):
-        return None
-    return ri, n, per_line
 
 
 def exact_object(raw: bytes, line: int, loads: Loads) -> Any:
@@ -465,39 +304,149 @@ def exact_object(raw: bytes, line: int, loads: Loads) -> Any:
         raise TraceError(line, "malformed JSON: expected one JSON object per line") from None
 
 
-def lines_of(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw line with its newline if it had one), read in large blocks."""
-    number = 0
-    rest = b""
-    while True:
-        block = stream.read(READ_BYTES)
-        if not block:
-            break
-        parts = (rest + block).split(b"\n")
-        rest = parts.pop()
-        for raw in parts:
-            number += 1
-            yield number, raw + b"\n"
-    if rest:
-        yield number + 1, rest
+# -- runs of steps as columns ---------------------------------------------------------
+
+Ids = np.ndarray | list[str]  # keys (rows lo, hi) from the scanner, or the ids themselves
+EMPTY_KEYS = np.zeros((0, 2), dtype=I64)
+EMPTY = np.zeros(0, dtype=I64)
+
+
+@dataclass
+class Part:
+    """Consecutive step lines as columns: per step, then per arrival, scheduled entry,
+    finish, new_blocks owner and block id. Ids are keys or strings (see Ids)."""
+
+    lines: np.ndarray
+    steps: np.ndarray
+    free: np.ndarray  # free_blocks, -1 where not reported
+    has_blocks: np.ndarray  # whether the line has new_blocks (1 or 0)
+    n_arr: np.ndarray
+    n_ent: np.ndarray
+    n_fin: np.ndarray
+    n_own: np.ndarray
+    arr_ids: list[str]
+    arr_keys: np.ndarray | None  # the same ids as keys, when the scanner read them
+    arr_num: np.ndarray  # rows (prompt_len, max_tokens, priority)
+    ent_ids: Ids
+    ent_n: np.ndarray
+    fin_ids: Ids
+    own_ids: Ids
+    own_sizes: np.ndarray
+    blocks: np.ndarray
+    raws: Callable[[], list[tuple[int, bytes]]]  # (line number, bytes) of each line
+    head: FastStep | None = None  # a line with aborts, rejections, preemptions, swap-ins
+
+
+def part_of_step(st: FastStep) -> Part:
+    nb = st.new_blocks or {}
+    one = np.ones(1, dtype=I64)
+
+    def count(n: int) -> np.ndarray:
+        return one * n
+
+    return Part(
+        one * st.line, one * st.step, count(-1 if st.free_blocks is None else st.free_blocks),
+        count(int(st.new_blocks is not None)), count(len(st.arrivals)),
+        count(len(st.scheduled)), count(len(st.finished)), count(len(nb)),
+        [r.id for r in st.arrivals], None,
+        np.array([(r.prompt_len, r.max_tokens, r.priority) for r in st.arrivals],
+                 dtype=I64).reshape(-1, 3),
+        [p[0] for p in st.scheduled], np.array([p[1] for p in st.scheduled], dtype=I64),
+        st.finished, list(nb), np.array([len(v) for v in nb.values()], dtype=I64),
+        np.array([b for v in nb.values() for b in v], dtype=I64),
+        lambda: [(st.line, st.raw)], st if st.rare else None)
+
+
+class ScannedLines:
+    """The lines of one `scan` call, for slicing into parts."""
+
+    def __init__(self, block: sc.Block, got: sc.Scanned) -> None:
+        self.block = block
+        self.got = got
+        rows = got.lines
+        self.rows = rows
+        self.ok = rows[:, sc.L_OK].astype(bool)
+
+        def offsets(col: int) -> np.ndarray:
+            out = np.zeros(rows.shape[0] + 1, dtype=I64)
+            np.cumsum(rows[:, col], out=out[1:])
+            return out
+
+        self.arr_at = offsets(sc.L_ARR)
+        self.ent_at = offsets(sc.L_ENT)
+        self.fin_at = offsets(sc.L_FIN)
+        self.own_at = offsets(sc.L_OWN)
+        self.block_at = np.zeros(got.own.shape[0] + 1, dtype=I64)
+        np.cumsum(got.own[:, 2], out=self.block_at[1:])
+
+    def raw(self, k: int) -> bytes:
+        row = self.rows[k]
+        return self.block.data[row[sc.L_START]:row[sc.L_END] + 1]
+
+    def part(self, k: int, j: int, first_line: int) -> Part:
+        """Lines k..j-1 (all read by the scanner); line k is numbered first_line."""
+        g, rows = self.got, self.rows[k:j]
+        a0, a1 = self.arr_at[k], self.arr_at[j]
+        o0, o1 = self.own_at[k], self.own_at[j]
+        arr = g.arr[a0:a1]
+        data = self.block.data
+        names = [data[s:e].decode("ascii") for s, e in zip(arr[:, 2].tolist(),
+                                                           arr[:, 3].tolist(), strict=True)]
+        return Part(
+            np.arange(first_line, first_line + j - k, dtype=I64), rows[:, sc.L_STEP],
+            rows[:, sc.L_FREE], rows[:, sc.L_BLOCKS], rows[:, sc.L_ARR], rows[:, sc.L_ENT],
+            rows[:, sc.L_FIN], rows[:, sc.L_OWN], names, arr[:, :2], arr[:, 4:7],
+            g.ent[self.ent_at[k]:self.ent_at[j], :2], g.ent[self.ent_at[k]:self.ent_at[j], 2],
+            g.fin[self.fin_at[k]:self.fin_at[j]], g.own[o0:o1, :2], g.own[o0:o1, 2],
+            g.blocks[self.block_at[o0]:self.block_at[o1]],
+            lambda: [(first_line + x, self.raw(k + x)) for x in range(j - k)])
+
+
+@dataclass
+class Run:
+    """A run's parts, with their per-step and numeric columns joined."""
+
+    parts: list[Part]
+
+    def __post_init__(self) -> None:
+        p = self.parts
+
+        def join(name: str) -> np.ndarray:
+            cols = [getattr(x, name) for x in p]
+            return cols[0] if len(cols) == 1 else np.concatenate(cols)
+
+        self.head = p[0].head
+        self.lines, self.steps, self.free = join("lines"), join("steps"), join("free")
+        self.has_blocks = join("has_blocks")
+        self.n_arr, self.n_ent = join("n_arr"), join("n_ent")
+        self.n_fin, self.n_own = join("n_fin"), join("n_own")
+        self.arr_num, self.ent_n = join("arr_num"), join("ent_n")
+        self.own_sizes, self.blocks = join("own_sizes"), join("blocks")
+        self.T = int(self.steps.size)
+        self.arr_ids = p[0].arr_ids if len(p) == 1 else [r for x in p for r in x.arr_ids]
+
+    def raws(self) -> list[tuple[int, bytes]]:
+        return [r for x in self.parts for r in x.raws()]
 
 
 def _segments(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For a sorted key array: whether each element starts a group, and the index of its
     group's first element."""
-    starts = np.ones(keys.size, dtype=bool)
-    if keys.size > 1:
-        starts[1:] = keys[1:] != keys[:-1]
-    first = np.maximum.accumulate(np.where(starts, np.arange(keys.size), 0))
+    starts = np.empty(keys.size, dtype=bool)
+    first = np.empty(keys.size, dtype=I64)
+    sc.segments(keys, starts, first)
     return starts, first
 
 
-def _segmented_exclusive(values: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """Sum of the earlier values of the same group, for each element."""
-    total = np.cumsum(values)
-    before = total - values
-    out: np.ndarray = before - before[first]
-    return out
+def _group(values: np.ndarray) -> np.ndarray:
+    """A stable order of non-negative integers (radix-sorted when they span fewer than
+    65,536 values, as a run's request indices and block ids nearly always do)."""
+    if values.size == 0:
+        return EMPTY
+    low = values.min()
+    if values.max() - low < 1 << 16:
+        return np.argsort((values - low).astype(np.uint16), kind="stable")
+    return np.argsort(values, kind="stable")
 
 
 class VectorizedChecker:
@@ -559,26 +508,48 @@ class VectorizedChecker:
 
     def _register(self, requests: list[Request]) -> int:
         """Give the requests the next indices (in order); returns the first."""
+        numbers = np.array([(r.prompt_len, r.max_tokens, r.priority) for r in requests],
+                           dtype=I64).reshape(-1, 3)
+        arrival = np.array([r.arrival_step for r in requests], dtype=I64)
+        return self._register_columns([r.id for r in requests], None, numbers, arrival)
+
+    def _register_columns(self, names: list[str], keys: np.ndarray | None,
+                          numbers: np.ndarray, arrival: np.ndarray) -> int:
+        """Requests as columns: ids (and their keys, if known), rows of (prompt_len,
+        max_tokens, priority), arrival steps. Returns the first new index."""
         first = len(self.ids)
-        if not requests:
+        if not names:
             return first
-        end = first + len(requests)
+        end = first + len(names)
         if end > self.capacity:
             self._grow(end)
-        for k, r in enumerate(requests, first):
-            self.ids.append(r.id)
-            self.index[r.id] = k
-            self.table.add(r.id, k)
+        self.ids.extend(names)
+        self.index.update(zip(names, range(first, end), strict=True))
+        if keys is not None:
+            self.table.add_keys(keys, first)
+        else:
+            for k, rid in enumerate(names, first):
+                self.table.add(rid, k)
         c = self.cols
         at = slice(first, end)
-        numbers = np.array([(r.prompt_len, r.max_tokens, r.priority, r.arrival_step)
-                            for r in requests], dtype=I64).reshape(-1, 4)
-        c["P"][at], c["O"][at], c["PRIO"][at], c["ARR"][at] = numbers.T
+        c["P"][at], c["O"][at], c["PRIO"][at] = numbers.T
+        c["ARR"][at] = arrival
         c["N"][at] = numbers[:, 0]
         for name in ("C", "G", "H", "PRE", "RECOMP"):
             c[name][at] = 0
         c["STATUS"][at] = WAITING
         return first
+
+    def _resolve(self, ids: Ids) -> np.ndarray:
+        """Request indices of ids (keys or strings), -1 for ids not known."""
+        if isinstance(ids, np.ndarray):
+            return self.table.find(ids) if ids.shape[0] else EMPTY
+        get = self.index.get
+        return np.fromiter((get(r, -1) for r in ids), dtype=I64, count=len(ids))
+
+    def _resolve_all(self, run: Run, name: str) -> np.ndarray:
+        got = [self._resolve(getattr(x, name)) for x in run.parts]
+        return got[0] if len(got) == 1 else np.concatenate(got)
 
     # -- handing the state to the spec's checker and back ---------------------------
 
@@ -670,7 +641,7 @@ class VectorizedChecker:
 
     # -- the fast path --------------------------------------------------------------
 
-    def check_fast(self, run: list[FastStep]) -> bool:
+    def check_fast(self, run: Run) -> bool:
         """Check a run with the vectorized rules; False (and no change) if the spec's
         checker must check it."""
         saved = (self.free, self.free_host, self.running, self.leaked, self.track_ids,
@@ -710,35 +681,34 @@ class VectorizedChecker:
         undo.append((arr, idx, np.copy(arr[idx])))
         arr[idx] = value
 
-    def _fast(self, run: list[FastStep], undo: list[tuple[np.ndarray, Any, Any]],
+    def _fast(self, run: Run, undo: list[tuple[np.ndarray, Any, Any]],
               ended: list[str]) -> bool:
         cfg = self.config
         c = self.cols
-        T = len(run)
+        T = run.T
         first_new = len(self.ids)
-        arrival_t: dict[int, int] = {}
-        arriving: list[Request] = []
-        for k, st in enumerate(run):
-            for r in st.arrivals:
-                arrival_t[first_new + len(arriving)] = k
-                arriving.append(r)
-        if arriving:
-            names = {r.id for r in arriving}
-            if len(names) != len(arriving) or any(r in self.index or r in self.ended
-                                               for r in names):
+        n_new = len(run.arr_ids)
+        arrival_t = np.repeat(np.arange(T, dtype=I64), run.n_arr)
+        if n_new:
+            names = run.arr_ids
+            index, gone = self.index, self.ended
+            if len(set(names)) != n_new or any(r in index or r in gone for r in names):
                 return False  # arrives twice: the spec raises
-            self._register(arriving)
-        n_new = len(self.ids) - first_new
+            keys = [x.arr_keys for x in run.parts]
+            self._register_columns(
+                names, None if any(k is None for k in keys) else
+                (keys[0] if len(keys) == 1 else np.concatenate(keys)),  # type: ignore[arg-type]
+                run.arr_num, run.steps[arrival_t])
 
         # -- the first step's aborts, rejections, preemptions and swap-ins, one by one
-        head = run[0]
+        head = run.head
         victims: set[int] = set()
         swapped_in: dict[int, int] = {}
         free_before, reclaim = self.free, 0
         last_need: tuple[int, int, int] | None = None
         last_victim = 0
-        if head.rare:
-            arrived_now = {r for r, k in arrival_t.items() if k == 0}
+        if head is not None:
+            arrived_now = set(range(first_new, first_new + int(run.n_arr[0])))
 
             def lookup(rid: str) -> int:
                 x = self.index.get(rid)
@@ -814,47 +784,40 @@ class VectorizedChecker:
                 swapped_in[x] = h
         swap_demand = sum(swapped_in.values())
 
-        # -- the scheduled entries of the whole run, grouped by request --------------
-        got = self._entries(run)
-        if got is None:
-            return False
-        ri_e, n_e, lens = got
-        E = ri_e.size
-        index = self.index
-        block_lists = self._block_lists(run)
-        if block_lists is None:
-            return False
-        t_e = np.repeat(np.arange(T, dtype=I64), lens)
-        order = np.argsort(ri_e, kind="stable")
-        ri = ri_e[order]
-        t = t_e[order]
-        n = n_e[order]
-        starts, first = _segments(ri)
-        if E > 1 and np.any(~starts[1:] & (t[1:] == t[:-1])):
+        # -- the scheduled entries of the whole run, in step order ------------------
+        ri = self._resolve_all(run, "ent_ids")
+        E = ri.size
+        if E and ri.min() < 0:
+            return False  # an unknown id: the spec raises
+        n = run.ent_n
+        t = np.repeat(np.arange(T, dtype=I64), run.n_ent)
+        low = int(ri.min()) if E else 0
+        span = int(ri.max()) - low + 1 if E else 0
+        prev = np.empty(E, dtype=I64)
+        nxt = np.empty(E, dtype=I64)
+        if sc.chain(ri, t, low, span, prev, nxt):
             return False  # scheduled twice in one step
+        starts = prev < 0  # the request's first entry in the run
 
         status0 = c["STATUS"][ri]
         if np.any(status0 > RUNNING):
             return False  # swapped or ended
         if n_new:
-            arr = np.full(E, -1, dtype=I64)
             fresh = ri >= first_new
-            if np.any(fresh):
-                arrived = np.zeros(n_new, dtype=I64)
-                for k, v in arrival_t.items():
-                    arrived[k - first_new] = v
-                arr[fresh] = arrived[ri[fresh] - first_new]
-                if np.any(t < arr):
-                    return False  # scheduled before it arrived: unknown to the spec
+            if np.any(fresh) and np.any(t[fresh] < arrival_t[ri[fresh] - first_new]):
+                return False  # scheduled before it arrived: unknown to the spec
         if victims and np.any(np.isin(ri[t == 0], np.fromiter(victims, dtype=I64))):
             return False  # scheduled in the step that preempted it
 
         N0, C0, G0 = c["N"][ri], c["C"][ri], c["G"][ri]
-        before = _segmented_exclusive(n, first)
+        before = np.empty(E, dtype=I64)
+        sc.chain_exclusive(prev, n, before)
         computed = C0 + before
         after = computed + n
         sampled = after >= N0
-        known = N0 + _segmented_exclusive(sampled.astype(I64), first)
+        known = np.empty(E, dtype=I64)
+        sc.chain_exclusive(prev, sampled.astype(I64), known)
+        known += N0
         bad = (n < 1) | (after > known) | (after > cfg.max_model_len)
         bad |= sampled & (known >= cfg.max_model_len)  # samples past max_model_len
         if not cfg.chunked_prefill:
@@ -866,40 +829,29 @@ class VectorizedChecker:
             g_after = np.maximum(G0, (after + (bs - 1)) >> (bs.bit_length() - 1))
         else:
             g_after = np.maximum(G0, -(-after // bs))
-        g_before = np.empty_like(g_after)
-        g_before[starts] = G0[starts]
-        if E > 1:
-            g_before[1:][~starts[1:]] = g_after[:-1][~starts[1:]]
-        new_blocks = g_after - g_before
+        new_blocks = g_after - np.where(starts, G0, g_after[prev])
 
         # -- finishes --------------------------------------------------------------
-        fin_steps = np.fromiter(map(len, (st.finished for st in run)), dtype=I64, count=T)
-        F = int(fin_steps.sum())
-        fin_t = np.repeat(np.arange(T, dtype=I64), fin_steps)
-        try:
-            fin_ri = np.fromiter(map(index.__getitem__,
-                                     chain.from_iterable(st.finished for st in run)),
-                                 dtype=I64, count=F)
-        except KeyError:
+        fin_t = np.repeat(np.arange(T, dtype=I64), run.n_fin)
+        fin_ri = self._resolve_all(run, "fin_ids")
+        F = fin_ri.size
+        if F and fin_ri.min() < 0:
             return False
-        key = ri * T + t
-        fin_key = fin_ri * T + fin_t
-        at = np.searchsorted(key, fin_key)
-        if F and (np.any(at >= E) or np.any(key[np.minimum(at, E - 1)] != fin_key)):
+        at = np.empty(F, dtype=I64)
+        sc.entry_of(ri, run.n_ent, low, span, fin_ri, run.n_fin, at)
+        if F and at.min() < 0:
             return False  # finishes without being scheduled in that step
-        if F and np.unique(fin_key).size != F:
-            return False
         finishing = np.zeros(E, dtype=bool)
         finishing[at] = True
+        if np.count_nonzero(finishing) != F:
+            return False  # finished twice in one step
         if np.any(finishing & ~sampled):
             return False
         limit = np.minimum(c["P"][ri] + c["O"][ri], cfg.max_model_len)
         if np.any(sampled & (known + 1 >= limit) & ~finishing):
             return False  # reached max_tokens or max_model_len but did not finish
-        last_of_group = np.append(starts[1:], True) if E else starts
-        # An entry after its request finished: every entry of a group must come no later
-        # than the group's finishing entry, which is then its last.
-        if F and np.any(finishing & ~last_of_group):
+        # An entry after its request finished: the finishing entry must be its last.
+        if F and np.any(finishing & (nxt >= 0)):
             return False
 
         # -- per step: tokens, blocks, running requests ------------------------------
@@ -919,12 +871,12 @@ class VectorizedChecker:
             ([0], np.cumsum(fin_count)[:-1]))
         if np.any(running > cfg.max_num_seqs):
             return False
-        reported = np.array([-1 if st.free_blocks is None else st.free_blocks for st in run],
-                            dtype=I64)
+        reported = run.free
         has = reported >= 0
         if np.any(reported[has] != free_end[has] - self.leaked):
             return False  # accounting (or a leak the spec's checker names)
-        if head.preempted:  # every victim valid, the step within its blocks (else above)
+        if head is not None and head.preempted:
+            # every victim valid, the step within its blocks (else above)
             assert last_need is not None
             k_, c_, g_ = last_need
             own_n = k_ - c_
@@ -942,18 +894,18 @@ class VectorizedChecker:
                 return False  # swapped in but not scheduled: left to the spec's checker
 
         # -- block ids -------------------------------------------------------------
-        present = [st.new_blocks is not None for st in run]
+        present = run.has_blocks
         track = self.track_ids
         if track is None:
-            track = present[0]
-        if not all(present):
-            if any(present):
+            track = bool(present[0])
+        if not present.all():
+            if present.any():
                 return False  # runs are cut where block ids come and go
             track = False
         assign: tuple[np.ndarray, np.ndarray] | None = None
         if track:
-            assign = self._check_blocks(run, block_lists, ri, t, new_blocks, swapped_in, key,
-                                        T, fin_ri, fin_t)
+            assign = self._check_blocks(run, ri, t, new_blocks, swapped_in, low, span,
+                                        fin_ri, fin_t)
             if assign is None:
                 return False
 
@@ -961,7 +913,7 @@ class VectorizedChecker:
         # (checked after the commit, below, on the state at the run's end)
 
         # -- commit ----------------------------------------------------------------
-        last = np.append(starts[1:], True) if E else starts
+        last = nxt < 0  # the request's last entry in the run
         last_ri = ri[last]
         self._set(undo, "N", last_ri, (known + sampled)[last])
         self._set(undo, "C", last_ri, after[last])
@@ -988,43 +940,43 @@ class VectorizedChecker:
         self.free = int(free_end[-1])
         self.running = int(running[-1] - fin_count[-1])
         self.live += n_new - F
-        self.step_no = run[-1].step
+        self.step_no = int(run.steps[-1])
         self.report.steps += T
         self.report.scheduled_entries += E
         self.report.requests += n_new
         # The run ends with an idle step only when requests are live: nothing could run.
-        return not (run[-1].idle and self.live > 0 and self._runnable())
+        idle = run.n_ent[-1] == 0 and not (T == 1 and head is not None and (
+            head.preempted or head.swapped_in))
+        return not (idle and self.live > 0 and self._runnable())
 
-    def _check_blocks(self, run: list[FastStep],
-                      block_lists: tuple[list[str], list[Any], list[Any]], ri: np.ndarray,
-                      t: np.ndarray, new_blocks: np.ndarray, swapped_in: dict[int, int],
-                      key: np.ndarray, T: int, fin_ri: np.ndarray, fin_t: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray] | None:
+    def _check_blocks(self, run: Run, ri: np.ndarray, t: np.ndarray, new_blocks: np.ndarray,
+                      swapped_in: dict[int, int], low: int, span: int, fin_ri: np.ndarray,
+                      fin_t: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Check the run's new_blocks: counts equal the blocks needed (plus H on swap-in),
         each id in range and free when given. Returns the (block, owner) assignments to
         commit, or None if the spec's checker must look."""
         E = ri.size
-        names, lists, flat = block_lists
-        sizes = np.fromiter((len(st.new_blocks or ()) for st in run), dtype=I64, count=T)
-        K = len(names)
-        try:
-            owner = np.fromiter(map(self.index.__getitem__, names), dtype=I64, count=K)
-        except KeyError:
+        T = run.T
+        owner = self._resolve_all(run, "own_ids")
+        K = owner.size
+        if K and owner.min() < 0:
             return None
-        step_of = np.repeat(np.arange(T, dtype=I64), sizes)
-        given = np.fromiter(map(len, lists), dtype=I64, count=K)
-        B = len(flat)
-        blocks = np.fromiter(flat, dtype=I64, count=B) if B else np.zeros(0, dtype=I64)
+        step_of = np.repeat(np.arange(T, dtype=I64), run.n_own)
+        given = run.own_sizes
+        blocks = run.blocks
+        B = blocks.size
         if B and (blocks.min() < 0 or blocks.max() >= self.config.num_gpu_blocks):
             return None
         # Every id list belongs to an entry scheduled in that step; every entry gets
         # exactly its new blocks (and its host blocks back on swap-in).
-        where = np.searchsorted(key, owner * T + step_of)
-        if K and (np.any(where >= E) or np.any(key[np.minimum(where, E - 1)]
-                                               != owner * T + step_of)):
+        where = np.empty(K, dtype=I64)
+        sc.entry_of(ri, run.n_ent, low, span, owner, run.n_own, where)
+        if K and where.min() < 0:
             return None
         got = np.zeros(E, dtype=I64)
         got[where] = given
+        if K > 1 and np.count_nonzero(np.bincount(where, minlength=E) > 1):
+            return None  # an id twice in one new_blocks: JSON keeps the last
         expected = new_blocks.copy()
         for r, host in swapped_in.items():
             expected[(ri == r) & (t == 0)] += host
@@ -1034,18 +986,19 @@ class VectorizedChecker:
             return np.zeros(0, dtype=I64), np.zeros(0, dtype=I64)
         block_owner = np.repeat(owner, given)
         block_step = np.repeat(step_of, given)
-        fin_order = np.argsort(fin_ri)
-        fin_sorted, fin_steps = fin_ri[fin_order], fin_t[fin_order]
+        low = int(fin_ri.min()) if fin_ri.size else 0
+        fin_step = np.full(int(fin_ri.max()) - low + 1 if fin_ri.size else 0, T, dtype=I64)
+        fin_step[fin_ri - low] = fin_t
 
         def finish_at(requests: np.ndarray) -> np.ndarray:
             """The step of the run at which each request finishes, T if none."""
-            if fin_sorted.size == 0:
-                return np.full(requests.size, T, dtype=I64)
-            pos = np.minimum(np.searchsorted(fin_sorted, requests), fin_sorted.size - 1)
-            out: np.ndarray = np.where(fin_sorted[pos] == requests, fin_steps[pos], T)
+            inside = (requests >= low) & (requests < low + fin_step.size)
+            out: np.ndarray = np.full(requests.size, T, dtype=I64)
+            out[inside] = fin_step[requests[inside] - low]
             return out
 
-        order = np.argsort(blocks * T + block_step, kind="stable")
+        # The id lists are in step order: a stable sort by block id orders by (block, step).
+        order = _group(blocks)
         b, s, o = blocks[order], block_step[order], block_owner[order]
         starts, _ = _segments(b)
         # A later grant of a block: the earlier holder finished in between.
@@ -1065,56 +1018,6 @@ class VectorizedChecker:
                 return None
         lasts = np.append(firsts[1:] - 1, b.size - 1)
         return b[lasts], o[lasts]
-
-    def _entries(self, run: list[FastStep]
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Request index and token count of each scheduled entry of the run, in order,
-        and the entries per step; None if they are not what parse_step accepts or name
-        a request not known yet."""
-        segments = [st.scheduled for st in run]
-        cut = [x for x in segments if isinstance(x, bytes)]
-        if len(cut) == len(segments):
-            got = read_scheduled(cut, self.table)
-            if got is not None:
-                return got
-        try:
-            lists = [x if isinstance(x, list) else self.loads(x) for x in segments]
-        except ValueError:
-            return None
-        if set(map(type, lists)) != {list}:
-            return None
-        T = len(run)
-        lens = np.fromiter(map(len, lists), dtype=I64, count=T)
-        E = int(lens.sum())
-        pairs = list(chain.from_iterable(lists))
-        if E and not (set(map(type, pairs)) == {list} and set(map(len, pairs)) == {2}):
-            return None
-        rids = list(map(_first, pairs))
-        counts = list(map(_second, pairs))
-        if E and not (set(map(type, rids)) == {str} and set(map(type, counts)) == {int}):
-            return None
-        try:
-            ri_e = np.fromiter(map(self.index.__getitem__, rids), dtype=I64, count=E)
-        except KeyError:
-            return None
-        n_e = np.fromiter(counts, dtype=I64, count=E)
-        if E and np.abs(n_e).max() > MAX_COUNT:
-            return None
-        return ri_e, n_e, lens
-
-    @staticmethod
-    def _block_lists(run: list[FastStep]) -> tuple[list[str], list[Any], list[Any]] | None:
-        """The run's new_blocks as (ids, their lists, every block id in order), if every
-        list holds integers in 0..2**40 (parse_step's rule); else None."""
-        maps = [st.new_blocks or {} for st in run]
-        names = list(chain.from_iterable(maps))
-        lists = list(chain.from_iterable(map(dict.values, maps)))
-        if lists and set(map(type, lists)) != {list}:
-            return None
-        flat = list(chain.from_iterable(lists))
-        if flat and (set(map(type, flat)) != {int} or min(flat) < 0 or max(flat) > MAX_COUNT):
-            return None
-        return names, lists, flat
 
     def _runnable(self) -> bool:
         """Whether some live request's smallest next chunk fits now (the spec's no-idle)."""
@@ -1168,69 +1071,87 @@ def check_trace_vectorized(stream: IO[bytes], loads: Loads = orjson.loads,
         return _check(stream, loads, max_preemptions, run_steps, stats)
 
 
+def blocks_of(stream: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
+    """The stream in pieces of whole lines (each ending in a newline), then the last
+    line if it has no newline, flagged True."""
+    rest = b""
+    while True:
+        chunk = stream.read(READ_BYTES)
+        if not chunk:
+            break
+        text = rest + chunk
+        cut = text.rfind(b"\n") + 1
+        rest = text[cut:]
+        if cut:
+            yield text[:cut], False
+    if rest:
+        yield rest, True
+
+
 def _check(stream: IO[bytes], loads: Loads, max_preemptions: int, run_steps: int,
            stats: dict[str, int] | None) -> Report:
-    lines = lines_of(stream)
-    header = None
-    for number, raw in lines:
-        obj = exact_object(raw, number, loads)
-        if obj is not None:
-            header = parse_header(obj, number)
-            break
-    if header is None:
-        raise TraceError(1, "empty file: expected a trace header line")
-    vc = VectorizedChecker(header.config, max_preemptions)
-    vc.loads = loads
+    vc: VectorizedChecker | None = None
     unknown: dict[str, int] = {}
     # Lines wait in `run` (fast) or `slow` (for the spec's parser); at most one of the two
     # is non-empty, so the lines are checked in order.
-    run: list[FastStep] = []
-    run_start = 0  # step number of run[0]
+    run: list[Part] = []
+    run_len = 0
+    run_start = 0  # step number of the run's first line
     run_entries = 0
     run_live = 0  # live requests at the end of `run`, if it is correct
+    run_blocks = 0  # whether the run's lines carry new_blocks
     slow: list[tuple[int, Any]] = []
     slow_start = 0
     expected = 0  # the next step number, counting the lines waiting
     complete = False
+    number = 0  # the number of the last line read
+    scanner = sc.Scanner()
 
     def flush() -> None:
-        nonlocal run, run_entries, slow
+        nonlocal run, run_len, run_entries, slow
+        assert vc is not None
         if run:
-            if not vc.check_fast(run):
-                vc.check_exactly([(st.line, st.raw) for st in run], run_start, unknown)
+            whole = Run(run)
+            if not vc.check_fast(whole):
+                vc.check_exactly(whole.raws(), run_start, unknown)
             run = []
-            run_entries = 0
+            run_len = run_entries = 0
         if slow:
             vc.check_exactly(slow, slow_start, unknown)
             slow = []
 
-    for number, raw in lines:
+    def start_run(blocks: int) -> None:
+        nonlocal run_start, run_live, run_blocks
+        assert vc is not None
+        run_start = expected
+        run_live = vc.live
+        run_blocks = blocks
+
+    def one_line(raw: bytes) -> None:
+        """A line the scanner left alone (or a header, or past the end): read as JSON."""
+        nonlocal vc, complete, expected, slow_start, run_len, run_entries, run_live
+        if vc is None:
+            obj = exact_object(raw, number, loads)
+            if obj is not None:
+                vc = VectorizedChecker(parse_header(obj, number).config, max_preemptions)
+                vc.loads = loads
+            return
         if complete:
             if exact_object(raw, number, loads) is not None:
                 raise TraceError(number, 'nothing may follow the {"end": true} line')
-            continue
-        cut = cut_scheduled(raw)
-        st = None
-        if cut is not None:
-            try:
-                st = parse_fast(loads(cut[0]), number, expected, raw, cut[1])
-            except ValueError:
-                st = None
-        if st is None:
-            try:
-                obj = loads(raw)
-            except ValueError:
-                flush()
-                obj = exact_object(raw, number, loads)  # raises, or the line is blank
-                if obj is None:
-                    continue
-            if type(obj) is dict and obj.get("end") is True and "step" not in obj:
-                flush()
-                complete = True
-                continue
-            st = parse_fast(obj, number, expected, raw, None)
-        else:
-            obj = None
+            return
+        try:
+            obj = loads(raw)
+        except ValueError:
+            flush()
+            obj = exact_object(raw, number, loads)  # raises, or the line is blank
+            if obj is None:
+                return
+        if type(obj) is dict and obj.get("end") is True and "step" not in obj:
+            flush()
+            complete = True
+            return
+        st = parse_fast(obj, number, expected, raw)
         if st is None:
             if run:
                 flush()
@@ -1238,27 +1159,121 @@ def _check(stream: IO[bytes], loads: Loads, max_preemptions: int, run_steps: int
                 slow_start = expected
             slow.append((number, obj))
             expected += 1  # if the line is bad, the spec's parser raises before it matters
-            continue
+            return
         if slow:
             flush()
         for key in st.unknown_keys:
             if key not in unknown:
                 unknown[key] = number
         vc.saw(st.step, st.new_blocks, st.free_blocks)
+        blocks = int(st.new_blocks is not None)
         # A run starts at a step with rare events and where block ids come or go.
-        if run and (st.rare or (st.new_blocks is None) != (run[0].new_blocks is None)
-                    or len(run) >= run_steps or run_entries >= RUN_ENTRIES):
+        if run and (st.rare or blocks != run_blocks or run_len >= run_steps
+                    or run_entries >= RUN_ENTRIES):
             flush()
         if not run:
-            run_start = expected
-            run_live = vc.live
-        run.append(st)
-        run_entries += st.entries
+            start_run(blocks)
+        run.append(part_of_step(st))
+        run_len += 1
+        run_entries += len(st.scheduled)
         run_live += (len(st.arrivals) - len(st.finished) - len(st.aborted)
                      - len(st.rejected))
         expected += 1
         if st.idle and run_live > 0:
             flush()  # no-idle is checked on the state at the end of a run
+
+    def scanned(lines: ScannedLines, k: int, j: int) -> int:
+        """Take lines k.. of a stretch the scanner read (up to j), as one part: as many
+        as fit the run. Returns the next line to look at."""
+        nonlocal expected, run_len, run_entries, run_live
+        assert vc is not None
+        rows = lines.rows
+        steps = rows[k:j, sc.L_STEP]
+        wrong = np.flatnonzero(steps != expected + np.arange(j - k))
+        if wrong.size:
+            j = k + int(wrong[0])  # that line is read as JSON (and found wrong) next
+            if j == k:
+                return k
+        blocks = int(rows[k, sc.L_BLOCKS])
+        if slow or (run and (blocks != run_blocks or run_len >= run_steps
+                             or run_entries >= RUN_ENTRIES)):
+            flush()
+        if not run:
+            start_run(blocks)
+        j = min(j, k + run_steps - run_len)
+        change = np.flatnonzero(rows[k:j, sc.L_BLOCKS] != blocks)
+        if change.size:
+            j = k + int(change[0])
+        ent = rows[k:j, sc.L_ENT]
+        before = run_entries + np.cumsum(ent) - ent
+        over = np.flatnonzero(before >= RUN_ENTRIES)
+        if over.size:
+            j = k + int(over[0])
+        live = run_live + np.cumsum(rows[k:j, sc.L_ARR] - rows[k:j, sc.L_FIN])
+        idle = np.flatnonzero((rows[k:j, sc.L_ENT] == 0) & (live > 0))
+        cut = idle.size > 0
+        if cut:
+            j = k + int(idle[0]) + 1
+        first_line = number + 1 + k
+        if int(rows[k, sc.L_STEP]) == 0:
+            vc.saw(0, {} if blocks else None, None)
+        if not vc.any_free_blocks and np.any(rows[k:j, sc.L_FREE] >= 0):
+            vc.any_free_blocks = True
+        run.append(lines.part(k, j, first_line))
+        run_len += j - k
+        run_entries += int(rows[k:j, sc.L_ENT].sum())
+        run_live = int(live[j - k - 1])
+        expected += j - k
+        if cut:
+            flush()
+        return j
+
+    for text, last in blocks_of(stream):
+        if last or vc is None or complete:
+            # The header, what follows the end, and a last line without a newline: one
+            # at a time (a piece of whole lines may hold them all).
+            at = 0
+            while at < len(text):
+                cut = text.find(b"\n", at) + 1 or len(text)
+                number += 1
+                one_line(text[at:cut])
+                at = cut
+                if vc is not None and not complete and not last:
+                    break
+            if at >= len(text):
+                continue
+            text = text[at:]
+        block = sc.Block(text, number + 1)
+        pos = 0
+        while pos < block.size:
+            got = scanner(block, pos, block.size)
+            lines = ScannedLines(block, got)
+            R = got.lines.shape[0]
+            bad = np.flatnonzero(~lines.ok)
+            k = 0
+            while k < R:
+                if complete:
+                    number_k = number + 1 + k
+                    if exact_object(lines.raw(k), number_k, loads) is not None:
+                        raise TraceError(number_k, 'nothing may follow the {"end": true} line')
+                    k += 1
+                    continue
+                if lines.ok[k]:
+                    nxt = bad[np.searchsorted(bad, k):][:1]
+                    j = scanned(lines, k, int(nxt[0]) if nxt.size else R)
+                    if j > k:
+                        k = j
+                        continue
+                saved = number
+                number = number + 1 + k
+                one_line(lines.raw(k))
+                number = saved
+                k += 1
+            flush()
+            number += R
+            pos = got.end
+    if vc is None:
+        raise TraceError(1, "empty file: expected a trace header line")
     flush()
     report = vc.end(complete)
     report.unknown_keys = dict(unknown)
