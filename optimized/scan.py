@@ -501,16 +501,19 @@ def lookup(lo: np.ndarray, hi: np.ndarray, table_lo: np.ndarray, table_hi: np.nd
 
 
 class Block:
-    """Bytes holding whole lines, padded for `scan`, with its two views of them."""
+    """Whole lines, data[:size], with room for `scan` to read 16 bytes past them, and its
+    two views of them."""
 
-    PAD = bytes(16)
+    PAD = 16
 
-    def __init__(self, text: bytes, first_line: int) -> None:
-        self.size = len(text)
-        self.data = text + self.PAD
-        self.first_line = first_line  # the number of the line at position 0
-        self.bytes = np.frombuffer(self.data, dtype=np.uint8)
-        self.words = np.ndarray(shape=(len(self.data) - 8,), dtype="<i8", buffer=self.data,
+    def __init__(self, data: bytearray, size: int, last: bool = False) -> None:
+        self.size = size
+        if len(data) < size + self.PAD:
+            data += bytes(size + self.PAD - len(data))
+        self.data = data
+        self.last = last  # the trace's last line, without its newline
+        self.bytes = np.frombuffer(data, dtype=np.uint8)
+        self.words = np.ndarray(shape=(len(data) - 8,), dtype="<i8", buffer=data,
                                 strides=(1,))
 
 
