@@ -65,6 +65,7 @@ NOTHING: list[Any] = []
 RUN_STEPS = 2048  # most steps in one run
 RUN_ENTRIES = 1 << 20  # most scheduled entries in one run
 READ_BYTES = 1 << 24
+SCAN_LINES, SCAN_ENTRIES = 1 << 14, 1 << 20  # the scanner's output buffers
 
 Loads = Callable[[bytes], Any]
 
@@ -1120,8 +1121,9 @@ def check_trace_vectorized(stream: IO[bytes], loads: Loads = orjson.loads,
     """Check a trace (a binary stream) as `kvsched.spec.checker.check_trace` does with a
     TraceReader using `loads`: the same Report, or the same TraceError. `stats`, if
     given, receives how many runs were checked vectorized ("fast") and how many by the
-    spec's checker ("exact"), and whether step 0 carries new_blocks ("block_ids") and
-    some step reports free_blocks ("free_blocks"), as 1 or 0."""
+    spec's checker ("exact"), whether step 0 carries new_blocks ("block_ids") and some
+    step reports free_blocks ("free_blocks"), as 1 or 0, and how many lines the compiled
+    scanner read ("scanned") and how many were read with orjson ("as_json")."""
     with no_cycle_collection(), arrays_in_heap():
         return _check(stream, loads, max_preemptions, run_steps, stats)
 
@@ -1161,7 +1163,8 @@ def _check(stream: IO[bytes], loads: Loads, max_preemptions: int, run_steps: int
     expected = 0  # the next step number, counting the lines waiting
     complete = False
     number = 0  # the number of the last line read
-    scanner = sc.Scanner()
+    scanner = sc.Scanner(SCAN_LINES, SCAN_ENTRIES)
+    as_json = 0  # lines read with orjson (the scanner reads the others)
 
     def flush() -> None:
         nonlocal run, run_len, run_entries, slow
@@ -1185,7 +1188,8 @@ def _check(stream: IO[bytes], loads: Loads, max_preemptions: int, run_steps: int
 
     def one_line(raw: bytes) -> None:
         """A line the scanner left alone (or a header, or past the end): read as JSON."""
-        nonlocal vc, complete, expected, slow_start, run_len, run_entries, run_live
+        nonlocal vc, complete, expected, slow_start, run_len, run_entries, run_live, as_json
+        as_json += 1
         if vc is None:
             obj = exact_object(raw, number, loads)
             if obj is not None:
@@ -1305,6 +1309,7 @@ def _check(stream: IO[bytes], loads: Loads, max_preemptions: int, run_steps: int
             k = 0
             while k < R:
                 if complete:
+                    as_json += 1
                     number_k = number + 1 + k
                     if exact_object(lines.raw(k), number_k, loads) is not None:
                         raise TraceError(number_k, 'nothing may follow the {"end": true} line')
@@ -1334,4 +1339,6 @@ def _check(stream: IO[bytes], loads: Loads, max_preemptions: int, run_steps: int
         stats["exact"] = vc.exact_runs
         stats["block_ids"] = int(vc.first_step_blocks)
         stats["free_blocks"] = int(vc.any_free_blocks)
+        stats["as_json"] = as_json
+        stats["scanned"] = number - as_json
     return report

@@ -210,6 +210,8 @@ ARRIVE = b'{"step":0,"arrivals":[{"id":"a","prompt_len":4,"max_tokens":2}],' \
     ARRIVE + b'{"step":1,"scheduled":[["a",-1]]}\n',  # a negative count
     ARRIVE + b'{"step":1,"scheduled":[["a",1]],"note":{"scheduled":[["a",1]]}}\n',
     ARRIVE + b'{"step":1,"new_blocks":{"a":[true]}}\n',
+    ARRIVE + b'{"step":1,"scheduled":[["a",1]],"new_blocks":{"a":[1],"a":[]}}\n',
+    ARRIVE.replace(b'"free_blocks":7', b'"free_blocks":7,"new_blocks":{"a":[0],"a":[1]}'),
     ARRIVE + b'{"end":true}\n{"step":1}\n',  # something after the end
     ARRIVE + b'{"step":1,"prefix_hits":{"a":[1]}}\n',
     ARRIVE + b'{"step":1,"arrivals":[{"id":"a","prompt_len":4,"max_tokens":2}]}\n',
@@ -223,3 +225,21 @@ def test_malformed_and_odd_input_gets_the_same_verdict(body: bytes) -> None:
 def test_a_trace_without_a_header_is_refused_alike() -> None:
     for data in (b"", b"\n\n", b'{"step":0}\n'):
         assert_agree(both(data))
+
+
+def test_checker_agrees_when_its_scanner_buffers_are_tiny(monkeypatch: Any) -> None:
+    from kvsched.optimized import checker
+    from kvsched.workload import WorkItem
+
+    config = Config(block_size=4, num_gpu_blocks=48, max_num_batched_tokens=48,
+                    max_num_seqs=6, max_model_len=256)
+    items = [WorkItem(f"r{i}", i // 2, 8 + 5 * i, 4 + i, 4 + i) for i in range(40)]
+    records, complete = simulate(config, ReferenceScheduler(
+        config, get_profile("vllm-v1").knobs), items)
+    data = trace_bytes(config, records, complete)
+    monkeypatch.setattr(checker, "SCAN_LINES", 3)
+    monkeypatch.setattr(checker, "SCAN_ENTRIES", 8)
+    for run_steps in (1, 7, 2048):
+        v = both(data, run_steps)
+        assert_agree(v)
+        assert v.stats["exact"] == 0

@@ -355,7 +355,7 @@ def make_scheduler(implementation: str, device: str, config: Config,
 # -- check ----------------------------------------------------------------------------
 
 # From this size on, `--checker auto` checks a trace with the vectorized checker.
-AUTO_VECTORIZED_BYTES = 64 * 1024 * 1024
+AUTO_VECTORIZED_BYTES = 8 * 1024 * 1024
 
 def open_trace(path: Path) -> IO[bytes]:
     if path.is_dir():
@@ -401,7 +401,7 @@ def check_vectorized(path: Path, profile: str | None, max_preemptions: int,
     try:
         from kvsched.optimized.checker import check_trace_vectorized
     except ImportError:
-        fail("--checker vectorized needs numpy: pip install 'kvsched[optimized]'")
+        fail("--checker vectorized needs numpy and numba: pip install 'kvsched[optimized]'")
     stats: dict[str, int] = {}
     with open_trace(path) as stream:
         try:
@@ -438,7 +438,7 @@ def violation_table(violations: list[Violation]) -> Table:
 @click.option("--checker", "checker_choice", type=click.Choice(["auto", "spec", "vectorized"]),
               default="auto", show_default=True,
               help="The spec's checker, or the vectorized one (same verdicts, for large "
-                   "traces); auto picks the vectorized one from 64 MiB on.")
+                   "traces); auto picks the vectorized one from 8 MiB on.")
 def check(traces: tuple[Path, ...], strict: bool, profile: str | None, max_preemptions: int,
           fmt: str, junit_path: Path | None, checker_choice: str) -> None:
     """Check traces against the spec's MUST and SHOULD invariants (and a profile)."""
