@@ -30,3 +30,15 @@ def test_step_rows_time_every_scheduler_at_every_queue_length() -> None:
         assert set(row.seconds) == {"reference", "optimized", "optimized (schedule)"}
         assert all(seconds > 0 for seconds in row.seconds.values())
         assert row.cells().count("|") == 11
+
+
+def test_checker_rows_compare_both_checkers_on_the_same_trace(tmp_path: Path) -> None:
+    from kvsched.bench_optimized import bench_checkers, small_trace
+
+    trace = tmp_path / "small.jsonl"
+    small_trace(Sizes(small_trace_requests=40), trace)
+    out = Section()
+    bench_checkers(Sizes(), out, [("tiny", trace)])
+    rows = [line for line in out.lines if line.startswith("| tiny |")]
+    assert len(rows) == 1 and rows[0].endswith("| yes |")
+    assert "loading the compiled scanner" in out.lines[-1]
