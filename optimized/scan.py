@@ -148,6 +148,18 @@ def _duration(b: np.ndarray, i: int) -> int:
 
 
 @compiled
+def _after_item(b: np.ndarray, i: int, close: int) -> tuple[int, int]:
+    """After an item of a list or object: (1, the next item's index) after a comma,
+    (0, the index after it) at the closing byte `close`, (-1, 0) otherwise."""
+    i = _space(b, i)
+    if b[i] == 44:
+        return 1, _space(b, i + 1)
+    if b[i] == close:
+        return 0, i + 1
+    return -1, 0
+
+
+@compiled
 def _entries(b: np.ndarray, w: np.ndarray, i: int, ent: np.ndarray, ne: int
              ) -> tuple[int, int]:
     """The scheduled list at i (its "["): (index after it, entries written), position
@@ -228,13 +240,9 @@ def _ids(b: np.ndarray, w: np.ndarray, i: int, out: np.ndarray, k: int) -> tuple
         out[k, 0] = lo
         out[k, 1] = hi
         k += 1
-        i = _space(b, i)
-        if b[i] == 44:
-            i = _space(b, i + 1)
-            continue
-        if b[i] == 93:
-            return i + 1, k
-        return -1, k
+        more, i = _after_item(b, i, 93)
+        if more <= 0:
+            return i if more == 0 else -1, k
 
 
 @compiled
@@ -288,13 +296,9 @@ def _new_blocks(b: np.ndarray, w: np.ndarray, i: int, own: np.ndarray, no: int,
         own[no, 1] = hi
         own[no, 2] = nb - first
         no += 1
-        i = _space(b, i)
-        if b[i] == 44:
-            i = _space(b, i + 1)
-            continue
-        if b[i] == 125:
-            return i + 1, no, nb
-        return -1, no, nb
+        more, i = _after_item(b, i, 125)
+        if more <= 0:
+            return i if more == 0 else -1, no, nb
 
 
 @compiled
@@ -343,14 +347,11 @@ def _arrivals(b: np.ndarray, w: np.ndarray, i: int, arr: np.ndarray, na: int
                 i = -1  # an unknown or repeated field
             if i < 0:
                 return -1, na
-            i = _space(b, i)
-            if b[i] == 44:
-                i = _space(b, i + 1)
-                continue
-            if b[i] == 125:
-                i += 1
+            more, i = _after_item(b, i, 125)
+            if more < 0:
+                return -1, na
+            if more == 0:
                 break
-            return -1, na
         if fields & 7 != 7:
             return -1, na
         a = arr[na]
@@ -362,13 +363,9 @@ def _arrivals(b: np.ndarray, w: np.ndarray, i: int, arr: np.ndarray, na: int
         a[5] = max_tokens
         a[6] = priority
         na += 1
-        i = _space(b, i)
-        if b[i] == 44:
-            i = _space(b, i + 1)
-            continue
-        if b[i] == 93:
-            return i + 1, na
-        return -1, na
+        more, i = _after_item(b, i, 93)
+        if more <= 0:
+            return i if more == 0 else -1, na
 
 
 @compiled
