@@ -320,7 +320,6 @@ class Part:
     """Consecutive step lines as columns: per step, then per arrival, scheduled entry,
     finish, new_blocks owner and block id. Ids are keys or strings (see Ids)."""
 
-    lines: np.ndarray
     steps: np.ndarray
     free: np.ndarray  # free_blocks, -1 where not reported
     has_blocks: np.ndarray  # whether the line has new_blocks (1 or 0)
@@ -349,7 +348,7 @@ def part_of_step(st: FastStep) -> Part:
         return one * n
 
     return Part(
-        one * st.line, one * st.step, count(-1 if st.free_blocks is None else st.free_blocks),
+        one * st.step, count(-1 if st.free_blocks is None else st.free_blocks),
         count(int(st.new_blocks is not None)), count(len(st.arrivals)),
         count(len(st.scheduled)), count(len(st.finished)), count(len(nb)),
         [r.id for r in st.arrivals], None,
@@ -397,9 +396,8 @@ class ScannedLines:
         names = [data[s:e].decode("ascii") for s, e in zip(arr[:, 2].tolist(),
                                                            arr[:, 3].tolist(), strict=True)]
         return Part(
-            np.arange(first_line, first_line + j - k, dtype=I64), rows[:, sc.L_STEP],
-            rows[:, sc.L_FREE], rows[:, sc.L_BLOCKS], rows[:, sc.L_ARR], rows[:, sc.L_ENT],
-            rows[:, sc.L_FIN], rows[:, sc.L_OWN], names, arr[:, :2], arr[:, 4:7],
+            rows[:, sc.L_STEP], rows[:, sc.L_FREE], rows[:, sc.L_BLOCKS], rows[:, sc.L_ARR],
+            rows[:, sc.L_ENT], rows[:, sc.L_FIN], rows[:, sc.L_OWN], names, arr[:, :2], arr[:, 4:7],
             g.ent[self.ent_at[k]:self.ent_at[j], :2], g.ent[self.ent_at[k]:self.ent_at[j], 2],
             g.fin[self.fin_at[k]:self.fin_at[j]], g.own[o0:o1, :2], g.own[o0:o1, 2],
             g.blocks[self.block_at[o0]:self.block_at[o1]],
@@ -420,7 +418,7 @@ class Run:
             return cols[0] if len(cols) == 1 else np.concatenate(cols)
 
         self.head = p[0].head
-        self.lines, self.steps, self.free = join("lines"), join("steps"), join("free")
+        self.steps, self.free = join("steps"), join("free")
         self.has_blocks = join("has_blocks")
         self.n_arr, self.n_ent = join("n_arr"), join("n_ent")
         self.n_fin, self.n_own = join("n_fin"), join("n_own")
@@ -709,10 +707,10 @@ class VectorizedChecker:
             if (len(unique) != n_new or not unique.isdisjoint(self.index)
                     or not unique.isdisjoint(self.ended)):
                 return False  # arrives twice: the spec raises
-            keys = [x.arr_keys for x in run.parts]
+            keys = [x.arr_keys for x in run.parts if x.arr_keys is not None]
             self._register_columns(
-                names, None if any(k is None for k in keys) else
-                (keys[0] if len(keys) == 1 else np.concatenate(keys)),  # type: ignore[arg-type]
+                names, None if len(keys) < len(run.parts) else
+                keys[0] if len(keys) == 1 else np.concatenate(keys),
                 run.arr_num, run.steps[arrival_t])
 
         # -- the first step's aborts, rejections, preemptions and swap-ins, one by one
