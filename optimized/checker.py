@@ -343,6 +343,8 @@ class Part:
 def part_of_step(st: FastStep) -> Part:
     nb = st.new_blocks or {}
     one = np.ones(1, dtype=I64)
+    keys = [id_key(r.id) for r in st.arrivals]
+    arr_keys = None if None in keys else np.array(keys, dtype=I64).reshape(-1, 2)
 
     def count(n: int) -> np.ndarray:
         return one * n
@@ -351,7 +353,7 @@ def part_of_step(st: FastStep) -> Part:
         one * st.step, count(-1 if st.free_blocks is None else st.free_blocks),
         count(int(st.new_blocks is not None)), count(len(st.arrivals)),
         count(len(st.scheduled)), count(len(st.finished)), count(len(nb)),
-        [r.id for r in st.arrivals], None,
+        [r.id for r in st.arrivals], arr_keys,
         np.array([(r.prompt_len, r.max_tokens, r.priority) for r in st.arrivals],
                  dtype=I64).reshape(-1, 3),
         [p[0] for p in st.scheduled], np.array([p[1] for p in st.scheduled], dtype=I64),
