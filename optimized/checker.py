@@ -311,7 +311,6 @@ def exact_object(raw: bytes, line: int, loads: Loads) -> Any:
 # -- runs of steps as columns ---------------------------------------------------------
 
 Ids = np.ndarray | list[str]  # keys (rows lo, hi) from the scanner, or the ids themselves
-EMPTY_KEYS = np.zeros((0, 2), dtype=I64)
 EMPTY = np.zeros(0, dtype=I64)
 
 
