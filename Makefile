@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: demo test lint unit bench gpu-check fuzz-deep docs conformance-vllm proofs clean
+.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm proofs clean
 VLLM_VENV ?= .venv-vllm
 
 $(STAMP): pyproject.toml
@@ -41,6 +41,11 @@ test: lint unit
 bench: $(STAMP)
 	$(BIN)/python -m kvsched.bench --out docs/benchmarks.md
 	$(BIN)/python -m kvsched.bench_optimized --out docs/benchmarks.md
+
+# The whole 1M-request simulation through both schedulers, not extrapolated (about an
+# hour: the reference's run).
+bench-full: $(STAMP)
+	$(BIN)/python -m kvsched.bench_optimized --full-simulation --out docs/benchmarks.md
 
 # On a machine with a CUDA GPU (and a CUDA build of torch): the CUDA tests, then the
 # step time on cuda, recorded in docs/benchmarks.md. Within 10 minutes.
