@@ -632,7 +632,7 @@ def full_simulation_report(sizes: Sizes, command: str) -> str:
     same = ref.digest == opt.digest and ref.steps == opt.steps
     out = Section()
     out.add(FULL_START, "### The whole simulation, both schedulers", "",
-            f"Measured by `{command}` on {datetime.now(UTC):%Y-%m-%d}.",
+            f"Measured by `{command}` (`make bench-full`) on {datetime.now(UTC):%Y-%m-%d}.",
             f"Machine: {machine()}; torch {torch.__version__}, one torch thread.", "",
             f"The workload of \"A whole simulation\" above, all {len(items):,} requests "
             "through both schedulers, one after the other in one process. The two traces "
