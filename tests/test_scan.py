@@ -209,6 +209,7 @@ def step_objects(draw: st.DrawFn) -> dict[str, Any]:
 @given(obj=step_objects(), spaced=st.booleans(), cut=st.integers(0, 400),
        junk=st.sampled_from([b"", b" ", b",", b"]", b"}", b'"', b"0", b"-", b"\\", b"\t"]))
 @example(obj={"step": 0, "scheduled": [["a", 1]]}, spaced=False, cut=0, junk=b"")
+@example(obj={"step": 0, "new_blocks": {"\x7f": []}}, spaced=True, cut=0, junk=b"")
 def test_whatever_the_scanner_reads_parse_step_reads_alike(obj: dict[str, Any], spaced: bool,
                                                           cut: int, junk: bytes) -> None:
     line = json.dumps(obj).encode() if spaced else orjson.dumps(obj)
@@ -225,7 +226,8 @@ def test_whatever_the_scanner_reads_parse_step_reads_alike(obj: dict[str, Any], 
                + plain["finished"] + list(plain["new_blocks"] or ()))
         numbers = [obj["step"], *(s[1] for s in plain["scheduled"])]
         if (all(id_key(r) is not None for r in ids) and all(n >= 0 for n in numbers)
-                and all("other" not in a for a in obj.get("arrivals", []))):
+                and all("other" not in a for a in obj.get("arrivals", []))
+                and b"\\" not in line):  # json.dumps escapes some bytes orjson writes raw
             assert scan_lines(line + b"\n")[0] is not None, line
 
 
