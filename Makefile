@@ -48,7 +48,8 @@ bench-full: $(STAMP)
 	$(BIN)/python -m kvsched.bench_optimized --full-simulation --out docs/benchmarks.md
 
 # On a machine with a CUDA GPU (and a CUDA build of torch): the CUDA tests, then the
-# step time on cuda, recorded in docs/benchmarks.md. Within 10 minutes.
+# step time on cuda, recorded in docs/benchmarks.md. Within 10 minutes. On a GPU machine
+# without network, with torch already there: scripts/gpu_check.sh (no .venv).
 gpu-check: $(STAMP)
 	$(BIN)/python -m kvsched.bench_optimized --gpu-check --out docs/benchmarks.md
 

@@ -42,3 +42,16 @@ def test_checker_rows_compare_both_checkers_on_the_same_trace(tmp_path: Path) ->
     rows = [line for line in out.lines if line.startswith("| tiny |")]
     assert len(rows) == 1 and rows[0].endswith("| yes |")
     assert "loading the compiled scanner" in out.lines[-1]
+
+
+def test_device_rows_time_both_kinds_of_step_on_each_device() -> None:
+    # make gpu-check runs this on ("cuda", "cpu"); here both columns are the cpu.
+    from kvsched.bench_optimized import bench_devices
+
+    out = Section()
+    bench_devices(Sizes(running=(8, 32), waiting=(20,)), out, ("cpu", "cpu"))
+    rows = [line for line in out.lines if line.startswith("| 8 |") or line.startswith("| 32 |")]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 6 and all(float(c.replace(",", "")) > 0 for c in cells[2:])

@@ -116,6 +116,11 @@ def request(rid: str, i: int, arrival: int) -> Request:
     return Request(rid, 16 + i % 48, 30 + (i * 7919) % 200, i % 3, arrival)
 
 
+def decoding(rid: str, i: int, arrival: int) -> Request:
+    """A request that decodes for a thousand steps: no finishes while it is measured."""
+    return Request(rid, 16 + i % 48, 1000, i % 3, arrival)
+
+
 class Refill:
     """New arrivals, one for each request that finished: the queue keeps its length, so
     every step admits about as many requests as finish, at any queue length."""
@@ -174,10 +179,12 @@ def fill(scheduler: Any, waiting_from: int, waiting_to: int, arrival: int) -> No
         scheduler.add_request(request(f"w{i}", i, arrival))
 
 
-def start_running(scheduler: Any, running: int) -> int:
-    """Add `running` requests and step until all of them run; returns the steps taken."""
+def start_running(scheduler: Any, running: int,
+                  make: Callable[[str, int, int], Request] = request) -> int:
+    """Add `running` requests (made by `make`) and step until all of them run; returns
+    the steps taken."""
     for i in range(running):
-        scheduler.add_request(request(f"r{i}", i, 0))
+        scheduler.add_request(make(f"r{i}", i, 0))
     steps = 0
     while True:
         if isinstance(scheduler, OptimizedScheduler):
@@ -589,32 +596,53 @@ def bench_memory(sizes: Sizes, out: Section) -> None:
 
 def bench_cuda(sizes: Sizes, out: Section) -> None:
     name = torch.cuda.get_device_name(0)
-    out.add(f"GPU: {name}, torch {torch.__version__} (CUDA {torch.version.cuda}). The step "
-            "of the step-time table above (fast path), on cuda and, on the same machine, "
-            "on cpu with one thread.", "",
-            "| running | waiting | optimized step on cuda, us | on cpu, us |",
-            "|---:|---:|---:|---:|")
+    out.add(f"GPU: {name}, torch {torch.__version__} (CUDA {torch.version.cuda}).")
+    bench_devices(sizes, out, ("cuda", "cpu"))
+
+
+def bench_devices(sizes: Sizes, out: Section, devices: tuple[str, str]) -> None:
+    """The optimized step (fast path) on two devices of one machine, two ways: the step
+    of the step-time table (finishes, and as many arrivals), and a steady decode step
+    (every request decodes, none finishes, nothing arrives: the step alone)."""
+    first, second = devices
+    out.add("The optimized step (fast path) on each device, one torch thread on cpu: "
+            "\"with arrivals\" is the step of the step-time table above (finishes, and "
+            "as many new arrivals, with `waiting` requests queued); \"decode only\" "
+            "keeps every request decoding, none finishing, nothing arriving: the step "
+            "alone.", "",
+            f"| running | waiting | with arrivals, {first}, us | with arrivals, {second}, us "
+            f"| decode only, {first}, us | decode only, {second}, us |",
+            "|---:|---:|---:|---:|---:|---:|")
+    steps = 50
     for running in sizes.running:
-        row = []
-        for device in ("cuda", "cpu"):
-            opt = OptimizedScheduler(step_config(running), KNOBS, device=device)
-            start_running(opt, running)
-            fill(opt, 0, sizes.waiting[0], 1)
-            for _ in range(40):
-                opt.schedule_tensors()
-                opt.forget(opt.update_tensors())
-            steps = 50
+        waiting = sizes.waiting[0]
+        cells: dict[tuple[str, int], float] = {}
+        for device in dict.fromkeys(devices):
+            for kind in (0, 1):
+                opt = OptimizedScheduler(step_config(running), KNOBS, device=device)
+                if kind == 0:
+                    start_running(opt, running)
+                    fill(opt, 0, waiting, 1)
+                    refill = Refill(opt)
+                else:
+                    start_running(opt, running, decoding)
+                    refill = None
 
-            def go(opt: OptimizedScheduler = opt, steps: int = steps) -> None:
-                for _ in range(steps):
-                    opt.schedule_tensors()
-                    opt.forget(opt.update_tensors())
-                if opt.device.type == "cuda":
-                    torch.cuda.synchronize()
+                def go(opt: OptimizedScheduler = opt, refill: Refill | None = refill,
+                       n: int = steps) -> None:
+                    for _ in range(n):
+                        opt.schedule_tensors()
+                        done = opt.forget(opt.update_tensors())
+                        if refill is not None:
+                            refill(len(done))
+                    if opt.device.type == "cuda":
+                        torch.cuda.synchronize()
 
-            row.append(timed(go) / steps)
-        out.add(f"| {running:,} | {sizes.waiting[0]:,} | {row[0] * 1e6:,.0f} | "
-                f"{row[1] * 1e6:,.0f} |")
+                go(n=10)  # warm up
+                cells[device, kind] = timed(go) / steps
+        out.add(f"| {running:,} | {waiting:,} | "
+                + " | ".join(f"{cells[d, k] * 1e6:,.0f}" for k in (0, 1) for d in devices)
+                + " |")
 
 
 def full_simulation_report(sizes: Sizes, command: str) -> str:
@@ -714,7 +742,8 @@ def report(sizes: Sizes, command: str) -> str:
     bench_memory(sizes, out)
     out.add("", "CUDA: " + ("see the next section (`make gpu-check`)." if torch.cuda.is_available()
                            else "not measured on this machine (torch.cuda.is_available() is "
-                                "False); `make gpu-check` on a GPU machine adds its section."))
+                                "False); `make gpu-check` on a GPU machine adds its section "
+                                "(`scripts/gpu_check.sh` on one without network)."))
     out.add(END)
     return "\n".join(out.lines) + "\n"
 
