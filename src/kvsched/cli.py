@@ -29,6 +29,7 @@ from kvsched.reference.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from kvsched.spec.checker import Checker, Report
 from kvsched.spec.interface import Scheduler as AnyScheduler
 from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config, StepRecord
+from kvsched.spec.should import DEFAULT_MAX_PREEMPTIONS
 from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
 from kvsched.spec.violation import Violation
 from kvsched.workload import WorkItem, WorkloadError, read_workload
@@ -429,7 +430,7 @@ def violation_table(violations: list[Violation]) -> Table:
 @click.option("--strict", is_flag=True, help="SHOULD warnings fail too (exit 1).")
 @click.option("--profile", type=click.Choice(list(PROFILES)), default=None,
               help="Also replay this reference profile and require equal decisions.")
-@click.option("--max-preemptions", type=int, default=8, show_default=True,
+@click.option("--max-preemptions", type=int, default=DEFAULT_MAX_PREEMPTIONS, show_default=True,
               help="no-thrash: most preemptions of one request.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
@@ -624,7 +625,7 @@ def trace_records(path: Path, reader: TraceReader) -> Iterator[StepRecord]:
               help="Schedulers: stop each run after this many steps.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
               help="Draw both sides over time (queues, KV use, preemptions) as a PNG.")
-@click.option("--max-preemptions", type=int, default=8, show_default=True,
+@click.option("--max-preemptions", type=int, default=DEFAULT_MAX_PREEMPTIONS, show_default=True,
               help="no-thrash: most preemptions of one request.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @click.pass_context
