@@ -120,10 +120,3 @@ def item_dict(item: WorkItem) -> dict[str, Any]:
         del d["abort"]
     return d
 
-
-def write_workload(items: Iterable[WorkItem], path: Path) -> None:
-    tmp = path.with_name(path.name + ".part")
-    with tmp.open("w") as f:
-        for item in items:
-            f.write(json.dumps(item_dict(item)) + "\n")
-    tmp.replace(path)
