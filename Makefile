@@ -24,6 +24,7 @@ lint: $(STAMP)
 	$(BIN)/mypy --strict -p kvsched
 	$(BIN)/mypy --strict tests docs/examples/examples.py
 	$(BIN)/mypy --strict proofs
+	$(BIN)/mypy --strict tools
 	@# spec/ and reference/ stay standard-library Python (design.md section 1).
 	$(BIN)/python tests/layout_rules.py
 
@@ -39,19 +40,19 @@ test: lint unit
 
 # Baselines (reference, spec checker), then the optimized side by side (docs/benchmarks.md).
 bench: $(STAMP)
-	$(BIN)/python -m kvsched.bench --out docs/benchmarks.md
-	$(BIN)/python -m kvsched.bench_optimized --out docs/benchmarks.md
+	$(BIN)/python -m tools.bench --out docs/benchmarks.md
+	$(BIN)/python -m tools.bench_optimized --out docs/benchmarks.md
 
 # The whole 1M-request simulation through both schedulers, not extrapolated (about an
 # hour: the reference's run).
 bench-full: $(STAMP)
-	$(BIN)/python -m kvsched.bench_optimized --full-simulation --out docs/benchmarks.md
+	$(BIN)/python -m tools.bench_optimized --full-simulation --out docs/benchmarks.md
 
 # On a machine with a CUDA GPU (and a CUDA build of torch): the CUDA tests, then the
 # step time on cuda, recorded in docs/benchmarks.md. Within 10 minutes. On a GPU machine
 # without network, with torch already there: scripts/gpu_check.sh (no .venv).
 gpu-check: $(STAMP)
-	$(BIN)/python -m kvsched.bench_optimized --gpu-check --out docs/benchmarks.md
+	$(BIN)/python -m tools.bench_optimized --gpu-check --out docs/benchmarks.md
 
 fuzz-deep: $(STAMP)
 	HYPOTHESIS_PROFILE=deep $(BIN)/python -m pytest -p no:cacheprovider \
@@ -65,7 +66,7 @@ conformance-vllm: $(STAMP)
 
 # docs/spec.md quotes the checker's real output: render it again after changing a message.
 docs: $(STAMP)
-	$(BIN)/python -m kvsched.docs_render docs/examples/spec.template.md > docs/spec.md.part
+	$(BIN)/python -m tools.docs_render docs/examples/spec.template.md > docs/spec.md.part
 	mv docs/spec.md.part docs/spec.md
 
 clean:

@@ -20,4 +20,4 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
-exec "$PY" -m kvsched.bench_optimized --gpu-check --out "${1:-docs/benchmarks.md}"
+exec "$PY" -m tools.bench_optimized --gpu-check --out "${1:-docs/benchmarks.md}"

@@ -50,7 +50,7 @@ def main() -> int:
                 if not allowed(pillar, module):
                     bad.append(f"{path.relative_to(ROOT)}:{line}: {pillar}/ may not import "
                                f"{module}")
-    for folder in ("spec", "reference", "optimized", "src", "tests", "proofs"):
+    for folder in ("spec", "reference", "optimized", "src", "tests", "proofs", "tools"):
         for path in sorted((ROOT / folder).glob("**/*.py")):
             if path.is_symlink() or "/.venv/" in str(path):
                 continue

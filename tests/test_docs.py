@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from kvsched.docs_render import DocExamples, Example, load_examples, render, render_file
 from kvsched.spec import Config, TraceError, TraceReader, check_trace
 from kvsched.spec.trace import header_dict
+from tools.docs_render import DocExamples, Example, load_examples, render, render_file
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "docs" / "examples" / "spec.template.md"
 PAGE = ROOT / "docs" / "spec.md"
-RERENDER = ".venv/bin/python -m kvsched.docs_render docs/examples/spec.template.md > docs/spec.md"
+RERENDER = ".venv/bin/python -m tools.docs_render docs/examples/spec.template.md > docs/spec.md"
 
 
 def first_difference(a: str, b: str) -> str:

@@ -1,4 +1,4 @@
-"""kvsched.bench_optimized: its section of docs/benchmarks.md is replaced, not appended
+"""tools.bench_optimized: its section of docs/benchmarks.md is replaced, not appended
 again, and its step-time rows compare schedulers that hold the same requests."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from kvsched.bench_optimized import END, START, Section, Sizes, bench_steps, place
+from tools.bench_optimized import END, START, Section, Sizes, bench_steps, place
 
 torch.set_num_threads(1)
 
@@ -33,7 +33,7 @@ def test_step_rows_time_every_scheduler_at_every_queue_length() -> None:
 
 
 def test_checker_rows_compare_both_checkers_on_the_same_trace(tmp_path: Path) -> None:
-    from kvsched.bench_optimized import bench_checkers, small_trace
+    from tools.bench_optimized import bench_checkers, small_trace
 
     trace = tmp_path / "small.jsonl"
     small_trace(Sizes(small_trace_requests=40), trace)
@@ -46,7 +46,7 @@ def test_checker_rows_compare_both_checkers_on_the_same_trace(tmp_path: Path) ->
 
 def test_device_rows_time_both_kinds_of_step_on_each_device() -> None:
     # make gpu-check runs this on ("cuda", "cpu"); here both columns are the cpu.
-    from kvsched.bench_optimized import bench_devices
+    from tools.bench_optimized import bench_devices
 
     out = Section()
     bench_devices(Sizes(running=(8, 32), waiting=(20,)), out, ("cpu", "cpu"))

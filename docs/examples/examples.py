@@ -3,13 +3,13 @@
 Each example is a few step lines under the base config (section 5 of the page),
 with the config fields it changes. Render the page with
 
-    .venv/bin/python -m kvsched.docs_render docs/examples/spec.template.md > docs/spec.md
+    .venv/bin/python -m tools.docs_render docs/examples/spec.template.md > docs/spec.md
 """
 
 from __future__ import annotations
 
-from kvsched.docs_render import DocExamples, Example, Line, Rejection
 from kvsched.spec import Config
+from tools.docs_render import DocExamples, Example, Line, Rejection
 
 BASE = Config(block_size=4, num_gpu_blocks=8, num_cpu_blocks=0, max_num_batched_tokens=16,
               max_num_seqs=2, max_model_len=32)

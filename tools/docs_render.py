@@ -5,7 +5,7 @@ defined in examples.py beside the template (a `DOCS` object of class `DocExample
 tests/test_docs.py renders it again and requires the committed page byte for byte,
 so a checker message the page quotes cannot drift from the checker. Re-render with
 
-    .venv/bin/python -m kvsched.docs_render docs/examples/spec.template.md > docs/spec.md
+    .venv/bin/python -m tools.docs_render docs/examples/spec.template.md > docs/spec.md
 
 Placeholders (NAME is a key of the matching `DocExamples` mapping):
 
@@ -245,15 +245,15 @@ def render_file(template: Path) -> str:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m kvsched.docs_render TEMPLATE > PAGE", file=sys.stderr)
+        print("usage: python -m tools.docs_render TEMPLATE > PAGE", file=sys.stderr)
         return 2
     sys.stdout.buffer.write(render_file(Path(argv[0])).encode())
     return 0
 
 
 if __name__ == "__main__":
-    # Run as a script this module is __main__; the examples import kvsched.docs_render,
+    # Run as a script this module is __main__; the examples import tools.docs_render,
     # so hand over to that copy, whose DocExamples class they use.
-    from kvsched import docs_render
+    from tools import docs_render
 
     sys.exit(docs_render.main(sys.argv[1:]))

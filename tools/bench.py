@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 
 from kvsched.generators import generate
-from kvsched.reference.profiles import get_profile
+from kvsched.reference import reference_scheduler
 from kvsched.simulate import run
 from kvsched.spec.checker import Checker
 from kvsched.spec.model import Config
@@ -65,7 +65,7 @@ def machine() -> str:
 def bench_reference(requests: int, rate: float, trace: Path) -> Timing:
     workload = generate("sharegpt", requests, seed=0, arrival="poisson", rate=rate,
                         max_model_len=BENCH_CONFIG.max_model_len)
-    scheduler = get_profile("vllm-v1").scheduler(BENCH_CONFIG)
+    scheduler = reference_scheduler("vllm-v1", BENCH_CONFIG)
     steps = entries = 0
     with trace.open("wb") as stream:
         writer = TraceWriter(stream, lambda o: orjson.dumps(o) + b"\n")
@@ -104,7 +104,7 @@ def render(requests: int, rate: float, sim: Timing, chk: Timing, errors: int,
 Measured by `{command}` on {datetime.now(UTC):%Y-%m-%d}.
 Machine: {machine()}.
 
-## Baselines (issue 2): the reference scheduler and the spec checker
+## Baselines: the reference scheduler and the spec checker
 
 Workload: {requests:,} ShareGPT-like requests (`kvsched.generators`, seed 0), Poisson
 arrivals at {rate} per step. Config: block_size {BENCH_CONFIG.block_size},
@@ -118,12 +118,12 @@ max_num_batched_tokens {BENCH_CONFIG.max_num_batched_tokens}, max_model_len
 {row("spec checker (`kvsched.spec.checker`, orjson reader)", chk)}
 
 The checker found {errors} MUST violations in the reference's trace.
-These are the baselines the optimized implementation (issue 3) must beat.
+These are the baselines the optimized implementation must beat.
 """
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvsched.bench")
+    parser = argparse.ArgumentParser(prog="python -m tools.bench")
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--rate", type=float, default=1.0,
                         help="mean arrivals per step (1.0 keeps ~200 requests running)")
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.requests < 1 or args.rate <= 0:
         parser.error("--requests and --rate must be positive")
-    command = "make bench" if args.out else "python -m kvsched.bench " + " ".join(
+    command = "make bench" if args.out else "python -m tools.bench " + " ".join(
         argv or sys.argv[1:])
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "bench.jsonl"

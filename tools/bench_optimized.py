@@ -1,9 +1,9 @@
-"""Benchmarks of issue 3: the optimized scheduler and the vectorized checker against the
+"""Benchmarks of the optimized scheduler and the vectorized checker against the
 reference scheduler, vLLM's own scheduler and the spec checker, side by side in one run.
 
-    python -m kvsched.bench_optimized --out docs/benchmarks.md    (a section of the file)
-    python -m kvsched.bench_optimized --quick                     (small sizes, printed)
-    python -m kvsched.bench_optimized --gpu-check --out docs/benchmarks.md
+    python -m tools.bench_optimized --out docs/benchmarks.md    (a section of the file)
+    python -m tools.bench_optimized --quick                     (small sizes, printed)
+    python -m tools.bench_optimized --gpu-check --out docs/benchmarks.md
 
 Every figure of a table is measured in the same run; ratios compare runs of the same
 work. Step times interleave the schedulers (a few steps of each in turn, median of the
@@ -34,18 +34,20 @@ from typing import Any
 import orjson
 import torch
 
-from kvsched.bench import machine
+from kvsched.adapters import vllm_driver
 from kvsched.generators import generate
 from kvsched.optimized import OptimizedScheduler
 from kvsched.optimized.checker import check_trace_vectorized
 from kvsched.optimized.simulation import Arrivals, run_fast, step_dict
-from kvsched.reference import ReferenceScheduler, get_profile
+from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
 from kvsched.spec.checker import check_trace
-from kvsched.spec.model import Config, Request
+from kvsched.spec.model import Config, Policy, Request
+from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import TraceReader, TraceWriter
 from kvsched.spec.trace import step_dict as reference_step_dict
 from kvsched.workload import WorkItem
+from tools.bench import machine
 
 START = "<!-- bench_optimized: start -->"
 END = "<!-- bench_optimized: end -->"
@@ -54,12 +56,12 @@ GPU_END = "<!-- bench_optimized gpu: end -->"
 FULL_START = "<!-- bench_optimized full simulation: start -->"  # --full-simulation (long)
 FULL_END = "<!-- bench_optimized full simulation: end -->"
 KNOBS = get_profile("vllm-v1").knobs
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parent.parent  # the checkout: tools/ sits at its top
 
 
 @dataclass
 class Sizes:
-    """How big each benchmark is (the defaults are the issue's; --quick shrinks them)."""
+    """How big each benchmark is (the defaults are the full sizes; --quick shrinks them)."""
 
     running: tuple[int, ...] = (256, 4096, 65536)
     waiting: tuple[int, ...] = (1_000, 100_000, 1_000_000)
@@ -104,7 +106,7 @@ def one_thread() -> Iterator[None]:
 
 # -- step time -----------------------------------------------------------------------
 
-def step_config(running: int, policy: str = "fcfs") -> Config:
+def step_config(running: int, policy: Policy = "fcfs") -> Config:
     """A cache that never runs out: steps differ only by what runs and what waits."""
     return Config(block_size=16, num_gpu_blocks=40 * running + 1024,
                   max_num_batched_tokens=2 * running, max_num_seqs=running,
@@ -230,7 +232,7 @@ def bench_steps(sizes: Sizes, out: Section) -> list[StepRow]:
     """For each size of the running set, one pair of schedulers per queue length, all
     stepped in turn in every round: load that comes and goes hits them alike."""
     rows: list[StepRow] = []
-    cases = [(r, "fcfs") for r in sizes.running]
+    cases: list[tuple[int, Policy]] = [(r, "fcfs") for r in sizes.running]
     middle = sizes.running[len(sizes.running) // 2]
     cases.append((middle, "priority"))
     for running, policy in cases:
@@ -325,7 +327,7 @@ def bench_vllm(sizes: Sizes, out: Section) -> None:
         out.add("", "vLLM's scheduler: not measured (no .venv-vllm here; `make "
                 "conformance-vllm` creates it).")
         return
-    driver = ROOT / "src" / "kvsched" / "adapters" / "vllm_driver.py"
+    driver = Path(vllm_driver.__file__)  # standard library only: vLLM's python runs it
     out.add("", "| running | waiting | vLLM schedule() + update_from_output(), us | "
                 "optimized step, us | ratio |", "|---:|---:|---:|---:|---:|")
     waiting = sizes.waiting[0]
@@ -478,8 +480,8 @@ def describe(c: Config) -> str:
 # -- the checkers ----------------------------------------------------------------------
 
 def small_trace(sizes: Sizes, path: Path) -> Config:
-    """The baseline benchmark's engine (kvsched.bench: 256 sequences, 8192 blocks)."""
-    from kvsched.bench import BENCH_CONFIG
+    """The baseline benchmark's engine (tools.bench: 256 sequences, 8192 blocks)."""
+    from tools.bench import BENCH_CONFIG
     items = generate("sharegpt", sizes.small_trace_requests, seed=0, arrival="poisson",
                      rate=1.0, max_model_len=BENCH_CONFIG.max_model_len)
     with path.open("wb") as stream:
@@ -544,7 +546,7 @@ MEMORY = r'''
 import gc, sys, torch
 from pathlib import Path
 torch.set_num_threads(1)
-from kvsched.bench_optimized import request, start_running, step_config, KNOBS
+from tools.bench_optimized import request, start_running, step_config, KNOBS
 from kvsched.optimized import OptimizedScheduler
 from kvsched.reference import ReferenceScheduler
 
@@ -581,9 +583,10 @@ def bench_memory(sizes: Sizes, out: Section) -> None:
             "| scheduler | peak, bytes per live request | resident, bytes per live request |",
             "|---|---:|---:|")
     for which in ("reference", "optimized"):
+        # From the checkout's top, where the script finds `tools`.
         done = subprocess.run([sys.executable, "-c", MEMORY, which, str(sizes.memory_running),
                                str(sizes.memory_waiting)], capture_output=True, text=True,
-                              timeout=1800, check=False)
+                              timeout=1800, check=False, cwd=ROOT)
         if done.returncode == 0:
             peak, resident = (int(x) for x in done.stdout.split()[-2:])
             out.add(f"| {which} | {peak / live:,.0f} | {resident / live:,.0f} |")
@@ -690,7 +693,7 @@ def gpu_report(sizes: Sizes, command: str) -> str:
 
 def report(sizes: Sizes, command: str) -> str:
     out = Section()
-    out.add(START, "## Optimized scheduler and vectorized checker (issue 3)", "",
+    out.add(START, "## Optimized scheduler and vectorized checker", "",
             f"Measured by `{command}` on {datetime.now(UTC):%Y-%m-%d}.",
             f"Machine: {machine()}; torch {torch.__version__}, one torch thread on CPU.")
     out.add("", "### Step time, optimized against reference",
@@ -735,7 +738,7 @@ def report(sizes: Sizes, command: str) -> str:
         out.add("", "### Checker throughput", "",
                 "Both checkers read the same file with orjson and must give the same "
                 "report (counts, first violations). \"baseline engine\" is the engine of "
-                "kvsched.bench (256 sequences, ~130 entries per step, "
+                "tools.bench (256 sequences, ~130 entries per step, "
                 f"{sizes.small_trace_requests:,} requests); \"large engine\" is the "
                 "simulation's prefix above (thousands of entries per step).")
         bench_checkers(sizes, out, [("baseline engine", small), ("large engine", big)])
@@ -774,7 +777,7 @@ def gpu_check() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvsched.bench_optimized")
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_optimized")
     parser.add_argument("--out", type=Path, default=None,
                         help="put the section in this Markdown file (default: print only)")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
@@ -789,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--out" in given:  # where the text goes is not part of what was measured
         at = given.index("--out")
         del given[at:at + 2]
-    command = "python -m kvsched.bench_optimized " + " ".join(given)
+    command = "python -m tools.bench_optimized " + " ".join(given)
     markers = (START, END)
     if args.gpu_check:
         failed = gpu_check()
