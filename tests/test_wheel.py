@@ -1,0 +1,79 @@
+"""The wheel holds the product and nothing else: the kvsched package (the tool, the spec,
+the reference, the optimized engine, the adapters) and its dist-info; no development
+tools (tools/: benchmarks, docs renderer), no tests.
+
+It is built from a copy of the checkout, so the build's own files (build/, egg-info)
+never land in the working tree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COPIED = ("pyproject.toml", "README.md", "src", "spec", "reference", "optimized", "tools",
+          "tests")
+NOT_SOURCE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+DIST_INFO = "kvsched-0.1.0.dist-info"
+
+
+def build_wheel(tmp: Path) -> Path:
+    tree = tmp / "checkout"
+    tree.mkdir()
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            # symlinks=True: src/kvsched/spec and the others stay the relative links they are.
+            shutil.copytree(source, tree / name, symlinks=True, ignore=NOT_SOURCE)
+        else:
+            shutil.copy2(source, tree / name)
+    out = tmp / "dist"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--no-index", "--quiet", "-w", str(out), str(tree)],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    wheels = list(out.glob("kvsched-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+def package_files() -> set[str]:
+    """The package's files as the wheel should hold them: every module of src/kvsched,
+    through the links to the pillars, and the py.typed marker."""
+    src = ROOT / "src"
+    found = {"kvsched/py.typed"}
+    for folder, dirs, files in os.walk(src / "kvsched", followlinks=True):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        here = Path(folder).relative_to(src)
+        found.update((here / f).as_posix() for f in files if f.endswith(".py"))
+    return found
+
+
+def test_the_wheel_holds_the_package_and_nothing_else(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        entry_points = z.read(f"{DIST_INFO}/entry_points.txt").decode()
+    package = {n for n in names if n.startswith("kvsched/")}
+    meta = names - package
+    assert package == package_files(), (
+        f"in the wheel only: {sorted(package - package_files())}; "
+        f"missing from it: {sorted(package_files() - package)}")
+    assert all(n.startswith(f"{DIST_INFO}/") for n in meta), sorted(meta)
+    assert {f"{DIST_INFO}/{f}" for f in ("METADATA", "WHEEL", "RECORD", "entry_points.txt",
+                                         "top_level.txt")} <= meta
+    # The three pillars and the adapters come through the links.
+    for module in ("spec/checker.py", "reference/scheduler.py", "optimized/checker.py",
+                   "optimized/scan.py", "adapters/vllm.py", "cli.py"):
+        assert f"kvsched/{module}" in package
+    for tool in ("bench", "bench_optimized", "docs_render"):
+        assert not any(n.endswith(f"/{tool}.py") for n in names), tool
+    assert not any(n.startswith(("tools/", "tests/")) for n in names)
+    assert "kvsched = kvsched.cli:main" in entry_points
+    assert "kvsched = kvsched.pytest_plugin" in entry_points
