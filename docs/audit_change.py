@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvsched.reference import ReferenceScheduler, get_profile
+from kvsched.reference import ReferenceScheduler
 from kvsched.seeded_bugs import OverAdmitByOneBlock
 from kvsched.spec import Config
+from kvsched.spec.profiles import get_profile
 
 
 def admit_after_preempt(config: Config) -> ReferenceScheduler:

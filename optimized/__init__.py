@@ -1,6 +1,7 @@
 """kvsched.optimized: the reference's decisions on torch tensors, and a vectorized checker.
 
-Imports kvsched.spec, torch and numpy, never the reference package (design.md section 1).
+Imports kvsched.spec (its knobs and profiles included), torch and numpy, never the
+reference package (design.md section 1).
 The scheduler's names load torch on first use only, so that the vectorized checker
 (kvsched.optimized.checker, numpy) can be imported without it.
 """
@@ -11,14 +12,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvsched.optimized.knobs import VLLM_V1, CostLike, KnobsLike, LinkCost, PolicyKnobs
     from kvsched.optimized.scheduler import OptimizedScheduler, StepTensors
 
-_WHERE = {"VLLM_V1": "knobs", "CostLike": "knobs", "KnobsLike": "knobs", "LinkCost": "knobs",
-          "PolicyKnobs": "knobs", "OptimizedScheduler": "scheduler", "StepTensors": "scheduler"}
+_WHERE = {"OptimizedScheduler": "scheduler", "StepTensors": "scheduler"}
 
-__all__ = ["VLLM_V1", "CostLike", "KnobsLike", "LinkCost", "OptimizedScheduler",
-           "PolicyKnobs", "StepTensors"]
+__all__ = ["OptimizedScheduler", "StepTensors"]
 
 
 def __getattr__(name: str) -> Any:

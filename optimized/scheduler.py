@@ -39,9 +39,9 @@ import torch
 from torch import Tensor
 
 from kvsched.optimized.blocks import BlockTable, FreeList, cdiv
-from kvsched.optimized.knobs import VLLM_V1, KnobsLike, knob_problems
 from kvsched.optimized.queues import FcfsQueue, PriorityQueue
 from kvsched.spec.blocks import never_completes
+from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import (
     Config,
     Decision,
@@ -130,14 +130,13 @@ def _cat(parts: list[Tensor], empty: Tensor) -> Tensor:
 class OptimizedScheduler:
     """The reference's policy on tensors, on `device` ("cpu" or "cuda").
 
-    `knobs` is any object with the reference Knobs' fields (the reference profiles'
-    knobs work as they are); None means vLLM v1's.
+    `knobs` are the spec's (a profile's knobs work as they are); None means vLLM v1's.
     """
 
-    def __init__(self, config: Config, knobs: KnobsLike | None = None,
+    def __init__(self, config: Config, knobs: Knobs | None = None,
                  device: str | torch.device = "cpu") -> None:
-        chosen: KnobsLike = knobs if knobs is not None else VLLM_V1
-        problems = config.problems() + knob_problems(chosen)
+        chosen = knobs if knobs is not None else Knobs()
+        problems = config.problems() + chosen.problems()
         if problems:
             raise ValueError(problems[0])
         self.device = torch.device(device)
@@ -573,7 +572,7 @@ class OptimizedScheduler:
             returned += tokens
             released += g
             held = g - new
-            mode = cfg.preemption
+            mode: str = cfg.preemption
             if mode == "auto":
                 mode = "swap" if self.knobs.cost.prefers_swap(held, c) else "recompute"
             if mode == "swap" and held > free_host:

@@ -38,9 +38,9 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
 
-from kvsched.reference.knobs import Knobs
 from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.spec.checker import Checker, Report
+from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Decision, Request, StepRecord
 from kvsched.spec.trace import header_dict, step_dict
 from kvsched.spec.violation import INVARIANTS, MUST

@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from itertools import combinations, combinations_with_replacement, product
 from typing import TypeVar
 
-from kvsched.reference.knobs import Knobs
-from kvsched.reference.profiles import PROFILES
-from kvsched.spec.model import Config
+from kvsched.spec.knobs import VICTIMS, Knobs
+from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config
+from kvsched.spec.profiles import PROFILES
 
 T = TypeVar("T")
 
@@ -188,15 +188,20 @@ def grid_scope(point: dict[str, object], requests: tuple[Shape, ...]) -> Scope:
         assert isinstance(v, kind), (name, v)
         return v
 
-    knobs = Knobs(victim=value("victim", str),
+    def one_of(name: str, choices: tuple[T, ...]) -> T:
+        v = point[name]
+        assert v in choices, (name, v)
+        return choices[choices.index(v)]
+
+    knobs = Knobs(victim=one_of("victim", VICTIMS),
                   admit_after_preempt=value("admit_after_preempt", bool),
                   reserve_full_sequence=value("reserve_full_sequence", bool),
                   lift_threshold_when_alone=value("lift_threshold_when_alone", bool))
     block_size, blocks = value("cache", tuple)
     prefill = value("prefill", str)
     config = replace(BASE, block_size=block_size, num_gpu_blocks=blocks,
-                     num_cpu_blocks=value("num_cpu_blocks", int), policy=value("policy", str),
-                     preemption=value("preemption", str),
+                     num_cpu_blocks=value("num_cpu_blocks", int), policy=one_of("policy", POLICIES),
+                     preemption=one_of("preemption", PREEMPTION_MODES),
                      max_num_batched_tokens=value("max_num_batched_tokens", int),
                      max_num_seqs=value("max_num_seqs", int),
                      max_model_len=value("max_model_len", int),

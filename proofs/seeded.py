@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvsched.reference.knobs import Knobs
-from kvsched.reference.profiles import PROFILES
 from kvsched.reference.scheduler import ReferenceScheduler
+from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
+from kvsched.spec.profiles import PROFILES
 from proofs.model_check import Result, run_scopes
 from proofs.scopes import Scope
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kvsched.reference.knobs import VICTIM_CHOICES, Knobs
 from kvsched.reference.scheduler import Entry, ReferenceScheduler
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.checker import Checker, Tracked
+from kvsched.spec.knobs import VICTIMS, Knobs
 from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config, Request, Status
 
 WAITING, RUNNING, SWAPPED = 0, 1, 2
@@ -33,7 +33,7 @@ class Req(NamedTuple):
 
 class Cfg(NamedTuple):
     """A config and knobs as small integers (codes index POLICIES, PREEMPTION_MODES and
-    VICTIM_CHOICES)."""
+    VICTIMS)."""
 
     block_size: int = 1
     gpu: int = 4
@@ -61,7 +61,7 @@ class Cfg(NamedTuple):
                       watermark_blocks=self.watermark)
 
     def knobs(self) -> Knobs:
-        return Knobs(victim=VICTIM_CHOICES[self.victim],
+        return Knobs(victim=VICTIMS[self.victim],
                      admit_after_preempt=self.admit_after_preempt,
                      reserve_full_sequence=self.reserve_full,
                      lift_threshold_when_alone=self.lift_threshold)
@@ -73,7 +73,7 @@ def small_cfg(c: Cfg) -> bool:
             and 1 <= c.tokens <= 4 and 1 <= c.seqs <= 3 and 2 <= c.max_model_len <= 8
             and 0 <= c.threshold <= 2 and 0 <= c.watermark <= 1
             and 0 <= c.policy < len(POLICIES) and 0 <= c.preemption < len(PREEMPTION_MODES)
-            and 0 <= c.victim < len(VICTIM_CHOICES)
+            and 0 <= c.victim < len(VICTIMS)
             and (c.chunked or c.tokens >= c.max_model_len))
 
 

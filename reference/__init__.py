@@ -1,12 +1,10 @@
-"""kvsched.reference: the plain scheduler that obeys the spec, with knobs and profiles.
+"""kvsched.reference: the plain scheduler that obeys the spec, and its block allocator.
 
-Imports only kvsched.spec and the standard library (design.md section 1).
+Imports only kvsched.spec and the standard library (design.md section 1). Its knobs and
+profiles are the spec's (kvsched.spec.knobs, kvsched.spec.profiles).
 """
 
 from kvsched.reference.allocator import BlockAllocator
-from kvsched.reference.knobs import CostModel, Knobs
-from kvsched.reference.profiles import DEFAULT_PROFILE, PROFILES, Profile, get_profile
-from kvsched.reference.scheduler import ReferenceScheduler
+from kvsched.reference.scheduler import ReferenceScheduler, reference_scheduler
 
-__all__ = ["DEFAULT_PROFILE", "PROFILES", "BlockAllocator", "CostModel", "Knobs", "Profile",
-           "ReferenceScheduler", "get_profile"]
+__all__ = ["BlockAllocator", "ReferenceScheduler", "reference_scheduler"]

@@ -23,8 +23,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from kvsched.reference.allocator import BlockAllocator
-from kvsched.reference.knobs import Knobs
 from kvsched.spec.blocks import blocks_for, blocks_needed, never_completes
+from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import (
     Config,
     Decision,
@@ -34,6 +34,7 @@ from kvsched.spec.model import (
     RequestView,
     Status,
 )
+from kvsched.spec.profiles import Profile, get_profile
 
 
 @dataclass(slots=True)
@@ -354,3 +355,10 @@ class ReferenceScheduler:
                 finished.append(e.request.id)
         self._sampled = []
         return tuple(finished)
+
+
+def reference_scheduler(profile: Profile | str, config: Config) -> ReferenceScheduler:
+    """The reference with `profile`'s knobs (a Profile or its name) on `config` as given:
+    configure the config with `profile.configure` first for the profile's defaults."""
+    chosen = get_profile(profile) if isinstance(profile, str) else profile
+    return ReferenceScheduler(config, chosen.knobs)

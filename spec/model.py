@@ -12,8 +12,8 @@ from typing import Literal
 
 Policy = Literal["fcfs", "priority"]
 PreemptionMode = Literal["recompute", "swap", "auto"]
-POLICIES: tuple[str, ...] = ("fcfs", "priority")
-PREEMPTION_MODES: tuple[str, ...] = ("recompute", "swap", "auto")
+POLICIES: tuple[Policy, ...] = ("fcfs", "priority")
+PREEMPTION_MODES: tuple[PreemptionMode, ...] = ("recompute", "swap", "auto")
 # A preemption as it happened: auto resolves to one of these two per victim.
 VICTIM_MODES: tuple[str, ...] = ("recompute", "swap")
 
@@ -33,12 +33,13 @@ class Config:
     max_model_len: int = 4096
     chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"
-    preemption: str = "recompute"
+    policy: Policy = "fcfs"
+    preemption: PreemptionMode = "recompute"
     watermark_blocks: int = 0
 
     def problems(self) -> list[str]:
-        """Every way this config is malformed, one sentence each naming the field."""
+        """Every way this config is malformed, one sentence each naming the field (a
+        config read from a trace or a command line may hold any value in any field)."""
         out: list[str] = []
         positive = ("block_size", "num_gpu_blocks", "max_num_batched_tokens",
                     "max_num_seqs", "max_model_len")
@@ -192,6 +193,11 @@ class StepRecord:
     new_blocks: dict[str, tuple[int, ...]] | None = None
     time_ms: float | None = None
     line: int = field(default=0, compare=False)
+
+    @property
+    def num_ended(self) -> int:
+        """How many requests this step ended: finished, rejected or aborted."""
+        return len(self.finished) + len(self.rejected) + len(self.aborted)
 
     @property
     def decision(self) -> Decision:

@@ -334,7 +334,7 @@ def test_random_cases_are_seeded_and_vllm_accepts_them() -> None:
 
 
 def test_every_knob_variant_differs_from_the_profile() -> None:
-    from kvsched.reference import get_profile
+    from kvsched.spec.profiles import get_profile
     base = get_profile("vllm-v1").knobs
     assert all(k != base for k in knob_variants().values())
 

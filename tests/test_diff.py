@@ -30,10 +30,11 @@ from kvsched.diff import (
 )
 from kvsched.loading import FactoryError, build, load_factory
 from kvsched.metrics import metrics_of
-from kvsched.reference import get_profile
+from kvsched.reference import reference_scheduler
 from kvsched.seeded_bugs import SEEDED_BUGS, SeededBug
 from kvsched.simulate import run
 from kvsched.spec import Config, StepRecord, check_steps
+from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import TraceWriter
 from kvsched.strategies import configs, profiles, workloads
 from kvsched.workload import WorkItem, item_dict
@@ -121,8 +122,8 @@ def test_a_profile_against_itself_does_not_diverge(name: str) -> None:
     bug = SEEDED_BUGS["tail-victim-under-priority"]
     config = get_profile(name).configure(bug.config)
     p = get_profile(name)
-    a = simulated("a", p.scheduler(config), bug.workload, {})
-    b = simulated("b", p.scheduler(config), bug.workload, {})
+    a = simulated("a", reference_scheduler(p, config), bug.workload, {})
+    b = simulated("b", reference_scheduler(p, config), bug.workload, {})
     d = diff_streams(a, b)
     assert d.divergence is None and not d.diverged
     assert d.steps_compared == d.a.report.steps == d.b.report.steps > 0
@@ -146,8 +147,8 @@ def test_any_profile_against_itself_on_drawn_workloads(data: st.DataObject) -> N
     config = get_profile(name).configure(data.draw(configs()))
     items = data.draw(workloads(config))
     p = get_profile(name)
-    d = diff_streams(simulated("a", p.scheduler(config), items, {}),
-                     simulated("b", p.scheduler(config), items, {}))
+    d = diff_streams(simulated("a", reference_scheduler(p, config), items, {}),
+                     simulated("b", reference_scheduler(p, config), items, {}))
     assert d.divergence is None, d.divergence
 
 
@@ -206,8 +207,8 @@ def test_different_arrivals_are_told_as_different_inputs() -> None:
     bug = SEEDED_BUGS["seq-limit-ignored"]
     other = (*bug.workload[:2], WorkItem("r2", 1, 4, 2, 2))  # r2 arrives a step later
     ref = get_profile("vllm-v1")
-    d = diff_streams(simulated("a", ref.scheduler(bug.config), bug.workload, {}),
-                     simulated("b", ref.scheduler(bug.config), other, {}))
+    d = diff_streams(simulated("a", reference_scheduler(ref, bug.config), bug.workload, {}),
+                     simulated("b", reference_scheduler(ref, bug.config), other, {}))
     assert d.divergence is not None
     assert (d.divergence.step, d.divergence.what) == (0, INPUTS)
     assert "r2 (P=4, O=2, priority 0)" in d.divergence.a
@@ -229,14 +230,14 @@ def test_config_differences_are_reported(tmp_path: Path) -> None:
     bug = SEEDED_BUGS["token-budget-off-by-one"]
     wider = replace(bug.config, max_num_batched_tokens=32)
     ref = get_profile("vllm-v1")
-    d = diff_streams(simulated("a", ref.scheduler(bug.config), bug.workload, {}),
-                     simulated("b", ref.scheduler(wider), bug.workload, {}))
+    d = diff_streams(simulated("a", reference_scheduler(ref, bug.config), bug.workload, {}),
+                     simulated("b", reference_scheduler(ref, wider), bug.workload, {}))
     assert d.config_differences == ("max_num_batched_tokens: 16 | 32",)
     assert d.divergence is not None and d.divergence.step == 0
-    a = write_trace(tmp_path / "a.jsonl", bug.config, list(run(ref.scheduler(bug.config),
-                                                               bug.workload)))
-    b = write_trace(tmp_path / "b.jsonl", wider, list(run(ref.scheduler(wider),
-                                                          bug.workload)))
+    a = write_trace(tmp_path / "a.jsonl", bug.config,
+                    list(run(reference_scheduler(ref, bug.config), bug.workload)))
+    b = write_trace(tmp_path / "b.jsonl", wider,
+                    list(run(reference_scheduler(ref, wider), bug.workload)))
     result = kvsched("diff", str(a), str(b))
     assert result.returncode == 1
     assert "the configs differ (A | B): max_num_batched_tokens: 16 | 32" in result.stdout
@@ -253,9 +254,9 @@ def make(config):
 
 
 def crashes(config):
-    from kvsched.reference import get_profile
+    from kvsched.reference import ReferenceScheduler
 
-    class Crashing(type(get_profile("vllm-v1").scheduler(config))):
+    class Crashing(ReferenceScheduler):
         def schedule(self):
             if self.free_blocks() < 4:
                 raise RuntimeError("out of blocks\\nsecond line")

@@ -25,8 +25,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 from kvsched.optimized import OptimizedScheduler
 from kvsched.reference import ReferenceScheduler
-from kvsched.reference.knobs import Knobs
 from kvsched.spec import Config, Decision, Request
+from kvsched.spec.knobs import Knobs
 from kvsched.strategies import configs, output_lens, policies, prompt_lens, resolve
 
 # Per-step tensors are small: intra-op threads only wait on each other (and pytest -n 2

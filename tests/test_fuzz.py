@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.fuzz import CRASH, check_case, config_flags, fuzz
-from kvsched.reference import get_profile
+from kvsched.reference import reference_scheduler
 from kvsched.seeded_bugs import SEEDED_BUGS
 from kvsched.simulate import run
 from kvsched.spec import Config, check_steps
@@ -23,7 +23,7 @@ from kvsched.workload import read_workload
 
 # A user's scheduler module, as they would write one: a factory taking the config.
 USER_MODULE = '''
-from kvsched.reference import get_profile
+from kvsched.reference import reference_scheduler
 from kvsched.seeded_bugs import SEEDED_BUGS
 
 
@@ -33,7 +33,7 @@ def make(config):
 
 
 def correct(config):
-    return get_profile("vllm-v1").scheduler(config)
+    return reference_scheduler("vllm-v1", config)
 '''
 
 
@@ -69,7 +69,7 @@ def test_fuzz_finds_the_planted_fault_and_writes_a_minimal_workload(
     bug = SEEDED_BUGS["token-budget-off-by-one"]
     report = check_steps(config, run(bug.factory(config), workload), complete=True)
     assert report.counts["token-budget"] > 0
-    clean = check_steps(config, run(get_profile("vllm-v1").scheduler(config), workload),
+    clean = check_steps(config, run(reference_scheduler("vllm-v1", config), workload),
                         complete=True)
     assert sum(clean.counts.values()) == 0
 

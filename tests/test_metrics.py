@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from kvsched.generators import KINDS, generate
 from kvsched.metrics import Distribution, Metrics, metrics_of, metrics_of_trace, percentile
-from kvsched.reference import get_profile
+from kvsched.reference import reference_scheduler
 from kvsched.simulate import run
 from kvsched.spec import Config, Preemption, Rejection, Request, StepRecord, check_steps
+from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import TraceReader, TraceWriter
 from kvsched.workload import WorkItem, validate
 
@@ -226,7 +227,7 @@ def simulate(workload: list[WorkItem], profile: str = "vllm-v1",
              config: Config = SIM) -> tuple[Config, list[StepRecord]]:
     p = get_profile(profile)
     cfg = p.configure(config)
-    return cfg, list(run(p.scheduler(cfg), workload))
+    return cfg, list(run(reference_scheduler(p, cfg), workload))
 
 
 @pytest.mark.parametrize("profile", ["vllm-v1", "vllm-v0-swap", "sarathi"])

@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 from kvsched.optimized import OptimizedScheduler
 from kvsched.optimized.simulation import Arrivals, run_fast, step_dict
-from kvsched.reference import ReferenceScheduler, get_profile
-from kvsched.reference.knobs import Knobs
+from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
 from kvsched.spec import Config
+from kvsched.spec.knobs import Knobs
+from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import step_dict as reference_step_dict
 from kvsched.strategies import configs, knobs, profiles, workloads
 from kvsched.workload import WorkItem

@@ -21,8 +21,9 @@ import torch
 from hypothesis.stateful import invariant, run_state_machine_as_test
 
 from kvsched.optimized import OptimizedScheduler
-from kvsched.reference import Profile, ReferenceScheduler, get_profile
+from kvsched.reference import ReferenceScheduler
 from kvsched.spec import Config, Scheduler
+from kvsched.spec.profiles import Profile, get_profile
 
 torch.set_num_threads(1)  # small tensors: intra-op threads only add waiting
 

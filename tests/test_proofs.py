@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the proofs package lives at the top, beside spec/
 
-from kvsched.reference.knobs import Knobs  # noqa: E402
 from kvsched.reference.scheduler import ReferenceScheduler  # noqa: E402
 from kvsched.spec.checker import check_trace  # noqa: E402
+from kvsched.spec.knobs import Knobs  # noqa: E402
 from kvsched.spec.model import Config, Decision, Request  # noqa: E402
 from kvsched.spec.trace import TraceReader  # noqa: E402
 from proofs import model_check, run  # noqa: E402

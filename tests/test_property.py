@@ -19,11 +19,12 @@ from collections import Counter
 from hypothesis import assume, example, given, target
 from hypothesis import strategies as st
 
-from kvsched.reference import ReferenceScheduler, get_profile
-from kvsched.reference.knobs import Knobs
+from kvsched.reference import ReferenceScheduler, reference_scheduler
 from kvsched.simulate import run
 from kvsched.spec import Config, Report, StepRecord, check_steps
 from kvsched.spec.blocks import blocks_for, blocks_needed, cdiv, never_completes
+from kvsched.spec.knobs import Knobs
+from kvsched.spec.profiles import get_profile
 from kvsched.strategies import configs, knobs, profiles, workloads
 from kvsched.workload import WorkItem
 
@@ -65,7 +66,7 @@ def profile_runs(draw: st.DrawFn) -> tuple[str, Config, list[WorkItem]]:
 @given(setup=profile_runs())
 def test_every_profile_obeys_the_spec(setup: tuple[str, Config, list[WorkItem]]) -> None:
     name, config, items = setup
-    _, report = simulate(config, get_profile(name).scheduler(config), items)
+    _, report = simulate(config, reference_scheduler(name, config), items)
     promised = LIVENESS + (("no-thrash",) if name == "vllm-v1" else ())
     assert_obeys(report, promised)
 
@@ -94,7 +95,7 @@ def test_a_burst_that_overflows_the_cache_preempts_and_still_completes(
     items = [WorkItem(f"r{i}", 0, p, out, out)
              for i, p in enumerate(lengths)
              for out in [max(1, min(3 * config.block_size, capacity - p))]]
-    records, report = simulate(config, profile.scheduler(config), items)
+    records, report = simulate(config, reference_scheduler(profile, config), items)
     assert_obeys(report, LIVENESS + (("no-thrash",) if name == "vllm-v1" else ()))
     assert sorted(rid for r in records for rid in r.finished) == sorted(w.id for w in items)
 

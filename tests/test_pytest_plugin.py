@@ -5,10 +5,12 @@ naming the invariant; the reference passes. Run as pytest runs it for such a pro
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from kvsched.pytest_plugin import CheckedScheduler, SpecViolation, wrap
-from kvsched.reference import get_profile
+from kvsched.reference import reference_scheduler
 from kvsched.seeded_bugs import SEEDED_BUGS
 from kvsched.simulate import run
 
@@ -16,12 +18,12 @@ pytest_plugins = ["pytester"]
 
 # A small engine project: its scheduler module and its tests.
 ENGINE = '''
-from kvsched.reference import get_profile
+from kvsched.reference import reference_scheduler
 from kvsched.seeded_bugs import SEEDED_BUGS
 
 
 def good(config):
-    return get_profile("vllm-v1").scheduler(config)
+    return reference_scheduler("vllm-v1", config)
 
 
 def over_admits(config):
@@ -121,7 +123,7 @@ def test_the_wrapper_is_a_scheduler_that_forwards_every_call() -> None:
 
 def test_misuse_is_refused_with_a_sentence() -> None:
     config = SEEDED_BUGS["seq-limit-ignored"].config
-    good = get_profile("vllm-v1").scheduler
+    good = partial(reference_scheduler, "vllm-v1")
     with pytest.raises(ValueError, match="a factory needs a config"):
         wrap(good)
     with pytest.raises(TypeError, match="the factory returned a int"):

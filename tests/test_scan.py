@@ -260,9 +260,10 @@ def test_the_lookup_finds_exactly_the_ids_added() -> None:
 
 
 def test_a_spaced_trace_is_scanned_and_both_checkers_agree(tmp_path: Any) -> None:
-    from kvsched.reference import ReferenceScheduler, get_profile
+    from kvsched.reference import ReferenceScheduler
     from kvsched.simulate import run
     from kvsched.spec import Config
+    from kvsched.spec.profiles import get_profile
     from kvsched.spec.trace import TraceWriter
     from kvsched.workload import WorkItem
 

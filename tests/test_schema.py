@@ -19,9 +19,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from kvsched.reference import get_profile
+from kvsched.reference import reference_scheduler
 from kvsched.simulate import run
 from kvsched.spec import Config, StepRecord, TraceError, TraceReader, TraceWriter
+from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import header_dict
 from kvsched.workload import WorkItem, validate
 
@@ -86,7 +87,7 @@ def simulate(profile: str, changes: dict[str, Any], seed: int, priorities: bool,
              timed: bool, block_ids: bool) -> list[bytes]:
     p = get_profile(profile)
     config = p.configure(replace(SMALL, **changes))
-    records: list[StepRecord] = list(run(p.scheduler(config),
+    records: list[StepRecord] = list(run(reference_scheduler(p, config),
                                          workload(seed, 40, 48, 16, priorities),
                                          block_ids=block_ids))
     out = io.BytesIO()

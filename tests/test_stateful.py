@@ -19,8 +19,8 @@ from hypothesis.stateful import (
 )
 
 from kvsched.reference import ReferenceScheduler
-from kvsched.reference.knobs import Knobs
 from kvsched.spec import Checker, Config, Decision, Request, Status, StepRecord
+from kvsched.spec.knobs import Knobs
 from kvsched.strategies import configs, output_lens, policies, prompt_lens, resolve
 
 # To finish what is live at the end: a request alone needs at most max_model_len steps

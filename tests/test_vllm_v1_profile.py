@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvsched.reference import get_profile
-from kvsched.reference.scheduler import ReferenceScheduler
+from kvsched.reference.scheduler import ReferenceScheduler, reference_scheduler
 from kvsched.spec.model import Config, Decision, Preemption, Request, Status
 
 
 def scheduler(profile: str = "vllm-v1", **config: object) -> ReferenceScheduler:
-    return get_profile(profile).scheduler(Config(**config))  # type: ignore[arg-type]
+    return reference_scheduler(profile, Config(**config))  # type: ignore[arg-type]
 
 
 def step(s: ReferenceScheduler, arrivals: Iterable[Request] = (),

@@ -24,11 +24,12 @@ from kvsched import __version__
 from kvsched.conformance import ProfileReplay
 from kvsched.generators import ARRIVALS, KINDS, generate, parse_priorities
 from kvsched.junit import CheckedTrace, TraceCoverage, junit_xml
-from kvsched.reference.knobs import VICTIM_CHOICES, Knobs
-from kvsched.reference.profiles import DEFAULT_PROFILE, PROFILES, get_profile
+from kvsched.reference import reference_scheduler
 from kvsched.spec.checker import Checker, Report
 from kvsched.spec.interface import Scheduler as AnyScheduler
+from kvsched.spec.knobs import VICTIMS, Knobs
 from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config, StepRecord
+from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from kvsched.spec.should import DEFAULT_MAX_PREEMPTIONS
 from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
 from kvsched.spec.violation import Violation
@@ -210,7 +211,7 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
 @config_options
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
               type=click.Choice(list(PROFILES)), help="Named set of policy knobs.")
-@click.option("--victim", type=click.Choice(VICTIM_CHOICES),
+@click.option("--victim", type=click.Choice(VICTIMS),
               help="Override the profile's victim choice.")
 @click.option("--admit-after-preempt/--no-admit-after-preempt", default=None,
               help="Override: admit in a step that preempted.")
@@ -532,7 +533,7 @@ def profiles() -> None:
     for p in PROFILES.values():
         knobs = ", ".join(f"{f.name}={getattr(p.knobs, f.name)}" for f in fields(Knobs)
                           if f.name != "cost")
-        defaults = ", ".join(f"{k}={v}" for k, v in p.config_defaults) or "-"
+        defaults = p.defaults.describe()
         table.add_row(p.name, knobs, defaults, p.description)
     out.print(table)
 
@@ -721,7 +722,7 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
             for text, kind, config, keep in zip((a, b), kinds, configs, (out_a, out_b),
                                                 strict=True):
                 if kind == "profile":
-                    scheduler = get_profile(text).scheduler(config)
+                    scheduler = reference_scheduler(text, config)
                     label = f"{text} (reference)"
                     engine = {"name": "kvsched-reference", "version": __version__,
                               "profile": text}

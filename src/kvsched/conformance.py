@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvsched.reference.profiles import get_profile
+from kvsched.reference import reference_scheduler
 from kvsched.spec.model import Config, Decision, RequestView, StepRecord
 from kvsched.spec.violation import Violation
 
@@ -51,7 +51,7 @@ class ProfileReplay:
 
     def __init__(self, config: Config, profile: str) -> None:
         self.profile = profile
-        self.scheduler = get_profile(profile).scheduler(config)
+        self.scheduler = reference_scheduler(profile, config)
         self.divergence: Violation | None = None
 
     def step(self, rec: StepRecord) -> Violation | None:

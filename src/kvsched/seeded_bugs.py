@@ -19,12 +19,11 @@ from dataclasses import dataclass, replace
 
 import kvsched.reference.scheduler as reference_scheduler
 from kvsched.reference.allocator import BlockAllocator
-from kvsched.reference.knobs import Knobs
-from kvsched.reference.profiles import get_profile
 from kvsched.reference.scheduler import Entry, ReferenceScheduler
 from kvsched.simulate import run
 from kvsched.spec.blocks import blocks_for, blocks_needed
 from kvsched.spec.interface import Scheduler
+from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import (
     MAX_COUNT,
     Config,
@@ -34,6 +33,7 @@ from kvsched.spec.model import (
     Status,
     StepRecord,
 )
+from kvsched.spec.profiles import get_profile
 from kvsched.spec.violation import MUST, PROFILE, SHOULD
 from kvsched.workload import WorkItem, validate
 
@@ -376,7 +376,7 @@ class SeededBug:
 
     def reference(self) -> Scheduler:
         """The correct scheduler the bug was planted in."""
-        return get_profile(self.profile).scheduler(self.config)
+        return ReferenceScheduler(self.config, get_profile(self.profile).knobs)
 
     def simulate(self, scheduler: Scheduler | None = None) -> list[StepRecord]:
         """The trace of `scheduler` (by default the buggy one) on this workload."""

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from kvsched.reference.knobs import VICTIM_CHOICES, Knobs
-from kvsched.reference.profiles import PROFILES, get_profile
+from kvsched.spec.knobs import VICTIMS, Knobs
 from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config
+from kvsched.spec.profiles import PROFILES, get_profile
 from kvsched.workload import WorkItem, validate
 
 __all__ = ["configs", "knobs", "output_lens", "profiles", "prompt_lens", "workloads"]
@@ -74,7 +74,7 @@ def knobs() -> st.SearchStrategy[Knobs]:
     """Any combination of the reference scheduler's policy knobs (default cost model)."""
     return st.builds(
         Knobs,
-        victim=st.sampled_from(VICTIM_CHOICES),
+        victim=st.sampled_from(VICTIMS),
         admit_after_preempt=st.booleans(),
         reserve_full_sequence=st.booleans(),
         lift_threshold_when_alone=st.booleans(),
@@ -82,7 +82,7 @@ def knobs() -> st.SearchStrategy[Knobs]:
 
 
 def profiles() -> st.SearchStrategy[str]:
-    """The name of a profile in kvsched.reference.PROFILES."""
+    """The name of a profile in kvsched.spec.profiles.PROFILES."""
     return st.sampled_from(sorted(PROFILES))
 
 

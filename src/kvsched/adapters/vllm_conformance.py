@@ -27,12 +27,12 @@ from pathlib import Path
 from kvsched.adapters.vllm import DEFAULT_VLLM_PYTHON, AdapterError, Job, record_jobs
 from kvsched.conformance import ProfileReplay
 from kvsched.generators import generate
-from kvsched.reference.knobs import Knobs
-from kvsched.reference.profiles import get_profile
 from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.checker import Checker
+from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
+from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import TraceReader
 from kvsched.spec.violation import INVARIANTS, MUST, Violation
 from kvsched.workload import WorkItem, validate

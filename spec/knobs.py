@@ -1,10 +1,16 @@
-"""Policy knobs of the reference scheduler (design.md section 4) and the auto cost model."""
+"""Policy knobs (design.md section 4): the choices where engines differ, and the cost
+model of `auto` preemption. Every scheduler (the reference, the optimized one) reads
+these same values, so a profile means one thing everywhere.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
-VICTIM_CHOICES: tuple[str, ...] = ("policy", "tail", "lowest_priority")
+# Which running request gives up its blocks when a step runs short of them.
+Victim = Literal["policy", "tail", "lowest_priority"]
+VICTIMS: tuple[Victim, ...] = ("policy", "tail", "lowest_priority")
 
 
 @dataclass(frozen=True)
@@ -28,12 +34,13 @@ class CostModel:
         return computed_tokens / self.prefill_tokens_per_s
 
     def prefers_swap(self, blocks: int, computed_tokens: int) -> bool:
+        """`auto` swaps a victim exactly when this holds."""
         return self.swap_seconds(blocks) < self.recompute_seconds(computed_tokens)
 
 
 @dataclass(frozen=True)
 class Knobs:
-    """The reference's choices where engines differ.
+    """A scheduler's choices where engines differ; the defaults are vLLM v1's.
 
     victim: "policy" picks as vLLM does (the tail of running under fcfs, the largest
         (priority, arrival) under priority); "tail" and "lowest_priority" force one rule.
@@ -43,15 +50,18 @@ class Knobs:
         first chunk (vLLM's scheduler_reserve_full_isl, default on).
     lift_threshold_when_alone: the long-prefill threshold does not apply when only one
         request is running or waiting (vLLM 0.32).
+    cost: the cost model `auto` preemption decides by.
     """
 
-    victim: str = "policy"
+    victim: Victim = "policy"
     admit_after_preempt: bool = False
     reserve_full_sequence: bool = True
     lift_threshold_when_alone: bool = True
     cost: CostModel = field(default_factory=CostModel)
 
     def problems(self) -> list[str]:
-        if self.victim not in VICTIM_CHOICES:
-            return [f"victim must be one of {', '.join(VICTIM_CHOICES)}, got {self.victim!r}"]
+        """Every way these knobs are malformed (a victim rule read from text), one
+        sentence each naming the field."""
+        if self.victim not in VICTIMS:
+            return [f"victim must be one of {', '.join(VICTIMS)}, got {self.victim!r}"]
         return []

@@ -1,0 +1,104 @@
+"""Named profiles (design.md section 4): a set of knobs, and the config defaults that go
+with them. A profile is a value; the scheduler that replays one lives with its
+implementation (kvsched.reference.reference_scheduler).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from kvsched.spec.knobs import Knobs
+from kvsched.spec.model import Config, PreemptionMode
+
+
+@dataclass(frozen=True)
+class ConfigDefaults:
+    """Config fields a profile sets unless the user gives them; None and False leave the
+    field as it is.
+
+    preemption: the preemption mode.
+    watermark_fraction: watermark_blocks = int(fraction * num_gpu_blocks), as vLLM V0
+        computes its watermark.
+    host_blocks_as_gpu: num_cpu_blocks = num_gpu_blocks (as much swap space as cache).
+    """
+
+    preemption: PreemptionMode | None = None
+    watermark_fraction: float | None = None
+    host_blocks_as_gpu: bool = False
+
+    def apply(self, config: Config, given: frozenset[str] = frozenset()) -> Config:
+        """`config` with these defaults for every field not in `given`, each computed from
+        `config` as it comes in."""
+        out = config
+        if self.preemption is not None and "preemption" not in given:
+            out = replace(out, preemption=self.preemption)
+        if self.watermark_fraction is not None and "watermark_blocks" not in given:
+            out = replace(out, watermark_blocks=int(self.watermark_fraction
+                                                    * config.num_gpu_blocks))
+        if self.host_blocks_as_gpu and "num_cpu_blocks" not in given:
+            out = replace(out, num_cpu_blocks=config.num_gpu_blocks)
+        return out
+
+    def describe(self) -> str:
+        """One line for `kvsched profiles`, or "-" when the profile sets nothing."""
+        parts = []
+        if self.preemption is not None:
+            parts.append(f"preemption={self.preemption}")
+        if self.watermark_fraction is not None:
+            parts.append(f"watermark_blocks={self.watermark_fraction:.0%} of num_gpu_blocks")
+        if self.host_blocks_as_gpu:
+            parts.append("num_cpu_blocks=num_gpu_blocks")
+        return ", ".join(parts) or "-"
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    knobs: Knobs
+    defaults: ConfigDefaults = field(default_factory=ConfigDefaults)
+
+    def configure(self, config: Config, given: frozenset[str] = frozenset()) -> Config:
+        """`config` with this profile's defaults for every field not in `given`."""
+        return self.defaults.apply(config, given)
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile(
+            "vllm-v1",
+            "vLLM 0.32's v1 scheduler: running first, preempt the tail (fcfs) or the "
+            "lowest priority by recompute, no admission in a step that preempted, "
+            "admission needs the whole sequence to fit, threshold lifted when alone",
+            Knobs(victim="policy", admit_after_preempt=False, reserve_full_sequence=True,
+                  lift_threshold_when_alone=True),
+        ),
+        Profile(
+            "vllm-v0-swap",
+            "vLLM v0 style with swapping: preempt the tail by swapping to host blocks, "
+            "swap back in before new admissions, no swap-in or admission in a step that "
+            "swapped out, a 1% watermark, admission checks only the first chunk",
+            Knobs(victim="policy", admit_after_preempt=False, reserve_full_sequence=False,
+                  lift_threshold_when_alone=False),
+            ConfigDefaults(preemption="swap", watermark_fraction=0.01,
+                           host_blocks_as_gpu=True),
+        ),
+        Profile(
+            "sarathi",
+            "Sarathi-Serve style: decodes and partial prefills first, new prefills fill the "
+            "chunk budget, preempt the tail by recompute, admit after preempting",
+            Knobs(victim="tail", admit_after_preempt=True, reserve_full_sequence=False,
+                  lift_threshold_when_alone=False),
+        ),
+    )
+}
+
+DEFAULT_PROFILE = "vllm-v1"
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}") from None
