@@ -481,7 +481,7 @@ K2 = np.uint64(0xC2B2AE3D27D4EB4F)
 def lookup(lo: np.ndarray, hi: np.ndarray, table_lo: np.ndarray, table_hi: np.ndarray,
            table_ri: np.ndarray, bits: int, out: np.ndarray) -> None:
     """out[e] = the request index of key (lo[e], hi[e]) in an open-addressing table with
-    linear probing (see kvsched.optimized.checker.IdTable), -1 where it is not there."""
+    linear probing (see kvsched.optimized.ids.IdTable), -1 where it is not there."""
     mask = (1 << bits) - 1
     shift = np.uint64(64 - bits)
     for e in range(lo.shape[0]):

@@ -1,0 +1,135 @@
+"""The bridge to the spec's checker (kvsched.spec.checker): the only module that knows
+how that checker keeps its replay state.
+
+A run of steps that the vectorized rules do not find clean is checked by the spec's own
+Checker, from the same state, so that it reports exactly what it would have reported.
+`SpecBridge` hands the columns' state (kvsched.optimized.columns) to that Checker
+(`to_exact`), feeds it the run's lines, and reads the state back (`from_exact`). The
+report and the ids that have ended live in the spec's Checker throughout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from kvsched.optimized.columns import CODE_OF, STATUS_OF, Columns
+from kvsched.optimized.lines import Loads, exact_object
+from kvsched.spec.checker import Checker, Report, Tracked
+from kvsched.spec.model import Request, Status
+from kvsched.spec.trace import STEP_KEYS, TraceError, parse_step
+
+Saw = Callable[[int, object, object], None]  # (step, new_blocks, free_blocks) of each line
+
+
+class SpecBridge:
+    """The spec's Checker beside the columns of `state`, and the hand-over between them."""
+
+    def __init__(self, state: Columns, max_preemptions: int, keep: int) -> None:
+        self.state = state
+        self.checker = Checker(state.config, max_preemptions, keep)
+
+    @property
+    def report(self) -> Report:
+        return self.checker.report
+
+    @property
+    def ended(self) -> Mapping[str, Status]:
+        """The ids that have ended, and how."""
+        return self.checker.ended
+
+    def add_ended(self, ended: Mapping[str, Status]) -> None:
+        self.checker.ended.update(ended)
+
+    def check_lines(self, steps: list[tuple[int, Any]], expected: int,
+                    unknown_keys: dict[str, int], loads: Loads, saw: Saw) -> int:
+        """Check lines (number, JSON object, or the raw bytes of a line read as the spec's
+        reader reads it) with the spec's parser and Checker; returns the next expected
+        step number."""
+        state = self.state
+        ended = self.checker.ended
+        before = state.live_indices()
+        first_new = len(state.ids)
+        self.to_exact()
+        for line, given in steps:
+            obj = exact_object(given, line, loads) if isinstance(given, bytes) else given
+            rec = parse_step(obj, line)
+            saw(rec.step, rec.new_blocks, rec.free_blocks)
+            if rec.step != expected:
+                raise TraceError(line, f"expected step {expected}, got {rec.step} "
+                                       "(steps are numbered from 0 without gaps)")
+            for key in obj:
+                if key not in STEP_KEYS and key not in unknown_keys:
+                    unknown_keys[key] = line
+            expected += 1
+            fresh = [r for r in rec.arrivals if r.id not in state.index and r.id not in ended]
+            if len({r.id for r in fresh}) == len(fresh):
+                state.register(fresh)
+            else:
+                state.register(list({r.id: r for r in reversed(fresh)}.values())[::-1])
+            self.checker.step(rec)
+        self.from_exact(np.concatenate((before, np.arange(first_new, len(state.ids)))))
+        return expected
+
+    def end(self, complete: bool) -> Report:
+        self.to_exact()
+        return self.checker.end(complete)
+
+    def to_exact(self) -> None:
+        """Give the spec's Checker the state of the columns."""
+        ex = self.checker
+        s = self.state
+        c = s.cols
+        live: dict[str, Tracked] = {}
+        owned: dict[int, list[int]] = {}
+        ex.owner = {}
+        if s.track_ids:
+            holder = s.holder
+            ok = holder >= 0
+            blocks = np.flatnonzero(ok)
+            owners = holder[blocks]
+            current = s.holder_gen[blocks] == c["GEN"][owners]
+            for b, ri in zip(blocks[current].tolist(), owners[current].tolist(), strict=True):
+                ex.owner[b] = s.ids[ri]
+                owned.setdefault(ri, []).append(b)
+        for ri in s.live_indices().tolist():
+            rid = s.ids[ri]
+            live[rid] = Tracked(
+                Request(rid, int(c["P"][ri]), int(c["O"][ri]), int(c["PRIO"][ri]),
+                        int(c["ARR"][ri])),
+                STATUS_OF[int(c["STATUS"][ri])], int(c["N"][ri]), int(c["C"][ri]),
+                int(c["G"][ri]), int(c["H"][ri]), int(c["PRE"][ri]), owned.get(ri, []),
+                bool(c["RECOMP"][ri]))
+        ex.live = live
+        ex.free, ex.free_host, ex.running = s.free, s.free_host, s.running
+        ex.leaked, ex.track_ids, ex.step_no = s.leaked, s.track_ids, s.step_no
+
+    def from_exact(self, before: np.ndarray) -> None:
+        """Read the state back into the columns; `before` are the requests that were live
+        before, or arrived since."""
+        ex = self.checker
+        s = self.state
+        c = s.cols
+        for ri in before.tolist():
+            rid = s.ids[ri]
+            if rid not in ex.live:
+                c["STATUS"][ri] = CODE_OF[ex.ended[rid]]
+                c["G"][ri] = c["H"][ri] = 0
+                c["GEN"][ri] += 1
+        for rid, t in ex.live.items():
+            ri = s.index[rid]
+            c["N"][ri], c["C"][ri], c["G"][ri], c["H"][ri] = (t.num_tokens, t.num_computed,
+                                                             t.gpu_blocks, t.host_blocks)
+            c["PRE"][ri], c["RECOMP"][ri] = t.preemptions, int(t.recomputing)
+            c["STATUS"][ri] = CODE_OF[t.status]
+            c["GEN"][ri] += 1
+        s.holder.fill(-1)
+        for b, rid in ex.owner.items():
+            ri = s.index[rid]
+            s.holder[b] = ri
+            s.holder_gen[b] = c["GEN"][ri]
+        s.free, s.free_host, s.running = ex.free, ex.free_host, ex.running
+        s.leaked, s.track_ids, s.step_no = ex.leaked, ex.track_ids, ex.step_no
+        s.live = len(ex.live)
