@@ -302,21 +302,28 @@ class OptimizedScheduler:
                                                c[H_], c[NPRE])
                 for s, c in zip(slots, cols, strict=True)}
 
-    def gpu_block_ids(self, request_id: str) -> list[int]:
-        """The GPU block table of a live request (for tests)."""
-        self._flush()
-        slot = self._slot_of[request_id]
-        g, row = int(self.state[G_, slot]), int(self.state[GROW, slot])
-        return [] if g == 0 else [int(b) for b in self.gpu_table.table[row, :g].tolist()]
+    # -- block tables (kvsched.spec.interface.BlockTables) ------------------------------
 
-    def host_block_ids(self, request_id: str) -> list[int]:
-        self._flush()
-        slot = self._slot_of[request_id]
-        h, row = int(self.state[H_, slot]), int(self.state[HROW, slot])
-        return [] if h == 0 else [int(b) for b in self.cpu_table.table[row, :h].tolist()]
+    def block_table(self, request_id: str) -> tuple[int, ...]:
+        return self._table_row(request_id, G_, GROW, self.gpu_table)
 
-    def num_running(self) -> int:
-        return self.running.numel()
+    def host_table(self, request_id: str) -> tuple[int, ...]:
+        return self._table_row(request_id, H_, HROW, self.cpu_table)
+
+    def free_gpu_ids(self) -> tuple[int, ...]:
+        return tuple(self.gpu_free.snapshot())
+
+    def free_host_ids(self) -> tuple[int, ...]:
+        return tuple(self.cpu_free.snapshot())
+
+    def _table_row(self, request_id: str, count: int, row: int, table: BlockTable
+                   ) -> tuple[int, ...]:
+        self._flush()
+        slot = self._slot_of.get(request_id)
+        if slot is None:
+            return ()
+        held, at = int(self.state[count, slot]), int(self.state[row, slot])
+        return () if held == 0 else tuple(int(b) for b in table.table[at, :held].tolist())
 
     def slot_of(self, request_id: str) -> int:
         return self._slot_of[request_id]

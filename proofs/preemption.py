@@ -104,7 +104,7 @@ def swap_out_then_in_restores(c: Cfg, r0: Req, r1: Req, r2: Req) -> str:
 
     def snapshot() -> tuple[object, ...]:
         return (victim.status, victim.num_tokens, victim.num_computed, b.gpu_blocks(rid),
-                b.host_blocks(rid), b.free_gpu, b.free_cpu, tuple(sorted(b._free_cpu)))
+                b.host_blocks(rid), b.free_gpu, b.free_cpu, tuple(sorted(b.free_host_ids())))
 
     before = snapshot()
     s.running.remove(victim)

@@ -53,9 +53,10 @@ def extras(obj: object, known: frozenset[str]) -> Hashable:
 
 
 def allocator_key(blocks: BlockAllocator) -> Hashable:
-    tables = tuple(sorted((rid, tuple(ids)) for rid, ids in blocks._gpu.items() if ids))
-    host = tuple(sorted((rid, tuple(ids)) for rid, ids in blocks._cpu.items() if ids))
-    return (tuple(blocks._free_gpu), tuple(blocks._free_cpu), tables, host,
+    holders = blocks.holders()
+    tables = tuple((rid, blocks.block_table(rid)) for rid in holders if blocks.block_table(rid))
+    host = tuple((rid, blocks.host_table(rid)) for rid in holders if blocks.host_table(rid))
+    return (blocks.free_gpu_ids(), blocks.free_host_ids(), tables, host,
             extras(blocks, ALLOCATOR_FIELDS))
 
 

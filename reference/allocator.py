@@ -32,6 +32,31 @@ class BlockAllocator:
     def host_blocks(self, rid: str) -> int:
         return len(self._cpu.get(rid, ()))
 
+    # -- read accessors (kvsched.spec.interface.BlockTables) ---------------------------
+
+    def block_table(self, rid: str) -> tuple[int, ...]:
+        """`rid`'s GPU block ids in table order; () when it holds none."""
+        return tuple(self._gpu.get(rid, ()))
+
+    def host_table(self, rid: str) -> tuple[int, ...]:
+        """`rid`'s host block ids in table order; () when it holds none."""
+        return tuple(self._cpu.get(rid, ()))
+
+    def free_gpu_ids(self) -> tuple[int, ...]:
+        """The free GPU block ids in the order they will be handed out."""
+        return tuple(self._free_gpu)
+
+    def free_host_ids(self) -> tuple[int, ...]:
+        """The free host block ids in the order they will be handed out."""
+        return tuple(self._free_cpu)
+
+    def holders(self) -> tuple[str, ...]:
+        """The ids of the requests that hold GPU or host blocks, sorted."""
+        return tuple(sorted({rid for rid, ids in self._gpu.items() if ids}
+                            | {rid for rid, ids in self._cpu.items() if ids}))
+
+    # -- changes ------------------------------------------------------------------------
+
     def allocate(self, rid: str, count: int) -> list[int]:
         """Give `rid` `count` more GPU blocks.
 

@@ -142,6 +142,20 @@ class ReferenceScheduler:
                                  e.num_preemptions)
                 for rid, e in self.entries.items()}
 
+    # -- block tables (kvsched.spec.interface.BlockTables) ------------------------------
+
+    def block_table(self, request_id: str) -> tuple[int, ...]:
+        return self.blocks.block_table(request_id)
+
+    def host_table(self, request_id: str) -> tuple[int, ...]:
+        return self.blocks.host_table(request_id)
+
+    def free_gpu_ids(self) -> tuple[int, ...]:
+        return self.blocks.free_gpu_ids()
+
+    def free_host_ids(self) -> tuple[int, ...]:
+        return self.blocks.free_host_ids()
+
     # -- one step ---------------------------------------------------------------------
 
     def schedule(self) -> Decision:

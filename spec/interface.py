@@ -3,6 +3,10 @@
 A step is: `add_request` for arrivals, `abort_request` for cancellations,
 `schedule()` for phases 2 to 5, then `update(stopped)` for phase 6, where
 `stopped` names the sampled requests whose new token was end-of-sequence.
+
+`BlockTables` are optional read accessors: the block ids behind the counts. A scheduler
+that offers them (the reference and the optimized one do) can be compared with another
+block by block, and tested without reading its private state.
 """
 
 from __future__ import annotations
@@ -36,3 +40,31 @@ class Scheduler(Protocol):
         ...
 
     def has_unfinished(self) -> bool: ...
+
+
+@runtime_checkable
+class BlockTables(Protocol):
+    """Optional read accessors: which block ids a scheduler holds for whom, and which
+    are free. For tests and proofs; the simulation loop never needs them."""
+
+    def block_table(self, request_id: str) -> tuple[int, ...]:
+        """The GPU block ids of `request_id` in table order; () when it holds none (or
+        is not live)."""
+        ...
+
+    def host_table(self, request_id: str) -> tuple[int, ...]:
+        """The host (swap) block ids of `request_id` in table order; () when none."""
+        ...
+
+    def free_gpu_ids(self) -> tuple[int, ...]:
+        """The free GPU block ids, in the order they will be handed out."""
+        ...
+
+    def free_host_ids(self) -> tuple[int, ...]:
+        """The free host block ids, in the order they will be handed out."""
+        ...
+
+
+@runtime_checkable
+class InspectableScheduler(Scheduler, BlockTables, Protocol):
+    """A scheduler that also offers the block-table accessors."""

@@ -1,17 +1,41 @@
-"""Hypothesis profiles: `ci` (bounded, used by make test) and `deep` (make fuzz-deep)."""
+"""Hypothesis profiles: `ci` (bounded, used by make test) and `deep` (make fuzz-deep).
+
+And `scheduler_factory`: every scheduler-level test runs once per implementation (the
+reference, the optimized scheduler on cpu, and on cuda where torch sees a GPU), building
+its schedulers through the factory it is given (kvsched.testing.implementations).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
-settings.register_profile(
-    "ci", max_examples=60, deadline=None, derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.register_profile(
-    "deep", max_examples=2000, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+from kvsched.testing.implementations import IMPLEMENTATIONS, SchedulerFactory
+
+# The scheduler_factory fixture holds no state an example could leave behind (it only
+# counts what it built), so sharing it across a test's examples is sound.
+QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
+
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
+                          suppress_health_check=QUIET)
+settings.register_profile("deep", max_examples=2000, deadline=None, suppress_health_check=QUIET)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def scheduler_factory(request: pytest.FixtureRequest) -> Iterator[SchedulerFactory]:
+    """Builds the schedulers of one implementation; the test fails if it built none
+    (it would have tested nothing there)."""
+    implementation: str = request.param
+    if implementation != "reference":
+        torch = pytest.importorskip("torch", reason="the optimized scheduler needs torch")
+        if implementation == "optimized-cuda" and not torch.cuda.is_available():
+            pytest.skip("torch.cuda.is_available() is False: no CUDA GPU here")
+        torch.set_num_threads(1)  # small tensors: intra-op threads only add waiting
+    factory = SchedulerFactory(implementation)
+    yield factory
+    assert factory.built > 0, (f"{request.node.name} built no scheduler through "
+                               "scheduler_factory: it tested nothing on " + implementation)

@@ -16,6 +16,7 @@ torch sees a GPU.
 from __future__ import annotations
 
 import os
+from unittest import TestCase
 
 import pytest
 import torch
@@ -113,9 +114,9 @@ class LockstepMachine(RuleBasedStateMachine):
         if not self.started:
             return
         assert self.reference.free_blocks() == self.optimized.free_blocks()
-        assert list(self.reference.blocks._free_gpu) == self.optimized.gpu_free.snapshot(), \
+        assert self.reference.free_gpu_ids() == self.optimized.free_gpu_ids(), \
             "GPU free lists differ"
-        assert list(self.reference.blocks._free_cpu) == self.optimized.cpu_free.snapshot(), \
+        assert self.reference.free_host_ids() == self.optimized.free_host_ids(), \
             "host free lists differ"
 
     @invariant()
@@ -123,10 +124,10 @@ class LockstepMachine(RuleBasedStateMachine):
         if not self.started:
             return
         for rid in self.reference.states():
-            assert self.reference.blocks._gpu.get(rid, []) == \
-                self.optimized.gpu_block_ids(rid), f"GPU block table of {rid}"
-            assert self.reference.blocks._cpu.get(rid, []) == \
-                self.optimized.host_block_ids(rid), f"host block table of {rid}"
+            assert self.reference.block_table(rid) == self.optimized.block_table(rid), \
+                f"GPU block table of {rid}"
+            assert self.reference.host_table(rid) == self.optimized.host_table(rid), \
+                f"host block table of {rid}"
 
     def teardown(self) -> None:
         """Drain: both finish everything live, still in lockstep."""
@@ -167,15 +168,19 @@ class LockstepMachine(RuleBasedStateMachine):
         self.step_no += 1
 
 
-class CudaLockstepMachine(LockstepMachine):
-    device = "cuda"
+def lockstep_test_case(device: str) -> type[TestCase]:
+    """The lockstep machine's test case with the optimized scheduler on `device`."""
+    class OnDevice(LockstepMachine):
+        pass
+
+    OnDevice.device = device
+    OnDevice.TestCase.settings = settings(stateful_step_count=STEPS)
+    case: type[TestCase] = OnDevice.TestCase
+    return case
 
 
-LockstepMachine.TestCase.settings = settings(stateful_step_count=STEPS)
-TestLockstepCpu = LockstepMachine.TestCase
-
-CudaLockstepMachine.TestCase.settings = settings(stateful_step_count=STEPS)
+TestLockstepCpu = lockstep_test_case("cpu")
 TestLockstepCuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="torch.cuda.is_available() is False: no CUDA GPU on this machine")(
-    CudaLockstepMachine.TestCase)
+    lockstep_test_case("cuda"))

@@ -1,6 +1,7 @@
-"""Property tests: the reference scheduler, simulated on drawn configs, knobs and
-workloads, obeys every MUST invariant of the spec, and its complete runs the SHOULD
-ones it promises; and the block arithmetic of spec/blocks.py is what it says.
+"""Property tests: every scheduler implementation (the `scheduler_factory` fixture of
+conftest.py), simulated on drawn configs, knobs and workloads, obeys every MUST
+invariant of the spec, and its complete runs the SHOULD ones it promises; and the block
+arithmetic of spec/blocks.py is what it says.
 
 Which SHOULD invariants hold on these small caches (searched with the deep profile
 and hypothesis.target on preemption counts, up to 16 requests per run):
@@ -19,20 +20,20 @@ from collections import Counter
 from hypothesis import assume, example, given, target
 from hypothesis import strategies as st
 
-from kvsched.reference import ReferenceScheduler, reference_scheduler
 from kvsched.simulate import run
-from kvsched.spec import Config, Report, StepRecord, check_steps
+from kvsched.spec import Config, Report, Scheduler, StepRecord, check_steps
 from kvsched.spec.blocks import blocks_for, blocks_needed, cdiv, never_completes
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.profiles import get_profile
 from kvsched.strategies import configs, knobs, profiles, workloads
+from kvsched.testing.implementations import SchedulerFactory
 from kvsched.workload import WorkItem
 
 MAX_STEPS = 2000  # far above any drawn workload's need; running out is a liveness failure
 LIVENESS = ("completion", "no-idle", "needed-preemption")
 
 
-def simulate(config: Config, scheduler: ReferenceScheduler,
+def simulate(config: Config, scheduler: Scheduler,
              items: list[WorkItem]) -> tuple[list[StepRecord], Report]:
     records = list(run(scheduler, items, max_steps=MAX_STEPS))
     assert not scheduler.has_unfinished(), (
@@ -64,24 +65,27 @@ def profile_runs(draw: st.DrawFn) -> tuple[str, Config, list[WorkItem]]:
 
 
 @given(setup=profile_runs())
-def test_every_profile_obeys_the_spec(setup: tuple[str, Config, list[WorkItem]]) -> None:
+def test_every_profile_obeys_the_spec(scheduler_factory: SchedulerFactory,
+                                      setup: tuple[str, Config, list[WorkItem]]) -> None:
     name, config, items = setup
-    _, report = simulate(config, reference_scheduler(name, config), items)
+    _, report = simulate(config, scheduler_factory.profile(name, config), items)
     promised = LIVENESS + (("no-thrash",) if name == "vllm-v1" else ())
     assert_obeys(report, promised)
 
 
 @given(config=configs(), knob_set=knobs(), data=st.data())
-def test_every_knob_combination_obeys_the_spec(config: Config, knob_set: Knobs,
+def test_every_knob_combination_obeys_the_spec(scheduler_factory: SchedulerFactory,
+                                               config: Config, knob_set: Knobs,
                                                data: st.DataObject) -> None:
     items = data.draw(workloads(config), label="workload")
-    _, report = simulate(config, ReferenceScheduler(config, knob_set), items)
+    _, report = simulate(config, scheduler_factory(config, knob_set), items)
     assert_obeys(report, LIVENESS)
 
 
 @given(name=profiles(), config=configs(chunked_prefill=True), data=st.data())
 def test_a_burst_that_overflows_the_cache_preempts_and_still_completes(
-        name: str, config: Config, data: st.DataObject) -> None:
+        scheduler_factory: SchedulerFactory, name: str, config: Config,
+        data: st.DataObject) -> None:
     """Several prompts that each fit alone but not together, all arriving at once:
     every profile finishes them all, with no MUST violation and no needless preemption."""
     profile = get_profile(name)
@@ -95,7 +99,7 @@ def test_a_burst_that_overflows_the_cache_preempts_and_still_completes(
     items = [WorkItem(f"r{i}", 0, p, out, out)
              for i, p in enumerate(lengths)
              for out in [max(1, min(3 * config.block_size, capacity - p))]]
-    records, report = simulate(config, reference_scheduler(profile, config), items)
+    records, report = simulate(config, scheduler_factory.profile(profile, config), items)
     assert_obeys(report, LIVENESS + (("no-thrash",) if name == "vllm-v1" else ()))
     assert sorted(rid for r in records for rid in r.finished) == sorted(w.id for w in items)
 

@@ -1,7 +1,8 @@
-"""Stateful test: hypothesis drives the reference scheduler one event at a time
-(arrivals, aborts, steps with end-of-sequence chosen by hypothesis) and checks,
-after every event, the spec's checker on the steps so far and the scheduler's own
-bookkeeping. Config and profile are drawn in @initialize, so they shrink too.
+"""Stateful test: hypothesis drives a scheduler one event at a time (arrivals, aborts,
+steps with end-of-sequence chosen by hypothesis) and checks, after every event, the
+spec's checker on the steps so far and the scheduler's own bookkeeping. Config and
+profile are drawn in @initialize, so they shrink too. The machine runs on every
+implementation: `machine_for` builds one machine class per scheduler factory.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     rule,
+    run_state_machine_as_test,
 )
 
-from kvsched.reference import ReferenceScheduler
 from kvsched.spec import Checker, Config, Decision, Request, Status, StepRecord
 from kvsched.spec.knobs import Knobs
 from kvsched.strategies import configs, output_lens, policies, prompt_lens, resolve
+from kvsched.testing.implementations import SchedulerFactory
 
 # To finish what is live at the end: a request alone needs at most max_model_len steps
 # (prefill at one token a step, then decodes); 200 leaves room for waiting and
@@ -29,7 +31,10 @@ from kvsched.strategies import configs, output_lens, policies, prompt_lens, reso
 DRAIN_STEPS_PER_REQUEST = 200
 
 
-class ReferenceMachine(RuleBasedStateMachine):
+class SchedulerMachine(RuleBasedStateMachine):
+    """The machine for schedulers that `build` makes (set by `machine_for`)."""
+
+    build: SchedulerFactory
     ids = Bundle("ids")
 
     def __init__(self) -> None:
@@ -43,7 +48,7 @@ class ReferenceMachine(RuleBasedStateMachine):
         config, setup = resolve(config, setup)
         self.started = True
         self.config = config
-        self.sched = ReferenceScheduler(config, setup)
+        self.sched = self.build(config, setup)
         self.checker = Checker(config)
         self.step_no = 0
         self.arrivals: list[Request] = []
@@ -92,15 +97,18 @@ class ReferenceMachine(RuleBasedStateMachine):
         assert self.sched.free_blocks() == self.config.num_gpu_blocks - held, (
             f"free {self.sched.free_blocks()} != {self.config.num_gpu_blocks} - {held} held")
         on_host = sum(v.host_blocks for v in states.values())
-        assert self.sched.blocks.free_cpu == self.config.num_cpu_blocks - on_host
+        assert len(self.sched.free_host_ids()) == self.config.num_cpu_blocks - on_host
 
     @invariant()
     def ended_requests_hold_no_blocks(self) -> None:
         states = self.sched.states()
         for rid in self.ended:
             assert rid not in states, f"{rid} ended but is still {states[rid].status}"
-            assert self.sched.blocks.gpu_blocks(rid) == 0, f"{rid} ended holding GPU blocks"
-            assert self.sched.blocks.host_blocks(rid) == 0, f"{rid} ended holding host blocks"
+            assert self.sched.block_table(rid) == (), f"{rid} ended holding GPU blocks"
+            assert self.sched.host_table(rid) == (), f"{rid} ended holding host blocks"
+        # What no live request holds is free: nothing is left with an ended one.
+        held = sum(v.gpu_blocks for v in states.values())
+        assert len(self.sched.free_gpu_ids()) + held == self.config.num_gpu_blocks
 
     @invariant()
     def running_within_max_num_seqs(self) -> None:
@@ -165,5 +173,14 @@ class ReferenceMachine(RuleBasedStateMachine):
         self.step_no += 1
 
 
-ReferenceMachine.TestCase.settings = settings(stateful_step_count=50)
-TestReferenceScheduler = ReferenceMachine.TestCase
+def machine_for(factory: SchedulerFactory) -> type[SchedulerMachine]:
+    """The machine on the schedulers `factory` builds."""
+    class Machine(SchedulerMachine):
+        build = factory
+
+    return Machine
+
+
+def test_scheduler_machine(scheduler_factory: SchedulerFactory) -> None:
+    run_state_machine_as_test(machine_for(scheduler_factory),
+                              settings=settings(stateful_step_count=50))
