@@ -771,8 +771,10 @@ def gpu_check() -> int:
         print("gpu-check: torch.cuda.is_available() is False on this machine", file=sys.stderr)
         return 2
     tests = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
-             "tests/test_differential.py", "tests/test_optimized_suite.py",
-             "tests/test_optimized_simulation.py", "-k", "cuda or Cuda"]
+             "tests/test_differential.py", "tests/test_interface.py",
+             "tests/test_vllm_v1_profile.py", "tests/test_property.py",
+             "tests/test_stateful.py", "tests/test_optimized_simulation.py",
+             "-k", "cuda or Cuda"]
     return subprocess.run(tests, cwd=ROOT, check=False).returncode
 
 
