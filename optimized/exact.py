@@ -17,8 +17,9 @@ import numpy as np
 
 from kvsched.optimized.columns import CODE_OF, STATUS_OF, Columns
 from kvsched.optimized.lines import Loads, exact_object
-from kvsched.spec.checker import Checker, Report, Tracked
+from kvsched.spec.checker import Checker, CheckOptions, Report
 from kvsched.spec.model import Request, Status
+from kvsched.spec.state import LiveRequest
 from kvsched.spec.trace import STEP_KEYS, TraceError, parse_step
 
 Saw = Callable[[int, object, object], None]  # (step, new_blocks, free_blocks) of each line
@@ -29,7 +30,8 @@ class SpecBridge:
 
     def __init__(self, state: Columns, max_preemptions: int, keep: int) -> None:
         self.state = state
-        self.checker = Checker(state.config, max_preemptions, keep)
+        self.checker = Checker(state.config, CheckOptions(max_preemptions=max_preemptions,
+                                                          keep=keep))
 
     @property
     def report(self) -> Report:
@@ -38,10 +40,10 @@ class SpecBridge:
     @property
     def ended(self) -> Mapping[str, Status]:
         """The ids that have ended, and how."""
-        return self.checker.ended
+        return self.checker.state.ended
 
     def add_ended(self, ended: Mapping[str, Status]) -> None:
-        self.checker.ended.update(ended)
+        self.checker.state.ended.update(ended)
 
     def check_lines(self, steps: list[tuple[int, Any]], expected: int,
                     unknown_keys: dict[str, int], loads: Loads, saw: Saw) -> int:
@@ -49,7 +51,7 @@ class SpecBridge:
         reader reads it) with the spec's parser and Checker; returns the next expected
         step number."""
         state = self.state
-        ended = self.checker.ended
+        ended = self.checker.state.ended
         before = state.live_indices()
         first_new = len(state.ids)
         self.to_exact()
@@ -80,11 +82,12 @@ class SpecBridge:
     def to_exact(self) -> None:
         """Give the spec's Checker the state of the columns."""
         ex = self.checker
+        st = ex.state
         s = self.state
         c = s.cols
-        live: dict[str, Tracked] = {}
+        live: dict[str, LiveRequest] = {}
         owned: dict[int, list[int]] = {}
-        ex.owner = {}
+        st.owner = {}
         if s.track_ids:
             holder = s.holder
             ok = holder >= 0
@@ -92,33 +95,37 @@ class SpecBridge:
             owners = holder[blocks]
             current = s.holder_gen[blocks] == c["GEN"][owners]
             for b, ri in zip(blocks[current].tolist(), owners[current].tolist(), strict=True):
-                ex.owner[b] = s.ids[ri]
+                st.owner[b] = s.ids[ri]
                 owned.setdefault(ri, []).append(b)
+        count = dict.fromkeys(Status, 0)
         for ri in s.live_indices().tolist():
             rid = s.ids[ri]
-            live[rid] = Tracked(
+            status = STATUS_OF[int(c["STATUS"][ri])]
+            count[status] += 1
+            live[rid] = LiveRequest(
                 Request(rid, int(c["P"][ri]), int(c["O"][ri]), int(c["PRIO"][ri]),
                         int(c["ARR"][ri])),
-                STATUS_OF[int(c["STATUS"][ri])], int(c["N"][ri]), int(c["C"][ri]),
+                status, int(c["N"][ri]), int(c["C"][ri]),
                 int(c["G"][ri]), int(c["H"][ri]), int(c["PRE"][ri]), owned.get(ri, []),
                 bool(c["RECOMP"][ri]))
-        ex.live = live
-        ex.free, ex.free_host, ex.running = s.free, s.free_host, s.running
-        ex.leaked, ex.track_ids, ex.step_no = s.leaked, s.track_ids, s.step_no
+        st.live, st.count = live, count
+        st.free, st.free_host, st.ids_tracked = s.free, s.free_host, s.track_ids
+        ex.leaked, ex.step_no = s.leaked, s.step_no
 
     def from_exact(self, before: np.ndarray) -> None:
         """Read the state back into the columns; `before` are the requests that were live
         before, or arrived since."""
         ex = self.checker
+        st = ex.state
         s = self.state
         c = s.cols
         for ri in before.tolist():
             rid = s.ids[ri]
-            if rid not in ex.live:
-                c["STATUS"][ri] = CODE_OF[ex.ended[rid]]
+            if rid not in st.live:
+                c["STATUS"][ri] = CODE_OF[st.ended[rid]]
                 c["G"][ri] = c["H"][ri] = 0
                 c["GEN"][ri] += 1
-        for rid, t in ex.live.items():
+        for rid, t in st.live.items():
             ri = s.index[rid]
             c["N"][ri], c["C"][ri], c["G"][ri], c["H"][ri] = (t.num_tokens, t.num_computed,
                                                              t.gpu_blocks, t.host_blocks)
@@ -126,10 +133,10 @@ class SpecBridge:
             c["STATUS"][ri] = CODE_OF[t.status]
             c["GEN"][ri] += 1
         s.holder.fill(-1)
-        for b, rid in ex.owner.items():
+        for b, rid in st.owner.items():
             ri = s.index[rid]
             s.holder[b] = ri
             s.holder_gen[b] = c["GEN"][ri]
-        s.free, s.free_host, s.running = ex.free, ex.free_host, ex.running
-        s.leaked, s.track_ids, s.step_no = ex.leaked, ex.track_ids, ex.step_no
-        s.live = len(ex.live)
+        s.free, s.free_host, s.running = st.free, st.free_host, st.running
+        s.leaked, s.track_ids, s.step_no = ex.leaked, st.ids_tracked, ex.step_no
+        s.live = len(st.live)

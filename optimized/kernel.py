@@ -36,7 +36,7 @@ from kvsched.optimized.columns import (
 )
 from kvsched.optimized.runs import EMPTY, Run
 from kvsched.spec import should
-from kvsched.spec.blocks import blocks_needed, never_completes
+from kvsched.spec.blocks import never_completes
 from kvsched.spec.model import Status
 
 I64 = np.int64
@@ -301,15 +301,10 @@ def check_run(state: Columns, run: Run, ended: Collection[str], max_preemptions:
         # every victim valid, the step within its blocks (else above)
         assert applied.last_need is not None
         k_, c_, g_ = applied.last_need
-        own_n = k_ - c_
-        threshold = cfg.long_prefill_token_threshold
-        if 0 < threshold < own_n:
-            own_n = threshold
-        own_n = min(own_n, cfg.max_num_batched_tokens)
-        own = blocks_needed(c_, own_n, g_, bs)
+        own = should.own_chunk_blocks(k_, c_, g_, cfg)
         total = int(demand[0]) + swap_demand
-        if should.needed_preemption(head.step, total + own, applied.free_before,
-                                    applied.reclaim, applied.last_victim) is not None:
+        if not should.preemption_was_needed(total + own, applied.free_before,
+                                            applied.reclaim, applied.last_victim):
             return False
     for ri_in in swapped_in:
         if not np.any((ri == ri_in) & (t == 0)):

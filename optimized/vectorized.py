@@ -85,4 +85,6 @@ class VectorizedChecker:
         return True
 
     def end(self, complete: bool) -> Report:
-        return self.spec.end(complete)
+        report = self.spec.end(complete)
+        report.block_ids, report.free_blocks = self.first_step_blocks, self.any_free_blocks
+        return report

@@ -5,7 +5,7 @@ and it reads like the maths in docs/spec.md.
 """
 
 from kvsched.spec.blocks import blocks_for, blocks_needed, cdiv, never_completes
-from kvsched.spec.checker import Checker, Report, check_steps, check_trace
+from kvsched.spec.checker import Checker, CheckOptions, Report, check_steps, check_trace
 from kvsched.spec.interface import Scheduler
 from kvsched.spec.model import (
     Config,
@@ -21,8 +21,9 @@ from kvsched.spec.trace import Header, TraceError, TraceReader, TraceWriter
 from kvsched.spec.violation import INVARIANTS, MUST, PROFILE, SHOULD, Violation
 
 __all__ = [
-    "INVARIANTS", "MUST", "PROFILE", "SHOULD", "Checker", "Config", "Decision", "Header",
-    "Preemption", "Rejection", "Report", "Request", "RequestView", "Scheduler", "Status",
-    "StepRecord", "TraceError", "TraceReader", "TraceWriter", "Violation", "blocks_for",
-    "blocks_needed", "cdiv", "check_steps", "check_trace", "never_completes",
+    "INVARIANTS", "MUST", "PROFILE", "SHOULD", "CheckOptions", "Checker", "Config",
+    "Decision", "Header", "Preemption", "Rejection", "Report", "Request", "RequestView",
+    "Scheduler", "Status", "StepRecord", "TraceError", "TraceReader", "TraceWriter",
+    "Violation", "blocks_for", "blocks_needed", "cdiv", "check_steps", "check_trace",
+    "never_completes",
 ]

@@ -1,218 +1,222 @@
 """The MUST invariants of design.md section 3: safety rules any engine obeys.
 
-One function per invariant id; each takes the numbers of one step and returns
-the Violation it finds, or None. The checker (checker.py) derives the numbers.
+One function per invariant id, named after it. Each reads the facts of one step (what
+the transition rule in state.py did: kvsched.spec.state.StepFacts) and returns the
+violations it finds, in the order the step applied its actions; `messages` below holds
+the sentences they say. The checker (checker.py) calls them in the order of INVARIANTS.
 """
 
 from __future__ import annotations
 
 from kvsched.spec.blocks import never_completes
-from kvsched.spec.model import Config, Request
+from kvsched.spec.model import Config
+from kvsched.spec.state import StepFacts
 from kvsched.spec.violation import Violation
 
 
-def kv_budget(step: int, demand: int, free: int, reclaim: int) -> Violation | None:
+def kv_budget(f: StepFacts) -> list[Violation]:
     """kv-budget: sum over r in S of Db_r (swap-ins included) <= B_free + B_reclaim.
 
     B_free is the free GPU blocks before the step, B_reclaim what its preemptions
     released. With it, free GPU blocks never go negative.
     """
-    if demand <= free + reclaim:
-        return None
-    return Violation("kv-budget", step,
-                     f"the step needs {demand} new GPU blocks but only {free} were free "
-                     f"and {reclaim} reclaimed by preemption",
-                     lhs=demand, relation="<=", rhs=free + reclaim)
+    if f.demand <= f.free_before + f.reclaim:
+        return []
+    return [Violation("kv-budget", f.step,
+                      f"the step needs {f.demand} new GPU blocks but only {f.free_before} were "
+                      f"free and {f.reclaim} reclaimed by preemption",
+                      lhs=f.demand, relation="<=", rhs=f.free_before + f.reclaim)]
 
 
-def cpu_budget(step: int, request: str, need: int, free_host: int) -> Violation | None:
+def cpu_budget(f: StepFacts) -> list[Violation]:
     """cpu-budget: a swap-out moves G blocks to host only if G <= free host blocks."""
-    if need <= free_host:
-        return None
-    return Violation("cpu-budget", step,
-                     f"swapping out {request} needs {need} host blocks but only "
-                     f"{free_host} are free", request=request,
-                     lhs=need, relation="<=", rhs=free_host)
+    return [Violation("cpu-budget", f.step,
+                      f"swapping out {v.action.request} needs {v.held} host blocks but only "
+                      f"{v.free_host} are free", request=v.action.request,
+                      lhs=v.held, relation="<=", rhs=v.free_host)
+            for v in f.valid_victims if v.mode == "swap" and v.held > v.free_host]
 
 
-def token_budget(step: int, tokens: int, budget: int) -> Violation | None:
+def token_budget(f: StepFacts, config: Config) -> list[Violation]:
     """token-budget: sum over r in S of Dn_r <= max_num_batched_tokens."""
-    if tokens <= budget:
-        return None
-    return Violation("token-budget", step,
-                     f"the step schedules {tokens} tokens, over the budget of {budget}",
-                     lhs=tokens, relation="<=", rhs=budget)
+    budget = config.max_num_batched_tokens
+    if f.tokens <= budget:
+        return []
+    return [Violation("token-budget", f.step,
+                      f"the step schedules {f.tokens} tokens, over the budget of {budget}",
+                      lhs=f.tokens, relation="<=", rhs=budget)]
 
 
-def seq_limit(step: int, running: int, limit: int) -> Violation | None:
+def seq_limit(f: StepFacts, config: Config) -> list[Violation]:
     """seq-limit: running requests <= max_num_seqs."""
-    if running <= limit:
-        return None
-    return Violation("seq-limit", step,
-                     f"{running} requests are running, over max_num_seqs {limit}",
-                     lhs=running, relation="<=", rhs=limit)
+    limit = config.max_num_seqs
+    if f.running <= limit:
+        return []
+    return [Violation("seq-limit", f.step,
+                      f"{f.running} requests are running, over max_num_seqs {limit}",
+                      lhs=f.running, relation="<=", rhs=limit)]
 
 
-def token_range(step: int, request: str, new_tokens: int, computed: int, known: int,
-                config: Config) -> Violation | None:
+def token_range(f: StepFacts, config: Config) -> list[Violation]:
     """token-range: Dn >= 1, C + Dn <= N, C + Dn <= max_model_len; whole prefills
     without chunked prefill (a prefill is any step with N - C > 1)."""
-    if new_tokens < 1:
-        return Violation("token-range", step,
-                         f"{request} is scheduled {new_tokens} tokens; at least 1 is needed",
-                         request=request, lhs=new_tokens, relation=">=", rhs=1)
-    if computed + new_tokens > known:
-        return Violation("token-range", step,
-                         f"{request} is scheduled {new_tokens} tokens but only "
-                         f"{known - computed} are known and not yet computed "
-                         f"(N={known}, C={computed})",
-                         request=request, lhs=computed + new_tokens, relation="<=", rhs=known)
-    if computed + new_tokens > config.max_model_len:
-        return Violation("token-range", step,
-                         f"{request} would compute past max_model_len",
-                         request=request, lhs=computed + new_tokens, relation="<=",
-                         rhs=config.max_model_len)
-    if not config.chunked_prefill and new_tokens != known - computed:
-        return Violation("token-range", step,
-                         f"without chunked prefill {request} must be scheduled whole "
-                         f"({known - computed} tokens), got {new_tokens}",
-                         request=request, lhs=new_tokens, relation="==", rhs=known - computed)
-    return None
+    out = []
+    for c in f.chunks:
+        if not c.action.applied:
+            continue
+        rid, n, known, computed = c.action.request, c.tokens, c.known, c.computed
+        if n < 1:
+            out.append(Violation("token-range", f.step,
+                                 f"{rid} is scheduled {n} tokens; at least 1 is needed",
+                                 request=rid, lhs=n, relation=">=", rhs=1))
+        elif computed + n > known:
+            out.append(Violation("token-range", f.step,
+                                 f"{rid} is scheduled {n} tokens but only "
+                                 f"{known - computed} are known and not yet computed "
+                                 f"(N={known}, C={computed})",
+                                 request=rid, lhs=computed + n, relation="<=", rhs=known))
+        elif computed + n > config.max_model_len:
+            out.append(Violation("token-range", f.step,
+                                 f"{rid} would compute past max_model_len",
+                                 request=rid, lhs=computed + n, relation="<=",
+                                 rhs=config.max_model_len))
+        elif not config.chunked_prefill and n != known - computed:
+            out.append(Violation("token-range", f.step,
+                                 f"without chunked prefill {rid} must be scheduled whole "
+                                 f"({known - computed} tokens), got {n}",
+                                 request=rid, lhs=n, relation="==", rhs=known - computed))
+    return out
 
 
-def one_state(step: int, request: str, action: str, state: str) -> Violation | None:
-    """one-state: each request is in exactly one state, and an action applies only to
-    the states that allow it (ALLOWED below); scheduled at most once per step."""
-    if state in ALLOWED[action]:
-        return None
-    return Violation("one-state", step, f"{request} is {action} while {state}",
-                     request=request)
+def one_state(f: StepFacts) -> list[Violation]:
+    """one-state: each request is in exactly one state, and an action applies only in
+    the states that allow it (kvsched.spec.state.ALLOWED); scheduled at most once per
+    step. (A victim that was not running is the preempt invariant's.)"""
+    return [Violation("one-state", f.step, f"{a.request} is {a.action} while {a.state}",
+                      request=a.request)
+            for a in f.actions if not a.applied and a.action not in ("arrives", "preempted")]
 
 
-# Which states allow which action. "swapped in" and "admitted" are this step's.
-ALLOWED: dict[str, frozenset[str]] = {
-    "scheduled": frozenset({"waiting", "running", "swapped in"}),
-    "rejected": frozenset({"waiting"}),
-    "aborted": frozenset({"waiting", "running", "swapped", "arriving"}),
-    "swapped in": frozenset({"swapped"}),
-    # A finish is checked against sampling (finish); here only ended requests arrive.
-    "finished": frozenset({"running"}),
-}
+def preempt(f: StepFacts) -> list[Violation]:
+    """preempt: a victim was running (and not admitted or swapped in this step); a
+    recompute victim restarts from C = 0 with no blocks, so its first new chunk is
+    handed ceil((C + Dn) / block_size) block ids from nothing."""
+    out = [Violation("preempt", f.step, f"{v.action.request} is preempted while "
+                     f"{v.action.state}; only a running request can be a victim",
+                     request=v.action.request)
+           for v in f.victims if not v.action.applied]
+    out += [Violation("preempt", f.step,
+                      f"{c.action.request} was preempted by recompute but its next chunk got "
+                      f"{c.restart_ids} new blocks where {c.new_blocks} are needed from "
+                      "C = 0: it kept its computed tokens or blocks",
+                      request=c.action.request, lhs=c.restart_ids, relation="==",
+                      rhs=c.new_blocks)
+            for c in f.chunks if c.restart_ids is not None and c.restart_ids != c.new_blocks]
+    return out
 
 
-def preempt_victim(step: int, request: str, state: str) -> Violation | None:
-    """preempt: a victim was running (and not admitted or swapped in this step)."""
-    if state == "running":
-        return None
-    return Violation("preempt", step, f"{request} is preempted while {state}; "
-                     "only a running request can be a victim", request=request)
+def finish(f: StepFacts, config: Config) -> list[Violation]:
+    """finish: a request finishes only right after it sampled a token; it samples only
+    while N < max_model_len (a prompt of max_model_len tokens leaves no room); outputs
+    never exceed max_tokens, and one that reached max_tokens or max_model_len finishes
+    in the step that reached it. (A leak at the finish is told by `accounting`.)"""
+    out = []
+    for c in f.chunks:
+        if c.sampled and c.known >= config.max_model_len:
+            out.append(Violation("finish", f.step,
+                                 f"{c.action.request} samples a token with {c.known} tokens "
+                                 f"known, taking its sequence past max_model_len "
+                                 f"{config.max_model_len}", request=c.action.request,
+                                 lhs=c.known + 1, relation="<=", rhs=config.max_model_len))
+    out += [Violation("finish", f.step, f"{d.action.request} finishes without having sampled "
+                      "a token in this step", request=d.action.request)
+            for d in f.finishes if d.action.applied and not d.sampled]
+    for t in f.due:
+        req = t.request
+        outputs, known = t.num_tokens - req.prompt_len, t.num_tokens
+        if outputs >= req.max_tokens:
+            limit, value, bound = f"max_tokens {req.max_tokens}", outputs, req.max_tokens
+        elif known >= config.max_model_len:
+            limit, value, bound = (f"max_model_len {config.max_model_len}", known,
+                                   config.max_model_len)
+        else:
+            continue
+        out.append(Violation("finish", f.step, f"{req.id} reached {limit} but did not finish",
+                             request=req.id, lhs=value, relation="<", rhs=bound))
+    return out
 
 
-def preempt_release(step: int, victims: str, missing: int, released: int) -> Violation:
-    """preempt: a victim releases all its GPU blocks (recompute: to free; swap: to host)."""
-    return Violation("preempt", step,
-                     f"preempting {victims} should have released {released} GPU blocks, "
-                     f"but the engine reports {missing} fewer free",
-                     lhs=released - missing, relation="==", rhs=released)
-
-
-def preempt_recompute(step: int, request: str, allocated: int, needed: int) -> Violation:
-    """preempt: a recompute victim restarts from C = 0 with no blocks, so its re-prefill
-    allocates ceil((C + Dn) / block_size) blocks from nothing."""
-    return Violation("preempt", step,
-                     f"{request} was preempted by recompute but its next chunk got "
-                     f"{allocated} new blocks where {needed} are needed from C = 0: "
-                     "it kept its computed tokens or blocks",
-                     request=request, lhs=allocated, relation="==", rhs=needed)
-
-
-def preempt_recompute_count(step: int, requests: str, missing: int) -> Violation:
-    """preempt: after a recompute the engine's free count disagrees with a re-prefill
-    from C = 0 and no blocks."""
-    return Violation("preempt", step,
-                     f"after recompute, {requests} restarted with other than C = 0 and no "
-                     f"blocks: the engine's free count is off by {missing}",
-                     lhs=-missing, relation="==", rhs=0)
-
-
-def finish_sampled(step: int, request: str) -> Violation:
-    """finish: a request finishes only right after it sampled a token."""
-    return Violation("finish", step,
-                     f"{request} finishes without having sampled a token in this step",
-                     request=request)
-
-
-def finish_length(step: int, request: str, known: int, max_model_len: int) -> Violation | None:
-    """finish: a sequence never grows past max_model_len tokens, so a request samples only
-    while N < max_model_len (a prompt of max_model_len tokens leaves no room, section 2)."""
-    if known < max_model_len:
-        return None
-    return Violation("finish", step,
-                     f"{request} samples a token with {known} tokens known, taking its "
-                     f"sequence past max_model_len {max_model_len}",
-                     request=request, lhs=known + 1, relation="<=", rhs=max_model_len)
-
-
-def finish_due(step: int, request: str, outputs: int, known: int, req: Request,
-               config: Config) -> Violation | None:
-    """finish: outputs never exceed max_tokens; a request that reached max_tokens or
-    max_model_len finishes in the step that reached it."""
-    if outputs >= req.max_tokens or known >= config.max_model_len:
-        limit, value = ((f"max_tokens {req.max_tokens}", outputs)
-                        if outputs >= req.max_tokens
-                        else (f"max_model_len {config.max_model_len}", known))
-        bound = req.max_tokens if outputs >= req.max_tokens else config.max_model_len
-        return Violation("finish", step,
-                         f"{request} reached {limit} but did not finish",
-                         request=request, lhs=value, relation="<", rhs=bound)
-    return None
-
-
-def finish_leak(step: int, requests: str, missing: int, held: int) -> Violation:
-    """finish: a finished request holds no blocks."""
-    return Violation("finish", step,
-                     f"finishing {requests} should have released {held} GPU blocks, "
-                     f"but the engine reports {missing} fewer free (a leak)",
-                     lhs=held - missing, relation="==", rhs=held)
-
-
-def reject(step: int, request: Request, config: Config) -> Violation | None:
+def reject(f: StepFacts, config: Config) -> list[Violation]:
     """reject: only a request that can never complete, even alone, is rejected."""
-    if never_completes(config, request.prompt_len, request.max_tokens) is not None:
-        return None
-    return Violation("reject", step,
-                     f"{request.id} is rejected but it fits alone in an empty cache "
-                     f"(prompt {request.prompt_len}, max_tokens {request.max_tokens})",
-                     request=request.id)
+    return [Violation("reject", f.step,
+                      f"{r.id} is rejected but it fits alone in an empty cache "
+                      f"(prompt {r.prompt_len}, max_tokens {r.max_tokens})", request=r.id)
+            for a, r in f.rejections
+            if r is not None and never_completes(config, r.prompt_len, r.max_tokens) is None]
 
 
-def block_ids_owner(step: int, request: str, block: int, owner: str | None,
-                    num_gpu_blocks: int) -> Violation | None:
-    """block-ids: only free blocks are handed out; a block has at most one owner."""
-    if not 0 <= block < num_gpu_blocks:
-        return Violation("block-ids", step,
-                         f"{request} gets block {block}, outside 0..{num_gpu_blocks - 1}",
-                         request=request, lhs=block, relation="<", rhs=num_gpu_blocks)
-    if owner is None:
-        return None
-    return Violation("block-ids", step,
-                     f"{request} gets block {block}, which {owner} still holds",
-                     request=request)
+def block_ids(f: StepFacts, config: Config) -> list[Violation]:
+    """block-ids (when the trace carries block ids): the ids handed to a request number
+    exactly its Db (plus H on swap-in); only free blocks are handed out, so a block has
+    at most one owner."""
+    out: list[Violation] = []
+    total = config.num_gpu_blocks
+    for h in f.handouts or ():
+        rid = h.request
+        if h.counted and h.given != h.expected:
+            # A request that was not scheduled needs no new block at all.
+            out.append(Violation("block-ids", f.step,
+                                 f"{rid} gets {h.given} new block ids where it needs "
+                                 f"{h.expected}", request=rid,
+                                 lhs=h.given, relation="==", rhs=h.expected))
+        for b, owner in h.blocks:
+            if not 0 <= b < total:
+                out.append(Violation("block-ids", f.step,
+                                     f"{rid} gets block {b}, outside 0..{total - 1}",
+                                     request=rid, lhs=b, relation="<", rhs=total))
+            elif owner is not None:
+                out.append(Violation("block-ids", f.step,
+                                     f"{rid} gets block {b}, which {owner} still holds",
+                                     request=rid))
+    return out
 
 
-def block_ids_count(step: int, request: str, given: int, needed: int) -> Violation | None:
-    """block-ids: the ids handed to a request number exactly its Db (plus H on swap-in)."""
-    if given == needed:
-        return None
-    return Violation("block-ids", step,
-                     f"{request} gets {given} new block ids where it needs {needed}",
-                     request=request, lhs=given, relation="==", rhs=needed)
+def accounting(f: StepFacts, leaked: int) -> list[Violation]:
+    """accounting (when the engine reports its free count): reported == derived, where
+    `derived` is the step's free count less the `leaked` blocks the engine already
+    reported missing (so each leak is told once; agreeing again ends it).
 
-
-def accounting(step: int, reported: int, derived: int) -> Violation | None:
-    """accounting: the engine's reported free GPU blocks == the free blocks derived."""
-    if reported == derived:
-        return None
-    return Violation("accounting", step,
-                     f"the engine reports {reported} free GPU blocks; the trace implies "
-                     f"{derived}", lhs=reported, relation="==", rhs=derived)
+    A shortfall is blamed by its size: one the victims' releases could explain is their
+    `preempt` (a victim releases all its GPU blocks), else one the finishes' releases
+    could explain is their `finish` (a finished request holds no blocks), else a
+    recompute victim's restart is its `preempt` (it restarts from C = 0 and no blocks);
+    anything else is `accounting`.
+    """
+    reported = f.reported_free
+    if reported is None or reported == f.free:
+        return []
+    derived = f.free - leaked
+    missing = derived - reported
+    if missing == 0:
+        return []
+    by_victims, by_finish = f.released_by_victims, f.released_by_finish
+    if 0 < missing <= by_victims:
+        victims = ", ".join(v.action.request for v in f.victims)
+        return [Violation("preempt", f.step,
+                          f"preempting {victims} should have released {by_victims} GPU "
+                          f"blocks, but the engine reports {missing} fewer free",
+                          lhs=by_victims - missing, relation="==", rhs=by_victims)]
+    if 0 < missing <= by_finish:
+        finished = ", ".join(d.action.request for d in f.finishes)
+        return [Violation("finish", f.step,
+                          f"finishing {finished} should have released {by_finish} GPU "
+                          f"blocks, but the engine reports {missing} fewer free (a leak)",
+                          lhs=by_finish - missing, relation="==", rhs=by_finish)]
+    if f.restarted:
+        return [Violation("preempt", f.step,
+                          f"after recompute, {', '.join(f.restarted)} restarted with other "
+                          f"than C = 0 and no blocks: the engine's free count is off by "
+                          f"{missing}", lhs=-missing, relation="==", rhs=0)]
+    return [Violation("accounting", f.step,
+                      f"the engine reports {reported} free GPU blocks; the trace implies "
+                      f"{derived}", lhs=reported, relation="==", rhs=derived)]

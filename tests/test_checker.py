@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvsched.spec.checker import Report, check_trace
+from kvsched.spec.checker import CheckOptions, Report, check_trace
 from kvsched.spec.trace import TraceError, TraceReader
 
 CONFIG = {"block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 4,
@@ -180,7 +180,7 @@ def test_thrash_is_told_once_past_the_limit() -> None:
         steps.append({"step": i + 1, "scheduled": [["a", 4 + (i + 1) // 2]]})
     lines = [{"kvsched": "trace", "version": 1, "config": CONFIG}, *steps]
     data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-    report = check_trace(TraceReader(io.BytesIO(data)), max_preemptions=3)
+    report = check_trace(TraceReader(io.BytesIO(data)), CheckOptions(max_preemptions=3))
     [v] = only(report, "no-thrash")
     assert v.step == 7 and (v.lhs, v.rhs) == (4, 3)
 

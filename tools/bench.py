@@ -22,7 +22,7 @@ import orjson
 from kvsched.generators import generate
 from kvsched.reference import reference_scheduler
 from kvsched.simulate import run
-from kvsched.spec.checker import Checker
+from kvsched.spec.checker import check_trace
 from kvsched.spec.model import Config
 from kvsched.spec.trace import TraceReader, TraceWriter
 
@@ -83,11 +83,7 @@ def bench_reference(requests: int, rate: float, trace: Path) -> Timing:
 def bench_checker(trace: Path) -> tuple[Timing, int]:
     with trace.open("rb") as stream:
         start = time.perf_counter()
-        reader = TraceReader(stream, orjson.loads)
-        checker = Checker(reader.header.config)
-        for rec in reader:
-            checker.step(rec)
-        report = checker.end(reader.complete)
+        report = check_trace(TraceReader(stream, orjson.loads))
         seconds = time.perf_counter() - start
     return Timing(seconds, report.steps, report.scheduled_entries), report.errors()
 

@@ -37,10 +37,9 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from kvsched.conformance import ProfileReplay
+from kvsched.conformance import check_reader
 from kvsched.spec import should
 from kvsched.spec.blocks import never_completes
-from kvsched.spec.checker import Checker
 from kvsched.spec.model import Config
 from kvsched.spec.trace import TraceError, TraceReader, header_dict
 from kvsched.spec.violation import Violation
@@ -110,15 +109,8 @@ def findings(docs: DocExamples, name: str) -> list[str]:
     """What the checker (and the example's profile, if any) reports, one line each."""
     ex = docs.examples[name]
     reader = TraceReader(io.BytesIO(docs.trace_text(name).encode()))
-    checker = Checker(reader.header.config, ex.max_preemptions)
-    replay = ProfileReplay(reader.header.config, ex.profile) if ex.profile else None
-    divergences: list[Violation] = []
-    for rec in reader:
-        checker.step(rec)
-        if replay is not None and (divergence := replay.step(rec)) is not None:
-            divergences.append(divergence)
-    report = checker.end(reader.complete)
-    return [violation_line(v) for v in [*report.violations, *divergences]]
+    report = check_reader(reader, profile=ex.profile, max_preemptions=ex.max_preemptions)
+    return [violation_line(v) for v in report.violations]
 
 
 def check_transcript(docs: DocExamples, name: str, args: Sequence[str]) -> list[str]:

@@ -21,11 +21,11 @@ from rich.console import Console
 from rich.table import Table
 
 from kvsched import __version__
-from kvsched.conformance import ProfileReplay
+from kvsched.conformance import checker as new_checker
 from kvsched.generators import ARRIVALS, KINDS, generate, parse_priorities
-from kvsched.junit import CheckedTrace, TraceCoverage, junit_xml
+from kvsched.junit import CheckedTrace, junit_xml
 from kvsched.reference import reference_scheduler
-from kvsched.spec.checker import Checker, Report
+from kvsched.spec.checker import Report
 from kvsched.spec.interface import Scheduler as AnyScheduler
 from kvsched.spec.knobs import VICTIMS, Knobs
 from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config, StepRecord
@@ -269,8 +269,8 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
                              arrival, priorities, max_tokens, rate, seed)
 
     scheduler = make_scheduler(implementation, device, config, knobs)
-    collector = MetricsCollector(config, series=False)
-    checker = Checker(config)
+    checker = new_checker(config)
+    collector = MetricsCollector(config, series=False, state=checker.state)
     engine = {"name": f"kvsched-{implementation}", "version": __version__, "profile": profile}
     if implementation == "optimized":
         engine["device"] = device
@@ -291,12 +291,10 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
                            max_steps=max_steps):
                 if writer is not None:
                     writer.step(rec)
-                collector.step(rec)
-                checker.step(rec)
+                collector.observe(rec, checker.step(rec))
                 steps += 1
-                done = len(rec.finished) + len(rec.rejected) + len(rec.aborted)
-                if done:
-                    ended += done
+                if rec.num_ended:
+                    ended += rec.num_ended
                     bar.update(task, completed=ended)
         complete = ended == len(workload)
         if writer is not None and complete:
@@ -368,34 +366,24 @@ def open_trace(path: Path) -> IO[bytes]:
         fail(f"{path}: cannot read ({e.strerror})")
 
 
-def check_one(path: Path, profile: str | None, max_preemptions: int,
-              coverage: TraceCoverage | None = None, checker_choice: str = "spec") -> Report:
+def check_one(path: Path, profile: str | None, max_preemptions: int, strict: bool = False,
+              checker_choice: str = "spec") -> Report:
     if checker_choice == "auto":
         big = path.is_file() and path.stat().st_size >= AUTO_VECTORIZED_BYTES
         checker_choice = "vectorized" if big and profile is None else "spec"
     if checker_choice == "vectorized":
-        return check_vectorized(path, profile, max_preemptions, coverage)
+        return check_vectorized(path, profile, max_preemptions, strict)
     with open_trace(path) as stream:
         try:
             reader = TraceReader(stream, loads)
-            checker = Checker(reader.header.config, max_preemptions)
-            replay = ProfileReplay(reader.header.config, profile) if profile else None
-            for rec in reader:
-                checker.step(rec)
-                if coverage is not None:
-                    coverage.observe(rec)
-                if replay is not None and replay.step(rec) is not None:
-                    checker.report.counts["profile"] += 1
-                    checker.report.violations.append(replay.divergence)  # type: ignore[arg-type]
-            report = checker.end(reader.complete)
-            report.unknown_keys = dict(reader.unknown_keys)
+            return new_checker(reader.header.config, profile=profile, strict=strict,
+                               max_preemptions=max_preemptions).run_trace(reader)
         except TraceError as e:
             fail(f"{path}: {e}")
-    return report
 
 
 def check_vectorized(path: Path, profile: str | None, max_preemptions: int,
-                     coverage: TraceCoverage | None) -> Report:
+                     strict: bool) -> Report:
     """The vectorized checker (kvsched.optimized.checker): the spec checker's verdicts."""
     if profile is not None:
         fail("--checker vectorized does not replay profiles: leave out --profile, or use "
@@ -404,16 +392,12 @@ def check_vectorized(path: Path, profile: str | None, max_preemptions: int,
         from kvsched.optimized.checker import check_trace_vectorized
     except ImportError:
         fail("--checker vectorized needs numpy and numba: pip install 'kvsched[optimized]'")
-    stats: dict[str, int] = {}
     with open_trace(path) as stream:
         try:
-            report = check_trace_vectorized(stream, loads, max_preemptions, stats=stats)
+            report = check_trace_vectorized(stream, loads, max_preemptions)
         except TraceError as e:
             fail(f"{path}: {e}")
-    if coverage is not None:
-        coverage.steps = report.steps
-        coverage.block_ids = bool(stats["block_ids"])
-        coverage.free_blocks = bool(stats["free_blocks"])
+    report.strict = strict
     return report
 
 
@@ -451,10 +435,8 @@ def check(traces: tuple[Path, ...], strict: bool, profile: str | None, max_preem
     checked: list[CheckedTrace] = []
     for path in traces:
         started = time.perf_counter()
-        coverage = TraceCoverage()
-        report = check_one(path, profile, max_preemptions, coverage, checker_choice)
-        checked.append(CheckedTrace(str(path), report, coverage,
-                                    time.perf_counter() - started))
+        report = check_one(path, profile, max_preemptions, strict, checker_choice)
+        checked.append(CheckedTrace(str(path), report, time.perf_counter() - started))
     reports = [(path, c.report) for path, c in zip(traces, checked, strict=True)]
     if junit_path is not None:
         with atomic_output(junit_path) as stream:
@@ -462,7 +444,7 @@ def check(traces: tuple[Path, ...], strict: bool, profile: str | None, max_preem
     failed = False
     results = []
     for path, report in reports:
-        bad = report.errors() > 0 or (strict and report.warnings() > 0)
+        bad = report.failed
         failed |= bad
         results.append({
             "trace": str(path), "ok": not bad, "steps": report.steps,

@@ -1,8 +1,10 @@
-"""PROFILE level: replay the reference with a named profile on a trace's arrivals,
-aborts and finishes, and compare the decisions step by step (design.md section 3).
+"""Checking a stream of steps, the one way every part of the tool does it.
 
-The first divergence is reported with both decisions and the state that led to it;
-after it the replay stops, since every later step would differ too.
+`checker()` builds the spec's Checker with the options a user gives (strict, the
+no-thrash limit, a profile). The spec defines what equal decisions are
+(kvsched.spec.replay); the tool supplies the profile's replaying scheduler: the
+reference scheduler with the profile's knobs. `kvsched check`, `kvsched fuzz`, the pytest
+plugin, the docs and the vLLM conformance run all check through here.
 """
 
 from __future__ import annotations
@@ -10,90 +12,50 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvsched.reference import reference_scheduler
-from kvsched.spec.model import Config, Decision, RequestView, StepRecord
+from kvsched.spec import should
+from kvsched.spec.checker import Checker, CheckOptions, Report
+from kvsched.spec.model import Config, StepRecord
+from kvsched.spec.replay import ProfileReplay, describe, describe_state
+from kvsched.spec.trace import TraceReader
 from kvsched.spec.violation import Violation
 
-
-def describe(decision: Decision, finished: Iterable[str] = ()) -> str:
-    parts = []
-    if decision.rejected:
-        parts.append("rejected " + ", ".join(r.id for r in decision.rejected))
-    if decision.preempted:
-        parts.append("preempted " + ", ".join(f"{p.id} ({p.mode})" for p in decision.preempted))
-    if decision.swapped_in:
-        parts.append("swapped in " + ", ".join(decision.swapped_in))
-    parts.append("scheduled " + (", ".join(f"{rid}:{n}" for rid, n in decision.scheduled)
-                                 or "nothing"))
-    fin = list(finished)
-    if fin:
-        parts.append("finished " + ", ".join(fin))
-    return "; ".join(parts)
+__all__ = ["check_profile", "check_reader", "check_records", "checker", "describe",
+           "describe_state", "profile_replay"]
 
 
-def describe_state(states: dict[str, RequestView], free: int, involved: Iterable[str]) -> str:
-    shown = [rid for rid in dict.fromkeys(involved) if rid in states]
-    cells = [f"{rid} {v.status.value} N={v.num_tokens} C={v.num_computed} G={v.gpu_blocks}"
-             + (f" H={v.host_blocks}" if v.host_blocks else "")
-             for rid, v in ((rid, states[rid]) for rid in shown)]
-    return f"free GPU blocks {free}" + ("; " + ", ".join(cells) if cells else "")
+def profile_replay(config: Config, profile: str) -> ProfileReplay:
+    """The named profile's scheduler on `config`, ready to replay a trace."""
+    return ProfileReplay(profile, reference_scheduler(profile, config))
 
 
-def _involved(*decisions: Decision) -> list[str]:
-    out: list[str] = []
-    for d in decisions:
-        out += [r.id for r in d.rejected] + [p.id for p in d.preempted]
-        out += list(d.swapped_in) + [rid for rid, _ in d.scheduled]
-    return out
+def checker(config: Config, *, profile: str | None = None, strict: bool = False,
+            max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS, keep: int = 20
+            ) -> Checker:
+    """A checker of one trace under `config`, comparing with `profile` when given; feed
+    it the steps, then `end(complete)` gives the whole report."""
+    replay = profile_replay(config, profile) if profile else None
+    return Checker(config, CheckOptions(strict, max_preemptions, keep), replay)
 
 
-class ProfileReplay:
-    """Replays a profile in lockstep with a trace, one step at a time (bounded memory)."""
-
-    def __init__(self, config: Config, profile: str) -> None:
-        self.profile = profile
-        self.scheduler = reference_scheduler(profile, config)
-        self.divergence: Violation | None = None
-
-    def step(self, rec: StepRecord) -> Violation | None:
-        """The divergence at this step, if it is the first; nothing after that."""
-        if self.divergence is not None:
-            return None
-        self.divergence = self._compare(rec)
-        return self.divergence
-
-    def _compare(self, rec: StepRecord) -> Violation | None:
-        scheduler, profile = self.scheduler, self.profile
-        try:
-            for req in rec.arrivals:
-                scheduler.add_request(req)
-            for rid in rec.aborted:
-                scheduler.abort_request(rid)
-        except (KeyError, ValueError) as e:
-            return Violation("profile", rec.step,
-                             f"the profile cannot replay step {rec.step}: {e}")
-        before = scheduler.states()
-        free = scheduler.free_blocks()
-        mine = scheduler.schedule()
-        theirs = rec.decision
-        if mine.comparable() != theirs.comparable():
-            state = describe_state(before, free, _involved(mine, theirs))
-            return Violation(
-                "profile", rec.step,
-                f"first divergence from {profile}: the profile {describe(mine)} | the trace "
-                f"{describe(theirs)} | state before: {state}")
-        done = scheduler.update(set(rec.finished))
-        if set(done) != set(rec.finished):
-            return Violation(
-                "profile", rec.step,
-                f"first divergence from {profile}: the profile finishes "
-                f"{', '.join(done) or 'nothing'} | the trace finishes "
-                f"{', '.join(rec.finished) or 'nothing'}")
-        return None
+def check_records(config: Config, records: Iterable[StepRecord], complete: bool, *,
+                  profile: str | None = None, strict: bool = False,
+                  max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS) -> Report:
+    """The whole report of a sequence of steps (`complete`: it had its end line)."""
+    return checker(config, profile=profile, strict=strict,
+                   max_preemptions=max_preemptions).run(records, complete)
 
 
-def check_profile(config: Config, records: Iterable[StepRecord], profile: str) -> list[Violation]:
-    """The first step where the trace and the profile decide differently, if any."""
-    replay = ProfileReplay(config, profile)
+def check_reader(reader: TraceReader, *, profile: str | None = None, strict: bool = False,
+                 max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS) -> Report:
+    """The whole report of a trace as it streams from `reader` (TraceError if malformed)."""
+    return checker(reader.header.config, profile=profile, strict=strict,
+                   max_preemptions=max_preemptions).run_trace(reader)
+
+
+def check_profile(config: Config, records: Iterable[StepRecord], profile: str
+                  ) -> list[Violation]:
+    """The first step where the records and the profile decide differently, if any."""
+    replay = profile_replay(config, profile)
     for rec in records:
         if replay.step(rec) is not None:
             break

@@ -34,13 +34,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kvsched.conformance import checker as new_checker
 from kvsched.conformance import describe, describe_state
 from kvsched.metrics import Distribution, Metrics, MetricsCollector
 from kvsched.simulate import run
 from kvsched.spec import should
 from kvsched.spec.checker import Checker, Report
 from kvsched.spec.interface import Scheduler
-from kvsched.spec.model import Config, Decision, Request, RequestView, Status, StepRecord
+from kvsched.spec.model import Config, Decision, Request, Status, StepRecord
 from kvsched.spec.trace import TraceError
 from kvsched.spec.violation import INVARIANTS
 from kvsched.workload import WorkItem
@@ -263,26 +264,21 @@ def decision_difference(da: Decision, db: Decision) -> tuple[str, list[str]]:
 
 
 def state_before(checker: Checker, rec: StepRecord, involved: Iterable[str]) -> str:
-    """The checker's view of `involved` once `rec`'s arrivals and aborts are in, before
-    its decision: the state the scheduler decided on (the first MAX_SHOWN of them)."""
+    """The checker's state of `involved` once `rec`'s arrivals and aborts are in, before
+    its decision: the state the scheduler decided on (the first MAX_SHOWN of them). An
+    aborted request is shown as aborted, with what it held."""
     involved = list(dict.fromkeys(involved))
     wanted = set(involved)
-    views = {rid: RequestView(t.status, t.num_tokens, t.num_computed, t.gpu_blocks,
-                              t.host_blocks, t.preemptions)
-             for rid, t in checker.live.items() if rid in wanted}
-    for r in rec.arrivals:
-        if r.id in wanted:
-            views[r.id] = RequestView(Status.WAITING, r.prompt_len, 0, 0, 0, 0)
-    free = checker.free
+    after = checker.state.after_inputs(rec)
+    views = {rid: t.view() for rid, t in after.live.items() if rid in wanted}
     for rid in rec.aborted:
-        t = checker.live.get(rid)
-        if t is not None:
-            free += t.gpu_blocks
-            if rid in wanted:  # shown as aborted, with what it held
-                views[rid] = replace(views[rid], status=Status.ABORTED)
+        t = checker.state.live.get(rid)
+        if t is not None and rid in wanted:
+            views[rid] = replace(t.view(), status=Status.ABORTED)
     shown = involved[:MAX_SHOWN]
     more = len(wanted) - len(shown)
-    return describe_state(views, free, shown) + (f" (and {more} more)" if more > 0 else "")
+    return describe_state(views, after.free, shown) + (f" (and {more} more)" if more > 0
+                                                       else "")
 
 
 def _both_states(ca: Checker, ra: StepRecord, cb: Checker, rb: StepRecord,
@@ -332,9 +328,10 @@ def config_differences(a: Config, b: Config) -> tuple[str, ...]:
 def diff_streams(a: Stream, b: Stream, *, series: bool = False,
                  max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS) -> Diff:
     """Walk A and B in lockstep; report the first divergence, both checks, both metrics."""
-    ca, cb = Checker(a.config, max_preemptions), Checker(b.config, max_preemptions)
-    ma, mb = MetricsCollector(a.config, series=series), MetricsCollector(b.config,
-                                                                        series=series)
+    ca = new_checker(a.config, max_preemptions=max_preemptions)
+    cb = new_checker(b.config, max_preemptions=max_preemptions)
+    ma = MetricsCollector(a.config, series=series, state=ca.state)
+    mb = MetricsCollector(b.config, series=series, state=cb.state)
     divergence: Divergence | None = None
     compared = 0
     for ra, rb in zip_longest(a.records, b.records):
@@ -354,10 +351,9 @@ def diff_streams(a: Stream, b: Stream, *, series: bool = False,
             if rec is None:
                 continue
             try:
-                checker.step(rec)
+                collector.observe(rec, checker.step(rec))
             except TraceError as e:
                 raise SideFailed(stream.label, str(e)) from None
-            collector.step(rec)
     sa = Side(a.label, a.config, a.engine, ca.end(a.complete()), ma.result())
     sb = Side(b.label, b.config, b.engine, cb.end(b.complete()), mb.result())
     return Diff(sa, sb, config_differences(a.config, b.config), divergence, compared)
@@ -383,7 +379,7 @@ def simulated(label: str, scheduler: Scheduler, workload: Sequence[WorkItem],
                 raise SideFailed(label, f"the scheduler raised {type(e).__name__} at step "
                                         f"{step}: {text}") from None
             step += 1
-            ended += len(rec.finished) + len(rec.rejected) + len(rec.aborted)
+            ended += rec.num_ended
             if on_step is not None:
                 on_step(rec)
             yield rec

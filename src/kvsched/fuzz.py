@@ -19,10 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from kvsched.conformance import ProfileReplay
+from kvsched.conformance import checker as new_checker
 from kvsched.loading import FactoryError
 from kvsched.simulate import run
-from kvsched.spec.checker import Checker
 from kvsched.spec.interface import Scheduler
 from kvsched.spec.model import Config
 from kvsched.spec.trace import TraceError
@@ -81,19 +80,14 @@ def check_case(make: Callable[[Config], Scheduler], config: Config,
     caller's bad input and propagates; any other exception is a finding.
     """
     steps = 0
-    checker = Checker(config)
+    checker = new_checker(config, profile=profile, strict=strict)
     try:
         scheduler = make(config)
-        replay = ProfileReplay(config, profile) if profile else None
         ended = 0
         for rec in run(scheduler, workload, max_steps=step_bound(config, workload)):
             steps += 1
             checker.step(rec)
-            if replay is not None and replay.step(rec) is not None:
-                assert replay.divergence is not None
-                checker.report.counts["profile"] += 1
-                checker.report.violations.append(replay.divergence)
-            ended += len(rec.finished) + len(rec.rejected) + len(rec.aborted)
+            ended += rec.num_ended
         report = checker.end(ended == len(workload))
     except FactoryError:
         raise

@@ -1,12 +1,13 @@
 """Metrics of any trace (design.md section 7), computed as the steps stream by.
 
-NOTE: a trace does not say when a request samples a token, so the collector replays
-the spec's token arithmetic: a request knows N tokens (its prompt at arrival) and has
-C computed; a scheduled chunk of Dn tokens sets C = min(C + Dn, N), and when C reaches N
-the request samples one token (N += 1). A recompute preemption sets C = 0 and keeps N,
-so the replayed outputs are computed again without sampling. Blocks follow section 2:
-Db = max(0, ceil((C + Dn) / block_size) - G), released on recompute, finish and abort,
-moved to the host and back on swap.
+NOTE: a trace does not say when a request samples a token, so the collector moves the
+spec's state through the trace with the spec's transition rule (kvsched.spec.state): a
+request knows N tokens (its prompt at arrival) and has C computed; a scheduled chunk of
+Dn tokens sets C = min(C + Dn, N), and when C reaches N the request samples one token
+(N += 1). A recompute preemption sets C = 0 and keeps N, so the replayed outputs are
+computed again without sampling. Blocks follow the same rule. Where a trace breaks an
+invariant the rule does not apply the broken action (`kvsched check` reports it), and
+the metrics describe what remains.
 
 Units and definitions:
 - a step is the unit of time; milliseconds too when every step has `time_ms`;
@@ -23,9 +24,8 @@ Units and definitions:
 - queue lengths = waiting, running and swapped requests after the step;
 - recomputed tokens = the C each recompute victim had when preempted.
 
-Memory: the collector keeps one small record per live request. Entries naming a
-request that is not live are ignored (metrics describe; `kvsched check` judges), so no
-set of ended ids grows with the trace. Percentiles are exact: the TTFT, TPOT and latency
+Memory: the spec's state (one small record per live request and one entry per ended
+id) and one timeline per live request. Percentiles are exact: the TTFT, TPOT and latency
 values are kept in `array('d')`, 8 bytes per request each (24 MB for a million requests,
 40 with milliseconds), and sorted once at the end; percentiles interpolate linearly
 between ranks, as numpy.percentile does by default. Per-step series (on by default,
@@ -40,8 +40,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsched.spec.blocks import blocks_needed
 from kvsched.spec.model import Config, Status, StepRecord
+from kvsched.spec.state import State, StepFacts
 from kvsched.spec.trace import TraceReader
 
 PERCENTILES = (50, 90, 99)
@@ -235,18 +235,11 @@ def _num(x: float | None) -> str:
 
 
 @dataclass(slots=True)
-class _Live:
-    """The collector's view of one live request."""
+class _Timeline:
+    """When one live request arrived and sampled, in steps and milliseconds."""
 
-    prompt_len: int
     arrival_step: int
     arrival_clock: float
-    status: Status = Status.WAITING
-    num_tokens: int = 0  # N
-    num_computed: int = 0  # C
-    gpu_blocks: int = 0  # G
-    host_blocks: int = 0  # H
-    outputs: int = 0
     first_step: int = -1
     first_clock: float = 0.0
     last_step: int = -1
@@ -265,18 +258,23 @@ class _Series:
 
 
 class MetricsCollector:
-    """Feed it a trace's steps in order with `step`, then read `result()`."""
+    """Feed it a trace's steps in order with `step`, then read `result()`.
 
-    def __init__(self, config: Config, *, series: bool = True) -> None:
+    Beside a checker of the same steps, share its state and `observe` the facts its
+    `step` returns, so that the step is moved once.
+    """
+
+    def __init__(self, config: Config, *, series: bool = True,
+                 state: State | None = None) -> None:
         self.config = config
-        self.live: dict[str, _Live] = {}
-        self.counts = {status: 0 for status in Status}
+        self.state = state if state is not None else State(config)
+        self.times: dict[str, _Timeline] = {}
+        self.ended = dict.fromkeys((Status.FINISHED, Status.ABORTED, Status.REJECTED), 0)
         self.steps = 0
         self.requests = 0
         self.generated = 0
         self.computed = 0
         self.prompt_tokens = 0
-        self.kv_blocks = 0  # G summed over live requests
         self.clock = 0.0  # ms at the end of the last step
         self.timed = True  # every step so far had time_ms
         self.ttft = array("d")
@@ -291,134 +289,82 @@ class MetricsCollector:
         self.peaks = {"waiting": 0, "running": 0, "swapped": 0, "kv": 0}
         self.series = _Series() if series else None
 
-    def _set_status(self, r: _Live, status: Status) -> None:
-        self.counts[r.status] -= 1
-        self.counts[status] += 1
-        r.status = status
-
-    def _release(self, rid: str, r: _Live, status: Status) -> int:
-        """End a live request; return the GPU blocks it released."""
-        released = r.gpu_blocks
-        self.kv_blocks -= released
-        self._set_status(r, status)
-        del self.live[rid]
-        return released
-
     def step(self, rec: StepRecord) -> None:
-        bs = self.config.block_size
+        self.observe(rec, self.state.apply(rec))
+
+    def observe(self, rec: StepRecord, f: StepFacts) -> None:
+        """Record one step that `f` says the state went through."""
         if rec.time_ms is None:
             self.timed = False
         start = self.clock
         end = start + (rec.time_ms or 0.0)
         s = rec.step
-        live = self.live
-
-        # 1. arrivals, then aborts
-        for req in rec.arrivals:
-            if req.id in live:
-                continue
-            r = _Live(req.prompt_len, s, start, num_tokens=req.prompt_len)
-            live[req.id] = r
-            self.counts[Status.WAITING] += 1
-            self.requests += 1
-        for rid in rec.aborted:
-            r_ = live.get(rid)
-            if r_ is not None:
-                self._release(rid, r_, Status.ABORTED)
-        # 2. rejections
-        for rej in rec.rejected:
-            r_ = live.get(rej.id)
-            if r_ is not None:
-                self._release(rej.id, r_, Status.REJECTED)
-        # 3. preemptions
-        for p in rec.preempted:
-            r_ = live.get(p.id)
-            if r_ is None:
-                continue
-            self.preemptions[p.mode] = self.preemptions.get(p.mode, 0) + 1
-            self.kv_blocks -= r_.gpu_blocks
-            if p.mode == "swap":
-                r_.host_blocks, r_.gpu_blocks = r_.gpu_blocks, 0
-                self._set_status(r_, Status.SWAPPED)
-            else:
-                self.recomputed += r_.num_computed
-                r_.gpu_blocks = 0
-                r_.num_computed = 0
-                self._set_status(r_, Status.WAITING)
-        # 4. swap-ins
-        for rid in rec.swapped_in:
-            r_ = live.get(rid)
-            if r_ is None:
-                continue
-            self.swap_ins += 1
-            r_.gpu_blocks, r_.host_blocks = r_.host_blocks, 0
-            self.kv_blocks += r_.gpu_blocks
-            self._set_status(r_, Status.RUNNING)
-        # 5. the scheduled set: blocks, computed tokens, samples
+        times = self.times
+        for a in f.arrivals:
+            if a.applied:
+                times[a.request] = _Timeline(s, start)
+                self.requests += 1
+        for victim in f.valid_victims:
+            self.preemptions[victim.mode] = self.preemptions.get(victim.mode, 0) + 1
+            if victim.mode == "recompute":
+                self.recomputed += victim.computed
+        self.swap_ins += sum(1 for a, _ in f.swap_ins if a.applied)
         generated = 0
         computed = 0
-        for rid, n in rec.scheduled:
-            r_ = live.get(rid)
-            if r_ is None or n < 1:
+        for c in f.chunks:
+            if not c.action.applied or c.tokens < 1:
                 continue
-            if r_.status != Status.RUNNING:
-                self._set_status(r_, Status.RUNNING)
-            db = blocks_needed(r_.num_computed, n, r_.gpu_blocks, bs)
-            r_.gpu_blocks += db
-            self.kv_blocks += db
-            before = r_.num_computed
-            after = min(before + n, r_.num_tokens)
-            computed += after - before
-            if before < r_.prompt_len:
-                self.prompt_tokens += min(after, r_.prompt_len) - before
-            r_.num_computed = after
-            if after == r_.num_tokens:
-                r_.num_tokens += 1
-                r_.outputs += 1
+            after = min(c.computed + c.tokens, c.known)
+            computed += after - c.computed
+            if c.computed < c.prompt_len:
+                self.prompt_tokens += min(after, c.prompt_len) - c.computed
+            if c.sampled:
                 generated += 1
-                if r_.first_step < 0:
-                    r_.first_step, r_.first_clock = s, end
-                    self.ttft.append(s - r_.arrival_step + 1)
+                t = times[c.action.request]
+                if t.first_step < 0:
+                    t.first_step, t.first_clock = s, end
+                    self.ttft.append(s - t.arrival_step + 1)
                     if self.timed:
-                        self.ttft_ms.append(end - r_.arrival_clock)
-                r_.last_step, r_.last_clock = s, end
+                        self.ttft_ms.append(end - t.arrival_clock)
+                t.last_step, t.last_clock = s, end
         # KV use while the batch runs: before the finishes release their blocks.
-        finishing = 0
-        for rid in rec.finished:
-            r_ = live.get(rid)
-            if r_ is not None:
-                finishing += r_.gpu_blocks
         if rec.free_blocks is not None:
-            kv_used = self.config.num_gpu_blocks - rec.free_blocks + finishing
+            kv_used = self.config.num_gpu_blocks - rec.free_blocks + f.released_by_finish
         else:
-            kv_used = self.kv_blocks
-        # 6. finishes
-        for rid in rec.finished:
-            r_ = live.get(rid)
-            if r_ is None:
+            kv_used = self.config.num_gpu_blocks - f.free_at_batch
+        for a in (*f.aborts, *(a for a, _ in f.rejections)):
+            if a.applied:
+                self.ended[Status.ABORTED if a.action == "aborted" else Status.REJECTED] += 1
+                times.pop(a.request, None)
+        for d in f.finishes:
+            if not d.action.applied:
                 continue
-            self._release(rid, r_, Status.FINISHED)
-            self.latency.append(s - r_.arrival_step + 1)
-            if r_.outputs >= 2:
-                self.tpot.append((r_.last_step - r_.first_step) / (r_.outputs - 1))
+            self.ended[Status.FINISHED] += 1
+            t = times.pop(d.action.request)
+            self.latency.append(s - t.arrival_step + 1)
+            outputs = d.outputs
+            if outputs >= 2:
+                self.tpot.append((t.last_step - t.first_step) / (outputs - 1))
                 if self.timed:
-                    self.tpot_ms.append((r_.last_clock - r_.first_clock) / (r_.outputs - 1))
+                    self.tpot_ms.append((t.last_clock - t.first_clock) / (outputs - 1))
 
         self.steps += 1
         self.generated += generated
         self.computed += computed
         self.clock = end
-        queue = {"waiting": self.counts[Status.WAITING], "running": self.counts[Status.RUNNING],
-                 "swapped": self.counts[Status.SWAPPED], "kv": kv_used}
+        count = self.state.count
+        waiting, running, swapped = (count[Status.WAITING], count[Status.RUNNING],
+                                     count[Status.SWAPPED])
+        queue = {"waiting": waiting, "running": running, "swapped": swapped, "kv": kv_used}
         for k, v in queue.items():
             self.sums[k] += v
             if v > self.peaks[k]:
                 self.peaks[k] = v
         if self.series is not None:
             sr = self.series
-            sr.waiting.append(queue["waiting"])
-            sr.running.append(queue["running"])
-            sr.swapped.append(queue["swapped"])
+            sr.waiting.append(waiting)
+            sr.running.append(running)
+            sr.swapped.append(swapped)
             sr.kv_blocks.append(kv_used)
             sr.preemptions.append(len(rec.preempted))
             sr.generated.append(generated)
@@ -437,8 +383,8 @@ class MetricsCollector:
                             sr.generated.tolist(), sr.computed.tolist())
         return Metrics(
             num_gpu_blocks=blocks, steps=steps, requests=self.requests,
-            finished=self.counts[Status.FINISHED], aborted=self.counts[Status.ABORTED],
-            rejected=self.counts[Status.REJECTED], unfinished=len(self.live),
+            finished=self.ended[Status.FINISHED], aborted=self.ended[Status.ABORTED],
+            rejected=self.ended[Status.REJECTED], unfinished=len(self.state.live),
             generated_tokens=self.generated, computed_tokens=self.computed,
             prompt_tokens=self.prompt_tokens, duration_ms=self.clock if timed else None,
             ttft=Distribution.of(self.ttft), tpot=Distribution.of(self.tpot),

@@ -1,0 +1,413 @@
+"""The transition rule of design.md section 2: how one step of a trace moves the state.
+
+NOTE on the rule. The state is what a trace implies about every live request (status,
+N tokens known, C computed, G GPU and H host blocks, its block ids) and about the
+cache (free GPU and host blocks, who owns each block id, how many requests run). A
+step applies its six phases in order: arrivals and aborts; rejections; preemptions
+(recompute: release G, C = 0, back to waiting; swap: G blocks move to host, H = G);
+swap-ins (H blocks back to the GPU); the scheduled set (Db = blocks_needed(C, Dn, G),
+G += Db, C += Dn, and a request whose C reaches N samples: N += 1); finishes (release
+everything). An action applies only in a state that allows it (ALLOWED): one that
+does not is recorded, not applied, so the state stays one the spec can describe.
+
+`State.apply` returns a `StepFacts`: every number an invariant needs (the demand and
+the free blocks before the step, what the victims and the finishes released, each
+touched request before and after, the block ids handed out and their owners before).
+The checker (kvsched.spec.checker) judges the facts with the functions of must.py and
+should.py; the metrics and `kvsched diff` read the same state. Nothing else replays a
+step: a change to how a step moves the state is a change to this file.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from kvsched.spec.blocks import blocks_needed
+from kvsched.spec.model import Config, Request, RequestView, Status, StepRecord
+
+# The state of an id that is not live and never was.
+NEVER_ARRIVED = "never arrived"
+
+# Which states allow which action. Besides the statuses, a request can be in one of this
+# step's transient states: "arriving", "just preempted", "swapped out this step",
+# "swapped in", "already scheduled this step".
+ALLOWED: dict[str, frozenset[str]] = {
+    "arrives": frozenset({NEVER_ARRIVED}),
+    "aborted": frozenset({"waiting", "running", "swapped", "arriving"}),
+    "rejected": frozenset({"waiting"}),
+    "preempted": frozenset({"running"}),
+    "swapped in": frozenset({"swapped"}),
+    "scheduled": frozenset({"waiting", "running", "swapped in"}),
+    # A live request always finishes (whether it had sampled is the finish invariant's
+    # question); an ended one cannot.
+    "finished": frozenset({"waiting", "running", "swapped"}),
+}
+
+# The trace field that names each action, for messages about ids.
+FIELD = {"arrives": "arrivals", "aborted": "aborted", "rejected": "rejected",
+         "preempted": "preempted", "swapped in": "swapped_in", "scheduled": "scheduled",
+         "finished": "finished"}
+
+
+@dataclass(slots=True)
+class LiveRequest:
+    """The state of one live request, as the trace implies it."""
+
+    request: Request
+    status: Status
+    num_tokens: int  # N
+    num_computed: int = 0  # C
+    gpu_blocks: int = 0  # G
+    host_blocks: int = 0  # H
+    preemptions: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    recomputing: bool = False  # a recompute victim whose first new chunk is not yet seen
+
+    def view(self) -> RequestView:
+        return RequestView(self.status, self.num_tokens, self.num_computed, self.gpu_blocks,
+                           self.host_blocks, self.preemptions)
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One id named by one field of a step, and the state it was in then."""
+
+    request: str
+    action: str  # a key of ALLOWED
+    state: str
+
+    @property
+    def applied(self) -> bool:
+        return self.state in ALLOWED[self.action]
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """A preemption: the victim's N, C, G and free host blocks just before it."""
+
+    action: Action
+    mode: str  # "recompute" or "swap"
+    known: int
+    computed: int
+    held: int
+    free_host: int
+    preemptions: int  # counting this one
+    released: int  # GPU blocks it gave back
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One scheduled entry: Dn tokens on a request with N known and C computed before."""
+
+    action: Action
+    tokens: int  # Dn as the trace gives it
+    known: int
+    computed: int
+    prompt_len: int
+    new_blocks: int  # Db, 0 when the entry did not apply
+    sampled: bool
+    restart_ids: int | None  # a recompute victim's first chunk: the ids the trace gives
+
+
+@dataclass(frozen=True, slots=True)
+class Handout:
+    """The block ids a step hands one request, and who owned each just before."""
+
+    request: str
+    state: str
+    given: int
+    expected: int  # Db of its chunk, plus H on a swap-in
+    counted: bool  # False when the count was already told as the victim's `preempt`
+    blocks: tuple[tuple[int, str | None], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    action: Action
+    sampled: bool  # it sampled a token in this step
+    released: int
+    outputs: int  # N - P when it finished
+
+
+@dataclass(slots=True)
+class StepFacts:
+    """Everything one step did to the state, with the numbers every invariant needs."""
+
+    step: int
+    line: int
+    arrivals: list[Action] = field(default_factory=list)
+    aborts: list[Action] = field(default_factory=list)
+    rejections: list[tuple[Action, Request | None]] = field(default_factory=list)
+    victims: list[Victim] = field(default_factory=list)
+    swap_ins: list[tuple[Action, int]] = field(default_factory=list)  # with its H
+    chunks: list[Chunk] = field(default_factory=list)
+    handouts: list[Handout] | None = None  # None while block ids are not tracked
+    finishes: list[Finish] = field(default_factory=list)
+    due: list[LiveRequest] = field(default_factory=list)  # sampled and not finished
+    unknown_new_blocks: list[str] = field(default_factory=list)
+    free_before: int = 0  # B_free: after arrivals and aborts
+    reclaim: int = 0  # B_reclaim: what the victims released
+    demand: int = 0  # sum of Db, swap-ins included
+    tokens: int = 0  # sum of Dn
+    running: int = 0  # after the scheduled set
+    free_at_batch: int = 0  # while the batch runs, before the finishes release
+    free: int = 0  # after the step
+    released_by_finish: int = 0
+    reported_free: int | None = None
+    restarted: list[str] = field(default_factory=list)  # recompute victims' first chunks
+    idle: bool = False  # nothing scheduled, preempted or swapped in
+
+    @property
+    def actions(self) -> list[Action]:
+        """Every action of the step, in the order it applied."""
+        return [*self.arrivals, *self.aborts, *(a for a, _ in self.rejections),
+                *(v.action for v in self.victims), *(a for a, _ in self.swap_ins),
+                *(c.action for c in self.chunks), *(f.action for f in self.finishes)]
+
+    @property
+    def valid_victims(self) -> list[Victim]:
+        return [v for v in self.victims if v.action.applied]
+
+    @property
+    def released_by_victims(self) -> int:
+        return sum(v.released for v in self.victims)
+
+
+class State:
+    """The spec's state of one trace: feed it the steps in order with `apply`."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.live: dict[str, LiveRequest] = {}
+        self.ended: dict[str, Status] = {}
+        self.free = config.num_gpu_blocks
+        self.free_host = config.num_cpu_blocks
+        self.count = dict.fromkeys(Status, 0)  # live requests in each status
+        self.owner: dict[int, str] = {}
+        self.ids_tracked: bool | None = None  # decided by the first step
+
+    # -- reading ----------------------------------------------------------------------
+
+    def status_of(self, rid: str) -> str:
+        t = self.live.get(rid)
+        if t is not None:
+            return t.status.value
+        ended = self.ended.get(rid)
+        return ended.value if ended is not None else NEVER_ARRIVED
+
+    def views(self) -> dict[str, RequestView]:
+        return {rid: t.view() for rid, t in self.live.items()}
+
+    def clone(self) -> State:
+        return copy.deepcopy(self)
+
+    # -- moving -----------------------------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        return self.count[Status.RUNNING]
+
+    def _set_status(self, t: LiveRequest, status: Status) -> None:
+        self.count[t.status] -= 1
+        self.count[status] += 1
+        t.status = status
+
+    def _release_gpu(self, t: LiveRequest) -> int:
+        released = t.gpu_blocks
+        self.free += released
+        t.gpu_blocks = 0
+        for b in t.block_ids:
+            self.owner.pop(b, None)
+        t.block_ids = []
+        return released
+
+    def _end(self, t: LiveRequest, status: Status) -> int:
+        released = self._release_gpu(t)
+        self.free_host += t.host_blocks
+        t.host_blocks = 0
+        self.count[t.status] -= 1
+        t.status = status
+        del self.live[t.request.id]
+        self.ended[t.request.id] = status
+        return released
+
+    def apply(self, rec: StepRecord) -> StepFacts:
+        """Move the state by one step; return what it did."""
+        f = StepFacts(rec.step, rec.line, reported_free=rec.free_blocks)
+        tags: dict[str, str] = {}  # this step's transient states
+
+        def state(rid: str) -> str:
+            return tags.get(rid) or self.status_of(rid)
+
+        self._inputs(rec, f, tags)
+        tags = {rid: s for rid, s in tags.items() if s != "arriving"}
+        f.free_before = self.free
+
+        # 2. rejections
+        for rej in rec.rejected:
+            a = Action(rej.id, "rejected", state(rej.id))
+            t = self.live.get(rej.id) if a.applied else None
+            f.rejections.append((a, t.request if t is not None else None))
+            if t is not None:
+                self._end(t, Status.REJECTED)
+
+        # 3. preemptions
+        for p in rec.preempted:
+            a = Action(p.id, "preempted", state(p.id))
+            t = self.live.get(p.id)
+            if not a.applied or t is None:
+                f.victims.append(Victim(a, p.mode, 0, 0, 0, self.free_host, 0, 0))
+                continue
+            t.preemptions += 1
+            known, computed, held, free_host = (t.num_tokens, t.num_computed, t.gpu_blocks,
+                                                self.free_host)
+            if p.mode == "swap":
+                self.free_host -= t.gpu_blocks
+                t.host_blocks = t.gpu_blocks
+                released = self._release_gpu(t)
+                self._set_status(t, Status.SWAPPED)
+                tags[p.id] = "swapped out this step"
+            else:
+                released = self._release_gpu(t)
+                t.num_computed = 0
+                t.recomputing = True
+                self._set_status(t, Status.WAITING)
+                tags[p.id] = "just preempted"
+            f.victims.append(Victim(a, p.mode, known, computed, held, free_host,
+                                    t.preemptions, released))
+            f.reclaim += released
+
+        # 4. swap-ins: the host blocks come back to the GPU
+        expected: dict[str, int] = {}
+        for rid in rec.swapped_in:
+            a = Action(rid, "swapped in", state(rid))
+            t = self.live.get(rid) if a.applied else None
+            f.swap_ins.append((a, t.host_blocks if t is not None else 0))
+            if t is None:
+                continue
+            t.gpu_blocks = t.host_blocks
+            self.free -= t.host_blocks
+            self.free_host += t.host_blocks
+            f.demand += t.host_blocks
+            expected[rid] = t.host_blocks
+            t.host_blocks = 0
+            self._set_status(t, Status.RUNNING)
+            tags[rid] = "swapped in"
+
+        # 5. the scheduled set
+        bs = self.config.block_size
+        told: set[str] = set()
+        sampled: list[LiveRequest] = []
+        for rid, n in rec.scheduled:
+            a = Action(rid, "scheduled", state(rid))
+            tags[rid] = "already scheduled this step"
+            t = self.live.get(rid) if a.applied else None
+            if t is None:
+                f.chunks.append(Chunk(a, n, 0, 0, 0, 0, False, None))
+                continue
+            f.tokens += max(n, 0)
+            known, computed = t.num_tokens, t.num_computed
+            if n < 1:
+                f.chunks.append(Chunk(a, n, known, computed, t.request.prompt_len, 0, False,
+                                      None))
+                continue
+            if t.status == Status.WAITING:
+                self._set_status(t, Status.RUNNING)
+            db = blocks_needed(computed, n, t.gpu_blocks, bs)
+            f.demand += db
+            self.free -= db
+            t.gpu_blocks += db
+            expected[rid] = expected.get(rid, 0) + db
+            restart: int | None = None
+            if t.recomputing:
+                t.recomputing = False
+                f.restarted.append(rid)
+                if rec.new_blocks is not None:
+                    restart = len(rec.new_blocks.get(rid, ()))
+                    if restart != db:
+                        told.add(rid)
+            t.num_computed = min(computed + n, known)
+            done = t.num_computed == known
+            if done:
+                t.num_tokens += 1
+                sampled.append(t)
+            f.chunks.append(Chunk(a, n, known, computed, t.request.prompt_len, db, done,
+                                  restart))
+        f.running = self.running
+        f.handouts = self._hand_out(rec, expected, told, f)
+        f.free_at_batch = self.free
+
+        # 6. finishes
+        sampled_ids = {t.request.id for t in sampled}
+        finished = set(rec.finished)
+        for rid in rec.finished:
+            # A live request finishes whatever it did this step (the finish invariant
+            # asks whether it sampled); an ended one is told in the state it is in.
+            a = Action(rid, "finished", self.status_of(rid) if rid in self.live
+                       else state(rid))
+            t = self.live.get(rid) if a.applied else None
+            outputs = t.num_tokens - t.request.prompt_len if t is not None else 0
+            released = self._end(t, Status.FINISHED) if t is not None else 0
+            f.finishes.append(Finish(a, rid in sampled_ids, released, outputs))
+            f.released_by_finish += released
+        f.due = [t for t in sampled if t.request.id not in finished]
+        f.free = self.free
+        f.idle = not rec.scheduled and not rec.preempted and not rec.swapped_in
+        return f
+
+    def _inputs(self, rec: StepRecord, f: StepFacts, tags: dict[str, str]) -> None:
+        """Phase 1: arrivals become waiting, then aborts end their requests."""
+
+        def state(rid: str) -> str:
+            return tags.get(rid) or self.status_of(rid)
+
+        # 1. arrivals, then aborts
+        for r in rec.arrivals:
+            a = Action(r.id, "arrives", state(r.id))
+            f.arrivals.append(a)
+            if a.applied:
+                self.live[r.id] = LiveRequest(r, Status.WAITING, r.prompt_len)
+                self.count[Status.WAITING] += 1
+                tags[r.id] = "arriving"
+        for rid in rec.aborted:
+            a = Action(rid, "aborted", state(rid))
+            f.aborts.append(a)
+            if a.applied:
+                self._end(self.live[rid], Status.ABORTED)
+
+    def after_inputs(self, rec: StepRecord) -> State:
+        """A copy of the state once `rec`'s arrivals and aborts are in: the state its
+        scheduler decided on."""
+        state = self.clone()
+        state._inputs(rec, StepFacts(rec.step, rec.line), {})
+        return state
+
+    def _hand_out(self, rec: StepRecord, expected: dict[str, int], told: set[str],
+                  f: StepFacts) -> list[Handout] | None:
+        """Record the step's block ids; owners are known only while every step so far
+        carried them (one step without ids loses them for good)."""
+        if self.ids_tracked is None:
+            self.ids_tracked = rec.new_blocks is not None
+        if rec.new_blocks is None:
+            self.ids_tracked = False
+        if not self.ids_tracked or rec.new_blocks is None:
+            return None
+        out = []
+        # Batch order (swap-ins, then scheduled), then the rest: the same report every run.
+        for rid in dict.fromkeys([*expected, *rec.new_blocks]):
+            status = self.status_of(rid)
+            if status == NEVER_ARRIVED:
+                f.unknown_new_blocks.append(rid)
+            given = rec.new_blocks.get(rid, ())
+            t = self.live.get(rid)
+            blocks = []
+            for b in given:
+                before = self.owner.get(b)
+                blocks.append((b, before))
+                if t is not None and before is None and 0 <= b < self.config.num_gpu_blocks:
+                    self.owner[b] = rid
+                    t.block_ids.append(b)
+            out.append(Handout(rid, status, len(given), expected.get(rid, 0),
+                               rid not in told, tuple(blocks)))
+        return out
