@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from kvsched.spec import must
 from kvsched.spec.blocks import blocks_for, blocks_needed, cdiv, never_completes
-from kvsched.spec.model import Config, Request
+from kvsched.spec.model import Config, Request, Status
+from kvsched.spec.state import Action, Chunk, LiveRequest, StepFacts
 
 
 def cdiv_is_ceiling(a: int, b: int) -> int:
@@ -85,7 +86,8 @@ def finish_is_due_exactly_at_the_limits(prompt_len: int, max_tokens: int, output
     config = Config(max_model_len=max_model_len)
     request = Request("r", prompt_len, max_tokens)
     known = prompt_len + outputs
-    return must.finish_due(0, "r", outputs, known, request, config) is not None
+    facts = StepFacts(0, 0, due=[LiveRequest(request, Status.RUNNING, known)])
+    return must.finish(facts, config) != []
 
 
 def token_range_allows_exactly(new_tokens: int, computed: int, known: int, max_model_len: int,
@@ -99,7 +101,9 @@ def token_range_allows_exactly(new_tokens: int, computed: int, known: int, max_m
     """  # noqa: E501
     config = Config(max_model_len=max_model_len, chunked_prefill=chunked,
                     max_num_batched_tokens=max(max_model_len, 2048))
-    return must.token_range(0, "r", new_tokens, computed, known, config) is None
+    chunk = Chunk(Action("r", "scheduled", "running"), new_tokens, known, computed, known, 0,
+                  False, None)
+    return must.token_range(StepFacts(0, 0, chunks=[chunk]), config) == []
 
 
 def kv_budget_is_the_step_invariant(demand: int, free: int, reclaim: int) -> bool:
@@ -108,4 +112,5 @@ def kv_budget_is_the_step_invariant(demand: int, free: int, reclaim: int) -> boo
     pre: 0 <= demand <= 6 and 0 <= free <= 6 and 0 <= reclaim <= 6
     post: __return__ == (demand <= free + reclaim)
     """
-    return must.kv_budget(0, demand, free, reclaim) is None
+    return must.kv_budget(StepFacts(0, 0, free_before=free, reclaim=reclaim,
+                                    demand=demand)) == []

@@ -9,7 +9,7 @@ the reference side only what the reference scheduler itself computes.
 from __future__ import annotations
 
 from kvsched.reference.scheduler import Entry, ReferenceScheduler
-from kvsched.spec import must
+from kvsched.spec import must, state
 from kvsched.spec.blocks import blocks_needed, never_completes
 from kvsched.spec.model import Config, Request, Status
 
@@ -57,9 +57,10 @@ def finish_rule_spec(prompt_len: int, max_tokens: int, outputs: int, max_model_l
                      ) -> int:
     if not finish_within(prompt_len, max_tokens, outputs, max_model_len):
         return OUTSIDE
-    due = must.finish_due(0, "r", outputs, prompt_len + outputs,
-                          Request("r", prompt_len, max_tokens), Config(max_model_len=max_model_len))
-    return int(due is not None)
+    sampled = state.LiveRequest(Request("r", prompt_len, max_tokens), Status.RUNNING,
+                                prompt_len + outputs)
+    due = must.finish(state.StepFacts(0, 0, due=[sampled]), Config(max_model_len=max_model_len))
+    return int(due != [])
 
 
 def finish_rule_reference(prompt_len: int, max_tokens: int, outputs: int, max_model_len: int

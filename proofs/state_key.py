@@ -81,10 +81,11 @@ def scheduler_key(s: ReferenceScheduler) -> Hashable:
 
 def checker_key(c: Checker) -> Hashable:
     """The spec's own view of the state, as the checker replays it."""
+    st = c.state
     live = tuple(sorted((rid, t.status.value, t.num_tokens, t.num_computed, t.gpu_blocks,
                          t.host_blocks, tuple(t.block_ids), t.recomputing)
-                        for rid, t in c.live.items()))
-    # Before the first step track_ids is undecided (None); it then turns True exactly
+                        for rid, t in st.live.items()))
+    # Before the first step ids_tracked is undecided (None); it then turns True exactly
     # where it stays True, so the two behave alike.
-    return (live, c.free, c.free_host, c.running, c.leaked, c.track_ids is not False,
-            tuple(sorted(c.owner.items())))
+    return (live, st.free, st.free_host, st.running, c.leaked, st.ids_tracked is not False,
+            tuple(sorted(st.owner.items())))

@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 from kvsched.reference.scheduler import Entry, ReferenceScheduler
 from kvsched.spec.blocks import blocks_for
-from kvsched.spec.checker import Checker, Tracked
+from kvsched.spec.checker import Checker
+from kvsched.spec.state import LiveRequest
 from kvsched.spec.knobs import VICTIMS, Knobs
 from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config, Request, Status
 
@@ -120,7 +121,7 @@ def build(c: Cfg, reqs: list[Req]) -> tuple[ReferenceScheduler, Checker]:
     config = c.config()
     s = ReferenceScheduler(config, c.knobs())
     checker = Checker(config)
-    checker.track_ids = True
+    checker.state.ids_tracked = True
     order = sorted(range(len(reqs)), key=lambda i: reqs[i].status != SWAPPED)
     for i in order:  # swapped first: they pass through the GPU on their way to the host
         r = reqs[i]
@@ -130,7 +131,7 @@ def build(c: Cfg, reqs: list[Req]) -> tuple[ReferenceScheduler, Checker]:
         e = Entry(request, i, STATUS[r.status], known, r.computed)
         s.entries[rid] = e
         ids = s.blocks.allocate(rid, held(c, r))
-        t = Tracked(request, STATUS[r.status], known, r.computed)
+        t = LiveRequest(request, STATUS[r.status], known, r.computed)
         if r.status == SWAPPED:
             s.blocks.swap_out(rid)
             s.swapped.append(e)
@@ -139,15 +140,15 @@ def build(c: Cfg, reqs: list[Req]) -> tuple[ReferenceScheduler, Checker]:
             s.running.append(e)
             t.gpu_blocks = len(ids)
             t.block_ids = list(ids)
-            checker.owner.update((b, rid) for b in ids)
-            checker.running += 1
-        checker.live[rid] = t
+            checker.state.owner.update((b, rid) for b in ids)
+        checker.state.live[rid] = t
+        checker.state.count[t.status] += 1
     s.running.sort(key=lambda e: e.seq)
     s.swapped.sort(key=s._swapped_order)
     for i, r in enumerate(reqs):
         if r.status == WAITING:
             s._waiting_push(s.entries[f"r{i}"], front=False)
     s._seq = len(reqs)
-    checker.free = s.blocks.free_gpu
-    checker.free_host = s.blocks.free_cpu
+    checker.state.free = s.blocks.free_gpu
+    checker.state.free_host = s.blocks.free_cpu
     return s, checker
