@@ -13,7 +13,8 @@ Reading. Step lines are read by a compiled scanner (kvsched.optimized.scan) stra
 into numpy columns, ids as keys (an id of at most 16 plain ASCII bytes is its own key,
 found in an open-addressing table of the known ids). Lines it leaves alone (aborts,
 rejections, preemptions and swap-ins, unknown keys, escapes, long ids, anything odd)
-are read with orjson and checked field by field, or handed to the spec's parser.
+are read as JSON by the spec's strict line reader (kvsched.spec.trace.load_line) and
+checked field by field, or handed to the spec's parser.
 The cyclic garbage collector pauses while a trace is checked.
 
 A run holds at most one step with aborts, rejections, preemptions or swap-ins, its
@@ -27,7 +28,7 @@ differential tests (tests/test_checkers_agree.py) check on correct and seeded-bu
 
 The parts, in the order a line meets them:
 - driver.py: the stream in blocks, lines into runs (TraceDriver);
-- scan.py: the compiled scanner; lines.py: the lines it leaves, read with orjson;
+- scan.py: the compiled scanner; lines.py: the lines it leaves, read as JSON;
 - ids.py: ids as keys and their table; runs.py: a run's lines as columns;
 - vectorized.py: VectorizedChecker, which checks each run by
   kernel.py (the vectorized rules, on the state of columns.py) or, when they do not
@@ -40,12 +41,9 @@ from __future__ import annotations
 
 from typing import IO
 
-import orjson
-
 from kvsched.optimized import scan as sc
 from kvsched.optimized.driver import RUN_STEPS, TraceDriver
 from kvsched.optimized.ids import IdTable, id_key
-from kvsched.optimized.lines import Loads
 from kvsched.optimized.memory import arrays_in_heap, no_cycle_collection
 from kvsched.optimized.vectorized import VectorizedChecker
 from kvsched.spec import should
@@ -57,18 +55,18 @@ __all__ = ["SCAN_ENTRIES", "SCAN_LINES", "IdTable", "VectorizedChecker",
 SCAN_LINES, SCAN_ENTRIES = 1 << 14, 1 << 20  # the scanner's output buffers
 
 
-def check_trace_vectorized(stream: IO[bytes], loads: Loads = orjson.loads,
+def check_trace_vectorized(stream: IO[bytes],
                            max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS,
                            run_steps: int = RUN_STEPS,
                            stats: dict[str, int] | None = None) -> Report:
     """Check a trace (a binary stream) as `kvsched.spec.checker.check_trace` does with a
-    TraceReader using `loads`: the same Report, or the same TraceError. `stats`, if
+    TraceReader: the same Report, or the same TraceError. `stats`, if
     given, receives how many runs were checked vectorized ("fast") and how many by the
     spec's checker ("exact"), whether step 0 carries new_blocks ("block_ids") and some
     step reports free_blocks ("free_blocks"), as 1 or 0, and how many lines the compiled
-    scanner read ("scanned") and how many were read with orjson ("as_json")."""
+    scanner read ("scanned") and how many were read as JSON ("as_json")."""
     with no_cycle_collection(), arrays_in_heap():
-        driver = TraceDriver(loads, max_preemptions, run_steps,
+        driver = TraceDriver(max_preemptions, run_steps,
                              sc.Scanner(SCAN_LINES, SCAN_ENTRIES))
         report = driver.check(stream)
         if stats is not None:

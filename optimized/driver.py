@@ -4,7 +4,7 @@ steps, and each run goes to the VectorizedChecker.
 Step lines are read by the compiled scanner (kvsched.optimized.scan) straight into
 columns; the lines it leaves alone (the header, aborts, rejections, preemptions and
 swap-ins, unknown keys, escapes, long ids, anything odd, what follows the end) are read
-with orjson here, one at a time, and either join the run (kvsched.optimized.lines
+as JSON here, one at a time, and either join the run (kvsched.optimized.lines
 accepts them) or wait for the spec's parser.
 """
 
@@ -16,11 +16,11 @@ from typing import IO, Any
 import numpy as np
 
 from kvsched.optimized import scan as sc
-from kvsched.optimized.lines import Loads, exact_object, parse_fast
+from kvsched.optimized.lines import parse_fast
 from kvsched.optimized.runs import Part, Run, ScannedLines, part_of_step
 from kvsched.optimized.vectorized import VectorizedChecker
 from kvsched.spec.checker import Report
-from kvsched.spec.trace import TraceError, parse_header
+from kvsched.spec.trace import BLANK, TraceError, load_line, parse_header
 
 RUN_STEPS = 2048  # most steps in one run
 RUN_ENTRIES = 1 << 20  # most scheduled entries in one run
@@ -56,9 +56,7 @@ class TraceDriver:
     (no-idle is checked on the state at the end of a run).
     """
 
-    def __init__(self, loads: Loads, max_preemptions: int, run_steps: int,
-                 scanner: sc.Scanner) -> None:
-        self.loads = loads
+    def __init__(self, max_preemptions: int, run_steps: int, scanner: sc.Scanner) -> None:
         self.max_preemptions = max_preemptions
         self.run_steps = run_steps
         self.scanner = scanner
@@ -75,7 +73,7 @@ class TraceDriver:
         self.expected = 0  # the next step number, counting the lines waiting
         self.complete = False
         self.number = 0  # the number of the last line read
-        self.as_json = 0  # lines read with orjson (the scanner reads the others)
+        self.as_json = 0  # lines read as JSON (the scanner reads the others)
 
     @property
     def checker(self) -> VectorizedChecker:
@@ -126,7 +124,7 @@ class TraceDriver:
                 line = self.number + 1 + k
                 if self.complete:
                     self.as_json += 1
-                    if exact_object(lines.raw(k), line, self.loads) is not None:
+                    if load_line(lines.raw(k), line) is not BLANK:
                         raise TraceError(line, 'nothing may follow the {"end": true} line')
                     k += 1
                     continue
@@ -168,26 +166,24 @@ class TraceDriver:
     def _one_line(self, raw: bytes, line: int) -> None:
         """A line the scanner left alone (or a header, or past the end): read as JSON."""
         self.as_json += 1
-        loads = self.loads
         if self.vc is None:
-            obj = exact_object(raw, line, loads)
-            if obj is not None:
+            obj = load_line(raw, line)
+            if obj is not BLANK:
                 self.vc = VectorizedChecker(parse_header(obj, line).config,
                                             self.max_preemptions)
-                self.vc.loads = loads
             return
         vc = self.vc
         if self.complete:
-            if exact_object(raw, line, loads) is not None:
+            if load_line(raw, line) is not BLANK:
                 raise TraceError(line, 'nothing may follow the {"end": true} line')
             return
         try:
-            obj = loads(raw)
-        except ValueError:
-            self._flush()
-            obj = exact_object(raw, line, loads)  # raises, or the line is blank
-            if obj is None:
-                return
+            obj = load_line(raw, line)
+        except TraceError:
+            self._flush()  # the lines before it are checked first, as the spec's reader does
+            raise
+        if obj is BLANK:
+            return
         if type(obj) is dict and obj.get("end") is True and "step" not in obj:
             self._flush()
             self.complete = True

@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 
 from kvsched.optimized.columns import CODE_OF, STATUS_OF, Columns
-from kvsched.optimized.lines import Loads, exact_object
 from kvsched.spec.checker import Checker, CheckOptions, Report
 from kvsched.spec.model import Request, Status
 from kvsched.spec.state import LiveRequest
-from kvsched.spec.trace import STEP_KEYS, TraceError, parse_step
+from kvsched.spec.trace import STEP_KEYS, TraceError, load_line, parse_step
 
 Saw = Callable[[int, object, object], None]  # (step, new_blocks, free_blocks) of each line
 
@@ -46,7 +45,7 @@ class SpecBridge:
         self.checker.state.ended.update(ended)
 
     def check_lines(self, steps: list[tuple[int, Any]], expected: int,
-                    unknown_keys: dict[str, int], loads: Loads, saw: Saw) -> int:
+                    unknown_keys: dict[str, int], saw: Saw) -> int:
         """Check lines (number, JSON object, or the raw bytes of a line read as the spec's
         reader reads it) with the spec's parser and Checker; returns the next expected
         step number."""
@@ -56,7 +55,7 @@ class SpecBridge:
         first_new = len(state.ids)
         self.to_exact()
         for line, given in steps:
-            obj = exact_object(given, line, loads) if isinstance(given, bytes) else given
+            obj = load_line(given, line) if isinstance(given, bytes) else given
             rec = parse_step(obj, line)
             saw(rec.step, rec.new_blocks, rec.free_blocks)
             if rec.step != expected:

@@ -1,4 +1,4 @@
-"""Step lines read with orjson and validated without building the spec's records.
+"""Step lines read as JSON and validated without building the spec's records.
 
 The compiled scanner (kvsched.optimized.scan) reads most step lines; the lines it leaves
 alone come here. `parse_fast` accepts exactly the step objects the spec's `parse_step`
@@ -9,7 +9,6 @@ error. `exact_object` reads a line's JSON exactly as the spec's TraceReader does
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +19,6 @@ RARE_KEYS = frozenset({"aborted", "rejected", "preempted", "swapped_in"})
 MISSING: Any = object()
 NOTHING: list[Any] = []
 
-Loads = Callable[[bytes], Any]
 
 
 def _ids_ok(v: Any) -> bool:
@@ -29,7 +27,7 @@ def _ids_ok(v: Any) -> bool:
 
 @dataclass(slots=True)
 class FastStep:
-    """One step line read with orjson, validated without building the spec's records."""
+    """One step line read as JSON, validated without building the spec's records."""
 
     line: int
     raw: bytes
@@ -129,18 +127,3 @@ def parse_fast(obj: Any, line: int, expected: int, raw: bytes) -> FastStep | Non
     return st
 
 
-def exact_object(raw: bytes, line: int, loads: Loads) -> Any:
-    """The JSON object of one line exactly as the spec's TraceReader reads it, None for a
-    blank line; raises its TraceError."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise TraceError(line, f"not UTF-8 (byte {e.start})") from None
-    if not text.strip():
-        return None
-    try:
-        return loads(raw)
-    except ValueError:
-        if not raw.endswith(b"\n"):
-            raise TraceError(line, "truncated: the last line is incomplete JSON") from None
-        raise TraceError(line, "malformed JSON: expected one JSON object per line") from None

@@ -249,17 +249,21 @@ def _ids(b: np.ndarray, w: np.ndarray, i: int, out: np.ndarray, k: int) -> tuple
 def _new_blocks(b: np.ndarray, w: np.ndarray, i: int, own: np.ndarray, no: int,
                 blocks: np.ndarray, nb: int) -> tuple[int, int, int]:
     """The new_blocks object at i (its "{"): (index after it, owners and block ids
-    written)."""
+    written). An owner named twice is left to JSON (which refuses it)."""
     i = _space(b, i + 1)
     if b[i] == 125:
         return i + 1, no, nb
     cap = blocks.shape[0]
+    first_owner = no
     while True:
         if no >= own.shape[0]:
             return FULL, no, nb
         i, lo, hi = _string(b, w, i)
         if i < 0:
             return -1, no, nb
+        for k in range(first_owner, no):
+            if own[k, 0] == lo and own[k, 1] == hi:
+                return -1, no, nb
         i = _space(b, i)
         if b[i] != 58:
             return -1, no, nb

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from kvsched.optimized.columns import Columns, Undo
 from kvsched.optimized.exact import SpecBridge
 from kvsched.optimized.kernel import Unusual, check_run
-from kvsched.optimized.lines import Loads
 from kvsched.optimized.runs import Run
 from kvsched.spec import should
 from kvsched.spec.checker import Report
@@ -32,7 +29,6 @@ class VectorizedChecker:
         self.max_preemptions = max_preemptions
         self.state = Columns(config)
         self.spec = SpecBridge(self.state, max_preemptions, keep)
-        self.loads: Loads = orjson.loads
         self.fast_runs = 0
         self.exact_runs = 0
         # What the trace carries (for reports of what was checked): step 0's new_blocks,
@@ -60,7 +56,7 @@ class VectorizedChecker:
         reader reads it) with the spec's parser and Checker; returns the next expected
         step number."""
         self.exact_runs += 1
-        return self.spec.check_lines(steps, expected, unknown_keys, self.loads, self.saw)
+        return self.spec.check_lines(steps, expected, unknown_keys, self.saw)
 
     def check_fast(self, run: Run) -> bool:
         """Check a run with the vectorized rules; False (and no change) if the spec's

@@ -46,7 +46,75 @@ class Header:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-Loads = Callable[[bytes], Any]
+# What load_line returns for a blank line, and the reader at the end of the file.
+BLANK: Any = object()
+END_OF_FILE: Any = object()
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+class _NotFinite(ValueError):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def _not_finite(name: str) -> Any:
+    raise _NotFinite(name)
+
+
+def kind(value: Any) -> str:
+    """A JSON value's kind, for messages: null, true, a number, a string, a list, ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+def load_line(raw: bytes, line: int) -> Any:
+    """The JSON value of one line of a trace, or BLANK for a blank line. Strict: a key
+    twice in one object, NaN and Infinity (which Python's json writes by default) and
+    anything that is not UTF-8 are malformed input, told as a TraceError."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TraceError(line, f"not UTF-8 (byte {e.start})") from None
+    if not text.strip():
+        return BLANK
+    try:
+        return json.loads(text, object_pairs_hook=_unique, parse_constant=_not_finite)
+    except _DuplicateKey as e:
+        raise TraceError(line, f"the key {e.key!r} appears twice in one object (a JSON "
+                               "reader would keep only the last)") from None
+    except _NotFinite as e:
+        raise TraceError(line, f"{e.name} is not a JSON number (Python's json.dumps writes "
+                               "it for a float that is not finite)") from None
+    except ValueError:
+        if not raw.endswith(b"\n"):
+            raise TraceError(line, "truncated: the last line is incomplete JSON") from None
+        raise TraceError(line, "malformed JSON: expected one JSON object per line") from None
 
 
 def _int(v: Any, line: int, what: str, minimum: int = 0) -> int:
@@ -120,7 +188,7 @@ def parse_arrival(raw: Any, step: int, line: int) -> Request:
 
 def parse_step(obj: Any, line: int) -> StepRecord:
     if not isinstance(obj, dict):
-        raise TraceError(line, "expected a step object")
+        raise TraceError(line, f"expected a step object, got {kind(obj)}")
     if "step" not in obj:
         raise TraceError(line, 'expected a step object with "step"')
     step = _int(obj["step"], line, '"step"')
@@ -179,47 +247,35 @@ class TraceReader:
     `unknown_keys` maps each ignored key to the first line that had it.
     """
 
-    def __init__(self, stream: IO[bytes], loads: Loads = json.loads) -> None:
+    def __init__(self, stream: IO[bytes]) -> None:
         self._stream = stream
-        self._loads = loads
         self._line = 0
         self.complete = False
         self.unknown_keys: dict[str, int] = {}
         first = self._next_object()
-        if first is None:
+        if first is END_OF_FILE:
             raise TraceError(1, "empty file: expected a trace header line")
         self.header = parse_header(first, self._line)
 
     def _next_object(self) -> Any:
+        """The next non-blank line's JSON value, or END_OF_FILE."""
         while True:
             raw = self._stream.readline()
             if not raw:
-                return None
+                return END_OF_FILE
             self._line += 1
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise TraceError(self._line, f"not UTF-8 (byte {e.start})") from None
-            if not text.strip():
-                continue
-            try:
-                return self._loads(raw)
-            except ValueError:
-                if not raw.endswith(b"\n"):
-                    raise TraceError(self._line, "truncated: the last line is incomplete "
-                                                 "JSON") from None
-                raise TraceError(self._line, "malformed JSON: expected one JSON object "
-                                             "per line") from None
-
+            obj = load_line(raw, self._line)
+            if obj is not BLANK:
+                return obj
     def __iter__(self) -> Iterator[StepRecord]:
         expected = 0
         while True:
             obj = self._next_object()
-            if obj is None:
+            if obj is END_OF_FILE:
                 return
             if isinstance(obj, dict) and obj.get("end") is True and "step" not in obj:
                 self.complete = True
-                if self._next_object() is not None:
+                if self._next_object() is not END_OF_FILE:
                     raise TraceError(self._line, 'nothing may follow the {"end": true} line')
                 return
             rec = parse_step(obj, self._line)

@@ -83,7 +83,7 @@ def bench_reference(requests: int, rate: float, trace: Path) -> Timing:
 def bench_checker(trace: Path) -> tuple[Timing, int]:
     with trace.open("rb") as stream:
         start = time.perf_counter()
-        report = check_trace(TraceReader(stream, orjson.loads))
+        report = check_trace(TraceReader(stream))
         seconds = time.perf_counter() - start
     return Timing(seconds, report.steps, report.scheduled_entries), report.errors()
 

@@ -518,7 +518,7 @@ def bench_checkers(sizes: Sizes, out: Section, traces: list[tuple[str, Path]]) -
         data = path.read_bytes()
         gc.collect()
         start = time.perf_counter()
-        spec = check_trace(TraceReader(io.BytesIO(data), orjson.loads))
+        spec = check_trace(TraceReader(io.BytesIO(data)))
         spec_s = time.perf_counter() - start
         gc.collect()
         start = time.perf_counter()

@@ -56,10 +56,6 @@ def fail(message: str) -> NoReturn:
     raise BadInput(message)
 
 
-def loads(data: bytes | str) -> Any:
-    return orjson.loads(data)
-
-
 def dumps_line(obj: Any) -> bytes:
     return orjson.dumps(obj) + b"\n"
 
@@ -375,7 +371,7 @@ def check_one(path: Path, profile: str | None, max_preemptions: int, strict: boo
         return check_vectorized(path, profile, max_preemptions, strict)
     with open_trace(path) as stream:
         try:
-            reader = TraceReader(stream, loads)
+            reader = TraceReader(stream)
             return new_checker(reader.header.config, profile=profile, strict=strict,
                                max_preemptions=max_preemptions).run_trace(reader)
         except TraceError as e:
@@ -394,7 +390,7 @@ def check_vectorized(path: Path, profile: str | None, max_preemptions: int,
         fail("--checker vectorized needs numpy and numba: pip install 'kvsched[optimized]'")
     with open_trace(path) as stream:
         try:
-            report = check_trace_vectorized(stream, loads, max_preemptions)
+            report = check_trace_vectorized(stream, max_preemptions)
         except TraceError as e:
             fail(f"{path}: {e}")
     report.strict = strict
@@ -487,7 +483,7 @@ def metrics(trace: Path, fmt: str) -> None:
     from kvsched.metrics import MetricsCollector
     with open_trace(trace) as stream:
         try:
-            reader = TraceReader(stream, loads)
+            reader = TraceReader(stream)
             collector = MetricsCollector(reader.header.config, series=False)
             for rec in reader:
                 collector.step(rec)
@@ -685,7 +681,7 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
                 path = Path(text)
                 stream = stack.enter_context(open_trace(path))
                 try:
-                    reader = TraceReader(stream, loads)
+                    reader = TraceReader(stream)
                 except TraceError as e:
                     fail(f"{path}: {e}")
                 streams.append(Stream(text, reader.header.config, reader.header.engine,
