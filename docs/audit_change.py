@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kvsched.reference import ReferenceScheduler
-from kvsched.seeded_bugs import OverAdmitByOneBlock
 from kvsched.spec import Config
 from kvsched.spec.profiles import get_profile
+from kvsched.testing.seeded_bugs import OverAdmitByOneBlock
 
 
 def admit_after_preempt(config: Config) -> ReferenceScheduler:
@@ -22,5 +22,5 @@ def admit_after_preempt(config: Config) -> ReferenceScheduler:
 
 def over_admits(config: Config) -> ReferenceScheduler:
     """A change with a bug: the admission check counts one block too few
-    (kvsched.seeded_bugs' over-admit-by-one-block, under vllm-v1's knobs)."""
+    (kvsched.testing.seeded_bugs' over-admit-by-one-block, under vllm-v1's knobs)."""
     return OverAdmitByOneBlock(config, get_profile("vllm-v1").knobs)

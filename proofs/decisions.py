@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from kvsched.reference.scheduler import StepPlan
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import StepRecord
 from kvsched.spec.violation import INVARIANTS, MUST
@@ -83,10 +84,10 @@ class Admitted(NamedTuple):
 def cut(c: Cfg, reqs: list[Req], budget: int, threshold: int) -> tuple[Admitted, ...]:
     """The reference's waiting pass alone, from the state, with this budget and threshold."""
     s, _ = build(c, reqs)
-    scheduled: dict[str, int] = {}
-    new_blocks: dict[str, list[int]] = {}
-    s._waiting_pass(budget, threshold, scheduled, new_blocks)
-    return tuple(Admitted(rid, n, len(new_blocks.get(rid, ()))) for rid, n in scheduled.items())
+    plan = StepPlan(budget, threshold)
+    s.waiting_pass(plan)
+    return tuple(Admitted(rid, n, len(plan.new_blocks.get(rid, ())))
+                 for rid, n in plan.scheduled.items())
 
 
 def admission_cut_behind_a_running_request(c: Cfg, r0: Req, r1: Req, r2: Req, budget: int,

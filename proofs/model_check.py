@@ -15,7 +15,8 @@ liveness: no cycle through states with a live request (a deadlock is a step that
 changes nothing, a livelock a longer loop; neither can end a request), and from every
 state all requests can still end without aborts or early end-of-sequence (arrivals
 allowed). With a `twin`, the reference with the same knobs runs in lockstep and any
-difference in the decisions is a PROFILE finding.
+difference in the decisions is a PROFILE finding. With `should`, the SHOULD invariants
+judged on one step alone (PER_STEP_SHOULD) that the checker flags are findings too.
 
 Standard library, kvsched.spec and kvsched.reference only: `python -m proofs.model_check`.
 """
@@ -49,6 +50,12 @@ from proofs.state_key import checker_key, scheduler_key
 
 Factory = Callable[[Config, Knobs], ReferenceScheduler]
 
+# SHOULD invariants the checker judges from one step and the state before it, all of
+# which the state key holds, so a finding is sound under state merging. no-thrash counts
+# preemptions, which the key leaves out; no-idle and completion are liveness, which the
+# search judges on the whole graph (deadlock, livelock, stuck).
+PER_STEP_SHOULD: tuple[str, ...] = ("needed-preemption",)
+
 
 @dataclass(frozen=True)
 class Inputs:
@@ -67,7 +74,7 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Finding:
-    """A counterexample. kind: must, profile, error, deadlock, livelock or stuck."""
+    """A counterexample. kind: must, should, profile, error, deadlock, livelock or stuck."""
 
     kind: str
     ids: tuple[str, ...]
@@ -98,6 +105,7 @@ class World:
     checker: Checker
     twin: ReferenceScheduler | None
     unarrived: tuple[str, ...]
+    should: tuple[str, ...] = ()  # SHOULD ids that are findings too (PER_STEP_SHOULD)
 
     def key(self) -> Hashable:
         twin = scheduler_key(self.twin) if self.twin is not None else None
@@ -196,16 +204,26 @@ def end_step(step: Step, number: int, eos: tuple[str, ...]) -> None:
                      world.scheduler.free_blocks(), d.new_blocks)
     world.checker.report = Report()
     world.checker.step(rec)
-    broken = tuple(sorted(k for k in world.checker.report.counts if INVARIANTS[k] == MUST))
+    def counts(k: str) -> bool:
+        return INVARIANTS[k] == MUST or k in world.should
+
+    broken = tuple(sorted(k for k in world.checker.report.counts if counts(k)))
     if broken:
         told = "; ".join(f"{v.invariant}: {v.message}" for v in world.checker.report.violations
-                         if INVARIANTS[v.invariant] == MUST)
-        raise Counterexample("must", broken, told)
+                         if counts(v.invariant))
+        kind = "must" if any(INVARIANTS[k] == MUST for k in broken) else "should"
+        raise Counterexample(kind, broken, told)
 
 
-def new_world(scope: Scope, factory: Factory, twin: bool) -> World:
+def new_world(scope: Scope, factory: Factory, twin: bool, should: tuple[str, ...] = ()
+              ) -> World:
+    unknown = set(should) - set(PER_STEP_SHOULD)
+    if unknown:
+        raise ValueError(f"only {', '.join(PER_STEP_SHOULD)} can be a finding, not "
+                         f"{', '.join(sorted(unknown))}")
     return World(factory(scope.config, scope.knobs), Checker(scope.config),
-                 ReferenceScheduler(scope.config, scope.knobs) if twin else None, scope.ids)
+                 ReferenceScheduler(scope.config, scope.knobs) if twin else None, scope.ids,
+                 should)
 
 
 @dataclass
@@ -270,11 +288,11 @@ def blame(inputs: Inputs) -> Iterator[None]:
 
 
 def explore(scope: Scope, factory: Factory = ReferenceScheduler, twin: bool = False,
-            max_states: int = 2_000_000) -> Result:
+            max_states: int = 2_000_000, should: tuple[str, ...] = ()) -> Result:
     """Breadth-first search of every reachable state of `scope`; the first finding wins."""
     start = time.process_time()
     graph = Graph()
-    root = new_world(scope, factory, twin)
+    root = new_world(scope, factory, twin, should)
     graph.add(root.key(), -1, None, root)
     frontier: list[tuple[int, World]] = [(0, root)]
     transitions = 0
@@ -409,18 +427,19 @@ def load_factory(spec: str) -> Factory:
     return factory
 
 
-def _explore_job(job: tuple[Scope, str | Factory | None, bool]) -> Result:
-    scope, factory, twin = job
+def _explore_job(job: tuple[Scope, str | Factory | None, bool, tuple[str, ...]]) -> Result:
+    scope, factory, twin, should = job
     if isinstance(factory, str):
         factory = load_factory(factory)
-    return explore(scope, factory or ReferenceScheduler, twin)
+    return explore(scope, factory or ReferenceScheduler, twin, should=should)
 
 
 def run_scopes(scopes: Sequence[Scope], factory: str | Factory | None = None,
-               twin: bool = False, jobs: int = 1) -> Generator[Result, None, None]:
+               twin: bool = False, jobs: int = 1, should: tuple[str, ...] = ()
+               ) -> Generator[Result, None, None]:
     """Explore each scope (in `jobs` processes), yielding results in scope order. A
     factory given as an object must pickle (a module-level class or function)."""
-    work = [(s, factory, twin) for s in scopes]
+    work = [(s, factory, twin, should) for s in scopes]
     if jobs <= 1:
         yield from map(_explore_job, work)
         return
@@ -452,6 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(default: the reference)")
     ap.add_argument("--twin", action="store_true",
                     help="run the reference in lockstep and report any decision that differs")
+    ap.add_argument("--should", default="", choices=["", *PER_STEP_SHOULD],
+                    help="also report this SHOULD invariant (judged on one step) as a finding")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--trace-out", type=Path, default=None,
                     help="write each counterexample as a trace v1 file into this folder")
@@ -461,7 +482,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no scope in {args.scopes!r} matches {args.only!r}", file=sys.stderr)
         return 2
     findings = states = transitions = 0
-    for result in run_scopes(scopes, args.scheduler, args.twin, args.jobs):
+    should = (args.should,) if args.should else ()
+    for result in run_scopes(scopes, args.scheduler, args.twin, args.jobs, should):
         report(result)
         states += result.states
         transitions += result.transitions

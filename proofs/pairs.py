@@ -8,7 +8,8 @@ the reference side only what the reference scheduler itself computes.
 
 from __future__ import annotations
 
-from kvsched.reference.scheduler import Entry, ReferenceScheduler
+from kvsched.reference.requests import LiveRequest
+from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.spec import must, state
 from kvsched.spec.blocks import blocks_needed, never_completes
 from kvsched.spec.model import Config, Request, Status
@@ -41,8 +42,8 @@ def admission_blocks_reference(block_size: int, watermark: int, computed: int,
     s = ReferenceScheduler(Config(block_size=block_size, num_gpu_blocks=8,
                                   watermark_blocks=watermark))
     if running:
-        s.running.append(Entry(Request("other", 1, 1), 0, Status.RUNNING, 1, 0))
-    return s._admission_blocks(computed + new_tokens, held)
+        s.running.append(LiveRequest(Request("other", 1, 1), 0, Status.RUNNING, 1, 0))
+    return s.admission_blocks(computed + new_tokens, held)
 
 
 # -- finish-rule: does a request that just sampled finish? ------------------------------
@@ -70,10 +71,10 @@ def finish_rule_reference(prompt_len: int, max_tokens: int, outputs: int, max_mo
         return OUTSIDE
     s = ReferenceScheduler(Config(max_model_len=max_model_len))
     known = prompt_len + outputs - 1
-    e = Entry(Request("r", prompt_len, max_tokens), 0, Status.RUNNING, known, known)
-    s.entries["r"] = e
+    e = LiveRequest(Request("r", prompt_len, max_tokens), 0, Status.RUNNING, known, known)
+    s.live["r"] = e
     s.running.append(e)
-    s._sampled = [e]
+    s.sampled = [e]
     return int("r" in s.update(()))
 
 

@@ -29,13 +29,13 @@ class Preempted(NamedTuple):
 
 def preempt(c: Cfg, reqs: list[Req]) -> Preempted:
     s, _ = build(c, reqs)
-    victim = s._victim()
+    victim = s.choose_victim()
     rid = victim.request.id
     b = s.blocks
     before = (victim.num_tokens, victim.num_computed, b.gpu_blocks(rid), b.host_blocks(rid),
               b.free_gpu, b.free_cpu)
     s.running.remove(victim)
-    p = s._preempt(victim)
+    p = s.preempt(victim)
     after = (victim.num_tokens, victim.num_computed, b.gpu_blocks(rid), b.host_blocks(rid),
              b.free_gpu, b.free_cpu)
     pairs = tuple(zip(before, after, strict=True))
@@ -98,7 +98,7 @@ def swap_out_then_in_restores(c: Cfg, r0: Req, r1: Req, r2: Req) -> str:
     post: __return__ == ""
     """
     s, _ = build(c, [r0, r1, r2])
-    victim = s._victim()
+    victim = s.choose_victim()
     rid = victim.request.id
     b = s.blocks
 
@@ -108,9 +108,9 @@ def swap_out_then_in_restores(c: Cfg, r0: Req, r1: Req, r2: Req) -> str:
 
     before = snapshot()
     s.running.remove(victim)
-    if s._preempt(victim).mode != "swap":
+    if s.preempt(victim).mode != "swap":
         return ""  # no host room: a recompute, not this obligation
-    s._victims.remove(victim)
+    s.victims.remove(victim)
     b.swap_in(rid)
     victim.status = Status.RUNNING
     after = snapshot()

@@ -1,10 +1,12 @@
-"""The model checker against the foundation's seeded-bug schedulers (kvsched.seeded_bugs).
+"""The model checker against the seeded-bug schedulers (kvsched.testing.seeded_bugs).
 
 Each bug runs with its own profile's knobs, so it is explored only in the scopes of
 that profile's knobs, smallest family first, until one finds it; the bugs that are
 legal under the spec but break their profile (level PROFILE) run with the reference in
-lockstep. This module imports the tool (kvsched.seeded_bugs), so only the runner uses
-it; model_check.py itself stays on kvsched.spec and kvsched.reference.
+lockstep, and a bug expected to break a SHOULD invariant judged on one step
+(needed-preemption) makes that invariant a finding. This module imports the tool
+(kvsched.testing.seeded_bugs), so only the runner uses it; model_check.py itself stays
+on kvsched.spec and kvsched.reference.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import PROFILES
-from proofs.model_check import Result, run_scopes
+from proofs.model_check import PER_STEP_SHOULD, Result, run_scopes
 from proofs.scopes import Scope
 
 
@@ -26,7 +28,7 @@ class SeededFactory:
     name: str
 
     def __call__(self, config: Config, knobs: Knobs) -> ReferenceScheduler:
-        from kvsched.seeded_bugs import SEEDED_BUGS
+        from kvsched.testing.seeded_bugs import SEEDED_BUGS
 
         scheduler = SEEDED_BUGS[self.name].factory(config)
         assert isinstance(scheduler, ReferenceScheduler), "the explorer encodes reference state"
@@ -58,13 +60,16 @@ class Hunt:
 
 def hunt(name: str, scopes: list[Scope], jobs: int = 1) -> Hunt:
     """Explore `name` in the scopes of its profile's knobs until one finds it."""
-    from kvsched.seeded_bugs import SEEDED_BUGS
+    from kvsched.testing.seeded_bugs import SEEDED_BUGS
 
     bug = SEEDED_BUGS[name]
     knobs = PROFILES[bug.profile].knobs
     mine = [s for s in scopes if s.knobs == knobs]
     tried = 0
-    results = run_scopes(mine, SeededFactory(name), twin=bug.level == "PROFILE", jobs=jobs)
+    # A bug expected to break a per-step SHOULD invariant is a finding when it does.
+    should = (bug.expected,) if bug.expected in PER_STEP_SHOULD else ()
+    results = run_scopes(mine, SeededFactory(name), twin=bug.level == "PROFILE", jobs=jobs,
+                         should=should)
     for result in results:
         tried += 1
         if result.finding is not None:
@@ -75,6 +80,6 @@ def hunt(name: str, scopes: list[Scope], jobs: int = 1) -> Hunt:
 
 
 def seeded_bug_names() -> list[str]:
-    from kvsched.seeded_bugs import SEEDED_BUGS
+    from kvsched.testing.seeded_bugs import SEEDED_BUGS
 
     return list(SEEDED_BUGS)

@@ -17,14 +17,14 @@ from enum import Enum
 from typing import Any
 
 from kvsched.reference.allocator import BlockAllocator
-from kvsched.reference.scheduler import Entry, ReferenceScheduler
+from kvsched.reference.requests import LiveRequest
+from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.spec.checker import Checker
-from kvsched.spec.model import Status
 
 # Attributes encoded explicitly below (or constant within one exploration).
-SCHEDULER_FIELDS = frozenset({"config", "knobs", "blocks", "entries", "running", "swapped",
-                              "_fcfs", "_heap", "_arrived", "_seq", "_sampled", "_victims"})
-ALLOCATOR_FIELDS = frozenset({"_free_gpu", "_free_cpu", "_gpu", "_cpu"})
+SCHEDULER_FIELDS = frozenset({"config", "knobs", "blocks", "live", "running", "swapped",
+                              "waiting", "arrived", "next_seq", "sampled", "victims"})
+ALLOCATOR_FIELDS = frozenset({"_free", "_tables"})
 
 
 def plain(value: Any) -> Hashable:
@@ -33,7 +33,7 @@ def plain(value: Any) -> Hashable:
         return value
     if isinstance(value, Enum):
         return str(value.value)
-    if isinstance(value, Entry):
+    if isinstance(value, LiveRequest):
         return ("entry", value.request.id)
     if isinstance(value, list | tuple | deque):
         return tuple(plain(v) for v in value)
@@ -62,18 +62,15 @@ def allocator_key(blocks: BlockAllocator) -> Hashable:
 
 def waiting_order(s: ReferenceScheduler) -> tuple[str, ...]:
     """The order the waiting pass would take the waiting requests in."""
-    if s.config.policy == "priority":
-        live = sorted((key, e.request.id) for key, e in s._heap if e.status == Status.WAITING)
-        return tuple(rid for _, rid in live)
-    return tuple(e.request.id for e in s._fcfs)
+    return tuple(r.request.id for r in s.waiting)
 
 
 def scheduler_key(s: ReferenceScheduler) -> Hashable:
-    live = sorted(s.entries.values(), key=lambda e: e.seq)
+    live = sorted(s.live.values(), key=lambda e: e.seq)
     entries = tuple((e.request.id, e.request.prompt_len, e.request.max_tokens,
                      e.request.priority, e.status.value, e.num_tokens, e.num_computed)
                     for e in live)
-    pending = tuple(plain(getattr(s, name)) for name in ("_arrived", "_sampled", "_victims"))
+    pending = tuple(plain(getattr(s, name)) for name in ("arrived", "sampled", "victims"))
     return (entries, waiting_order(s), tuple(e.request.id for e in s.running),
             tuple(e.request.id for e in s.swapped), pending, allocator_key(s.blocks),
             extras(s, SCHEDULER_FIELDS))

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kvsched.reference.scheduler import Entry, ReferenceScheduler
+from kvsched.reference.requests import LiveRequest as ReferenceRequest
+from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.checker import Checker
-from kvsched.spec.state import LiveRequest
 from kvsched.spec.knobs import VICTIMS, Knobs
 from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config, Request, Status
+from kvsched.spec.state import LiveRequest
 
 WAITING, RUNNING, SWAPPED = 0, 1, 2
 STATUS = {WAITING: Status.WAITING, RUNNING: Status.RUNNING, SWAPPED: Status.SWAPPED}
@@ -128,8 +129,8 @@ def build(c: Cfg, reqs: list[Req]) -> tuple[ReferenceScheduler, Checker]:
         rid = f"r{i}"
         request = Request(rid, r.prompt_len, r.max_tokens, r.priority, i)
         known = r.prompt_len + r.outputs
-        e = Entry(request, i, STATUS[r.status], known, r.computed)
-        s.entries[rid] = e
+        e = ReferenceRequest(request, i, STATUS[r.status], known, r.computed)
+        s.live[rid] = e
         ids = s.blocks.allocate(rid, held(c, r))
         t = LiveRequest(request, STATUS[r.status], known, r.computed)
         if r.status == SWAPPED:
@@ -144,11 +145,11 @@ def build(c: Cfg, reqs: list[Req]) -> tuple[ReferenceScheduler, Checker]:
         checker.state.live[rid] = t
         checker.state.count[t.status] += 1
     s.running.sort(key=lambda e: e.seq)
-    s.swapped.sort(key=s._swapped_order)
+    s.swapped.sort(key=s.swapped_key)
     for i, r in enumerate(reqs):
         if r.status == WAITING:
-            s._waiting_push(s.entries[f"r{i}"], front=False)
-    s._seq = len(reqs)
+            s.waiting.push(s.live[f"r{i}"], front=False)
+    s.next_seq = len(reqs)
     checker.state.free = s.blocks.free_gpu
     checker.state.free_host = s.blocks.free_cpu
     return s, checker

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections import deque
+from typing import Literal
+
+Pool = Literal["gpu", "host"]
 
 
 class BlockAllocator:
@@ -10,52 +13,81 @@ class BlockAllocator:
 
     Freed blocks go to the tail of the free list and allocation takes from the head,
     so the most recently freed block is reused last (as vLLM's free block queue).
+
+    Extension points: every id leaves a free list through `take` and joins one through
+    `put`, and `free_gpu` and `free_cpu` are the counts the scheduler decides by. A
+    subclass that overrides them changes where ids come from and where they go (the
+    seeded bugs of kvsched.testing.seeded_bugs: an allocator that hands out ids it does
+    not have, one that loses what it frees).
     """
 
     def __init__(self, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
-        self._free_gpu: deque[int] = deque(range(num_gpu_blocks))
-        self._free_cpu: deque[int] = deque(range(num_cpu_blocks))
-        self._gpu: dict[str, list[int]] = {}
-        self._cpu: dict[str, list[int]] = {}
+        self._free: dict[Pool, deque[int]] = {"gpu": deque(range(num_gpu_blocks)),
+                                              "host": deque(range(num_cpu_blocks))}
+        self._tables: dict[Pool, dict[str, list[int]]] = {"gpu": {}, "host": {}}
+
+    # -- counts ---------------------------------------------------------------------------
+
+    def free_count(self, pool: Pool) -> int:
+        """The ids on `pool`'s free list."""
+        return len(self._free[pool])
 
     @property
     def free_gpu(self) -> int:
-        return len(self._free_gpu)
+        """Free GPU blocks, as the scheduler counts them."""
+        return self.free_count("gpu")
 
     @property
     def free_cpu(self) -> int:
-        return len(self._free_cpu)
+        """Free host blocks, as the scheduler counts them."""
+        return self.free_count("host")
 
     def gpu_blocks(self, rid: str) -> int:
-        return len(self._gpu.get(rid, ()))
+        return len(self._tables["gpu"].get(rid, ()))
 
     def host_blocks(self, rid: str) -> int:
-        return len(self._cpu.get(rid, ()))
+        return len(self._tables["host"].get(rid, ()))
 
     # -- read accessors (kvsched.spec.interface.BlockTables) ---------------------------
 
     def block_table(self, rid: str) -> tuple[int, ...]:
         """`rid`'s GPU block ids in table order; () when it holds none."""
-        return tuple(self._gpu.get(rid, ()))
+        return tuple(self._tables["gpu"].get(rid, ()))
 
     def host_table(self, rid: str) -> tuple[int, ...]:
         """`rid`'s host block ids in table order; () when it holds none."""
-        return tuple(self._cpu.get(rid, ()))
+        return tuple(self._tables["host"].get(rid, ()))
 
     def free_gpu_ids(self) -> tuple[int, ...]:
         """The free GPU block ids in the order they will be handed out."""
-        return tuple(self._free_gpu)
+        return tuple(self._free["gpu"])
 
     def free_host_ids(self) -> tuple[int, ...]:
         """The free host block ids in the order they will be handed out."""
-        return tuple(self._free_cpu)
+        return tuple(self._free["host"])
 
     def holders(self) -> tuple[str, ...]:
         """The ids of the requests that hold GPU or host blocks, sorted."""
-        return tuple(sorted({rid for rid, ids in self._gpu.items() if ids}
-                            | {rid for rid, ids in self._cpu.items() if ids}))
+        return tuple(sorted({rid for table in self._tables.values()
+                             for rid, ids in table.items() if ids}))
 
-    # -- changes ------------------------------------------------------------------------
+    # -- the free lists: where ids leave and join them --------------------------------
+
+    def take(self, pool: Pool, count: int) -> list[int]:
+        """The next `count` ids from the head of `pool`'s free list.
+
+        pre: 0 <= count <= self.free_count(pool)
+        post: len(__return__) == count
+        """
+        free = self._free[pool]
+        assert 0 <= count <= len(free), f"taking {count} {pool} blocks beyond the free ones"
+        return [free.popleft() for _ in range(count)]
+
+    def put(self, pool: Pool, ids: list[int]) -> None:
+        """Append `ids` to the tail of `pool`'s free list, in the order given."""
+        self._free[pool].extend(ids)
+
+    # -- what the scheduler does with blocks ------------------------------------------
 
     def allocate(self, rid: str, count: int) -> list[int]:
         """Give `rid` `count` more GPU blocks.
@@ -63,22 +95,20 @@ class BlockAllocator:
         pre: 0 <= count <= self.free_gpu
         post: len(__return__) == count
         """
-        assert 0 <= count <= len(self._free_gpu), "allocation beyond the free blocks"
-        got = [self._free_gpu.popleft() for _ in range(count)]
-        self._gpu.setdefault(rid, []).extend(got)
+        got = self.take("gpu", count)
+        self._tables["gpu"].setdefault(rid, []).extend(got)
         return got
 
     def release_last(self, rid: str, count: int) -> None:
         """Undo the last `count` blocks given to `rid` (a victim scheduled earlier this step)."""
-        table = self._gpu.get(rid, [])
-        for _ in range(count):
-            self._free_gpu.append(table.pop())
+        table = self._tables["gpu"].get(rid, [])
+        self.put("gpu", [table.pop() for _ in range(count)])
 
     def free(self, rid: str) -> int:
         """Release every block `rid` holds, GPU and host; return the GPU blocks released."""
-        gpu = self._gpu.pop(rid, [])
-        self._free_gpu.extend(reversed(gpu))
-        self._free_cpu.extend(self._cpu.pop(rid, []))
+        gpu = self._tables["gpu"].pop(rid, [])
+        self.put("gpu", gpu[::-1])
+        self.put("host", self._tables["host"].pop(rid, []))
         return len(gpu)
 
     def swap_out(self, rid: str) -> int:
@@ -86,10 +116,9 @@ class BlockAllocator:
 
         pre: self.gpu_blocks(rid) <= self.free_cpu
         """
-        gpu = self._gpu.pop(rid, [])
-        assert len(gpu) <= len(self._free_cpu), "swap-out beyond the free host blocks"
-        self._cpu[rid] = [self._free_cpu.popleft() for _ in gpu]
-        self._free_gpu.extend(reversed(gpu))
+        gpu = self._tables["gpu"].pop(rid, [])
+        self._tables["host"][rid] = self.take("host", len(gpu))
+        self.put("gpu", gpu[::-1])
         return len(gpu)
 
     def swap_in(self, rid: str) -> list[int]:
@@ -97,9 +126,8 @@ class BlockAllocator:
 
         pre: self.host_blocks(rid) <= self.free_gpu
         """
-        host = self._cpu.pop(rid, [])
-        assert len(host) <= len(self._free_gpu), "swap-in beyond the free GPU blocks"
-        self._free_cpu.extend(host)
-        got = [self._free_gpu.popleft() for _ in host]
-        self._gpu[rid] = list(got)
+        host = self._tables["host"].pop(rid, [])
+        self.put("host", host)
+        got = self.take("gpu", len(host))
+        self._tables["gpu"][rid] = list(got)
         return got

@@ -13,17 +13,41 @@ assigns tokens so that C catches up with N. A step goes:
    sequence, plus the watermark when something runs) allow; the first that does not
    fit stops the pass (head-of-line blocking, as vLLM);
 4. computed tokens advance; those that catch up sample a token in `update`.
+
+Extension points. Each decision above is one public method, and the step is written
+in terms of them, so that a subclass changes one decision by overriding one method (the
+seeded bugs of kvsched.testing.seeded_bugs plant their faults this way, and nothing
+else is meant to be overridden):
+
+- `make_allocator()`: the BlockAllocator (whose `take`, `put`, `free_gpu` and
+  `free_cpu` are its own extension points);
+- `token_budget()`, `seq_limit()`: a step's token budget, the most running requests;
+- `reject_arrivals()`: the rejection of `arrived`, each through `reject(r, reason)`;
+- `next_chunk(r, threshold, budget)`: a running or swapped request's next chunk;
+- `blocks_needed(computed, new_tokens, held)`: Db, the blocks to add for new tokens;
+- `can_grow(need)`: whether a running request's new blocks fit, or it must preempt;
+- `admission_blocks(tokens, held)`: the free blocks a swap-in or admission must find;
+- `choose_victim()`: the running request to preempt;
+- `preempt(victim)`: take it off the GPU, by swap or recompute;
+- `running_pass(plan)`, `swap_in_pass(plan)`, `waiting_pass(plan)`: the passes, which
+  fill one StepPlan;
+- `finishes(r, stopped)`: whether a request that just sampled a token finishes.
+
+The state is public for the tests and proofs that build or read one: `live` (every
+live request by id), `running`, `swapped` (in policy order), `waiting` (a
+WaitingQueue), `arrived` (not yet checked for rejection), `victims` (this step's,
+queued again at its end), `sampled` (the last step's catch-ups) and `blocks`.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvsched.reference.allocator import BlockAllocator
-from kvsched.spec.blocks import blocks_for, blocks_needed, never_completes
+from kvsched.reference.requests import LiveRequest, WaitingQueue
+from kvsched.spec.blocks import blocks_for, never_completes
+from kvsched.spec.blocks import blocks_needed as spec_blocks_needed
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import (
     Config,
@@ -38,20 +62,15 @@ from kvsched.spec.profiles import Profile, get_profile
 
 
 @dataclass(slots=True)
-class Entry:
-    """A live request inside the scheduler."""
+class StepPlan:
+    """One step's decision as the passes build it, and the token budget they share."""
 
-    request: Request
-    seq: int  # arrival order, the tie-breaker after (priority, arrival step)
-    status: Status = Status.WAITING
-    num_tokens: int = 0
-    num_computed: int = 0
-    num_preemptions: int = 0
-
-    @property
-    def key(self) -> tuple[int, int, int]:
-        """Priority order: lower is more urgent (vLLM's (priority, arrival_time))."""
-        return (self.request.priority, self.request.arrival_step, self.seq)
+    budget: int  # tokens left
+    threshold: int  # the long-prefill cap of this step (0: none)
+    preempted: list[Preemption] = field(default_factory=list)
+    swapped_in: list[str] = field(default_factory=list)
+    scheduled: dict[str, int] = field(default_factory=dict)  # in batch order
+    new_blocks: dict[str, list[int]] = field(default_factory=dict)
 
 
 class ReferenceScheduler:
@@ -63,84 +82,49 @@ class ReferenceScheduler:
             raise ValueError(problems[0])
         self.config = config
         self.knobs = knobs or Knobs()
-        self.blocks = BlockAllocator(config.num_gpu_blocks, config.num_cpu_blocks)
-        self.entries: dict[str, Entry] = {}
-        self.running: list[Entry] = []
-        self.swapped: list[Entry] = []  # kept in policy order
-        self._fcfs: deque[Entry] = deque()  # waiting, fcfs: preempted go to the front
-        self._heap: list[tuple[tuple[int, int, int], Entry]] = []  # waiting, priority
-        self._arrived: list[Entry] = []  # not yet checked for rejection
-        self._seq = 0
-        self._sampled: list[Entry] = []
-        self._victims: list[Entry] = []  # this step's, queued again at its end
-
-    # -- queues -----------------------------------------------------------------------
-
-    @property
-    def _priority(self) -> bool:
-        return self.config.policy == "priority"
-
-    def _waiting_push(self, e: Entry, front: bool) -> None:
-        if self._priority:
-            heapq.heappush(self._heap, (e.key, e))
-        elif front:
-            self._fcfs.appendleft(e)
-        else:
-            self._fcfs.append(e)
-
-    def _waiting_head(self) -> Entry | None:
-        if self._priority:
-            while self._heap and self._heap[0][1].status != Status.WAITING:
-                heapq.heappop(self._heap)  # lazily drop aborted and rejected entries
-            return self._heap[0][1] if self._heap else None
-        return self._fcfs[0] if self._fcfs else None
-
-    def _waiting_pop(self) -> None:
-        if self._priority:
-            heapq.heappop(self._heap)
-        else:
-            self._fcfs.popleft()
-
-    def _waiting_remove(self, e: Entry) -> None:
-        if not self._priority:
-            self._fcfs.remove(e)  # the heap drops it lazily by status
-
-    def num_waiting(self) -> int:
-        return sum(1 for e in self.entries.values() if e.status == Status.WAITING)
+        self.blocks = self.make_allocator()
+        self.live: dict[str, LiveRequest] = {}
+        self.running: list[LiveRequest] = []
+        self.swapped: list[LiveRequest] = []
+        self.waiting = WaitingQueue(config.policy == "priority")
+        self.arrived: list[LiveRequest] = []
+        self.victims: list[LiveRequest] = []
+        self.sampled: list[LiveRequest] = []
+        self.next_seq = 0
 
     # -- the interface ----------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        if request.id in self.entries:
+        if request.id in self.live:
             raise ValueError(f"request id {request.id!r} is already live")
-        e = Entry(request, self._seq, Status.WAITING, request.prompt_len)
-        self._seq += 1
-        self.entries[request.id] = e
-        self._arrived.append(e)
-        self._waiting_push(e, front=False)
+        r = LiveRequest(request, self.next_seq, Status.WAITING, request.prompt_len)
+        self.next_seq += 1
+        self.live[request.id] = r
+        self.arrived.append(r)
+        self.waiting.push(r, front=False)
 
     def abort_request(self, request_id: str) -> None:
-        e = self.entries.pop(request_id)
-        if e.status == Status.WAITING:
-            self._waiting_remove(e)
-        elif e.status == Status.RUNNING:
-            self.running.remove(e)
-        elif e.status == Status.SWAPPED:
-            self.swapped.remove(e)
+        r = self.live.pop(request_id)
+        if r.status == Status.WAITING:
+            self.waiting.remove(r)
+        elif r.status == Status.RUNNING:
+            self.running.remove(r)
+        elif r.status == Status.SWAPPED:
+            self.swapped.remove(r)
         self.blocks.free(request_id)
-        e.status = Status.ABORTED
+        r.status = Status.ABORTED
 
     def free_blocks(self) -> int:
         return self.blocks.free_gpu
 
     def has_unfinished(self) -> bool:
-        return bool(self.entries)
+        return bool(self.live)
 
     def states(self) -> dict[str, RequestView]:
-        return {rid: RequestView(e.status, e.num_tokens, e.num_computed,
+        return {rid: RequestView(r.status, r.num_tokens, r.num_computed,
                                  self.blocks.gpu_blocks(rid), self.blocks.host_blocks(rid),
-                                 e.num_preemptions)
-                for rid, e in self.entries.items()}
+                                 r.num_preemptions)
+                for rid, r in self.live.items()}
 
     # -- block tables (kvsched.spec.interface.BlockTables) ------------------------------
 
@@ -160,114 +144,130 @@ class ReferenceScheduler:
 
     def schedule(self) -> Decision:
         cfg = self.config
-        rejected = self._reject_arrivals()
-        live = len(self.entries)
+        rejected = self.reject_arrivals()
         threshold = cfg.long_prefill_token_threshold if cfg.chunked_prefill else 0
-        if self.knobs.lift_threshold_when_alone and live <= 1:
+        if self.knobs.lift_threshold_when_alone and len(self.live) <= 1:
             threshold = 0
-        budget = cfg.max_num_batched_tokens
-        scheduled: dict[str, int] = {}
-        new_blocks: dict[str, list[int]] = {}
-        preempted: list[Preemption] = []
-
-        # Running pass.
-        i = 0
-        while i < len(self.running) and budget > 0:
-            e = self.running[i]
-            n = self._chunk(e, threshold, budget)
-            n = min(n, cfg.max_model_len - 1 - e.num_computed)
-            if n <= 0:
-                i += 1
-                continue
-            fits = True
-            while True:
-                need = blocks_needed(e.num_computed, n, self.blocks.gpu_blocks(e.request.id),
-                                     cfg.block_size)
-                if need <= self.blocks.free_gpu:
-                    new_blocks[e.request.id] = self.blocks.allocate(e.request.id, need)
-                    break
-                victim = self._victim()
-                vi = self.running.index(victim)
-                if victim.request.id in scheduled:
-                    # Taken back: its tokens return to the budget, its new blocks to the pool.
-                    budget += scheduled.pop(victim.request.id)
-                    self.blocks.release_last(victim.request.id,
-                                             len(new_blocks.pop(victim.request.id)))
-                del self.running[vi]
-                if vi < i:
-                    i -= 1
-                preempted.append(self._preempt(victim))
-                if victim is e:
-                    fits = False
-                    break
-            if not fits:
-                break
-            scheduled[e.request.id] = n
-            budget -= n
-            i += 1
-
-        swapped_in: list[str] = []
-        if not preempted or self.knobs.admit_after_preempt:
-            budget = self._swap_in_pass(budget, threshold, scheduled, new_blocks, swapped_in)
-            self._waiting_pass(budget, threshold, scheduled, new_blocks)
+        plan = StepPlan(self.token_budget(), threshold)
+        self.running_pass(plan)
+        if not plan.preempted or self.knobs.admit_after_preempt:
+            self.swap_in_pass(plan)
+            self.waiting_pass(plan)
         # Victims queue up only now, so none is admitted again in the step that took it.
-        for victim in self._victims:
+        for victim in self.victims:
             if victim.status == Status.SWAPPED:
                 self.swapped.append(victim)
-                self.swapped.sort(key=self._swapped_order)
+                self.swapped.sort(key=self.swapped_key)
             else:
-                self._waiting_push(victim, front=True)
-        self._victims = []
+                self.waiting.push(victim, front=True)
+        self.victims = []
 
         # Computed tokens advance; those that catch up sample in update().
-        self._sampled = []
-        for rid, n in scheduled.items():
-            e = self.entries[rid]
-            e.num_computed += n
-            if e.num_computed == e.num_tokens:
-                self._sampled.append(e)
-        return Decision(tuple(rejected), tuple(preempted), tuple(swapped_in),
-                        tuple(scheduled.items()), tuple(e.request.id for e in self._sampled),
-                        {rid: tuple(ids) for rid, ids in new_blocks.items() if ids})
+        self.sampled = []
+        for rid, n in plan.scheduled.items():
+            r = self.live[rid]
+            r.num_computed += n
+            if r.num_computed == r.num_tokens:
+                self.sampled.append(r)
+        return Decision(tuple(rejected), tuple(plan.preempted), tuple(plan.swapped_in),
+                        tuple(plan.scheduled.items()),
+                        tuple(r.request.id for r in self.sampled),
+                        {rid: tuple(ids) for rid, ids in plan.new_blocks.items() if ids})
 
-    def _reject_arrivals(self) -> list[Rejection]:
+    def update(self, stopped: Collection[str]) -> tuple[str, ...]:
+        finished = []
+        for r in self.sampled:
+            r.num_tokens += 1
+            if self.finishes(r, r.request.id in stopped):
+                self.running.remove(r)
+                self.blocks.free(r.request.id)
+                r.status = Status.FINISHED
+                del self.live[r.request.id]
+                finished.append(r.request.id)
+        self.sampled = []
+        return tuple(finished)
+
+    # -- extension points: budgets, rejection, chunks, blocks -------------------------
+
+    def make_allocator(self) -> BlockAllocator:
+        """The block allocator, made once for `self.config`."""
+        return BlockAllocator(self.config.num_gpu_blocks, self.config.num_cpu_blocks)
+
+    def token_budget(self) -> int:
+        """The tokens one step may schedule."""
+        return self.config.max_num_batched_tokens
+
+    def seq_limit(self) -> int:
+        """The most requests that may run at once."""
+        return self.config.max_num_seqs
+
+    def reject_arrivals(self) -> list[Rejection]:
+        """Reject the arrivals that can never complete, even alone in an empty cache
+        (design.md section 2, rule 2); every arrival is checked once, in its first step."""
         out = []
-        for e in self._arrived:
-            if e.status != Status.WAITING:
+        for r in self.arrived:
+            if r.status != Status.WAITING:
                 continue  # aborted before its first step
-            reason = never_completes(self.config, e.request.prompt_len, e.request.max_tokens)
+            reason = never_completes(self.config, r.request.prompt_len, r.request.max_tokens)
             if reason is not None:
-                self._waiting_remove(e)
-                e.status = Status.REJECTED
-                del self.entries[e.request.id]
-                out.append(Rejection(e.request.id, reason))
-        self._arrived = []
+                out.append(self.reject(r, reason))
+        self.arrived = []
         return out
 
-    def _chunk(self, e: Entry, threshold: int, budget: int) -> int:
+    def reject(self, r: LiveRequest, reason: str) -> Rejection:
+        """End waiting `r` as rejected."""
+        self.waiting.remove(r)
+        r.status = Status.REJECTED
+        del self.live[r.request.id]
+        return Rejection(r.request.id, reason)
+
+    def next_chunk(self, r: LiveRequest, threshold: int, budget: int) -> int:
         """The next chunk: all uncomputed tokens, capped by the threshold and the budget.
 
         pre: threshold >= 0 and budget >= 1
         post: 0 <= __return__ <= budget
-        post: __return__ <= e.num_tokens - e.num_computed
+        post: __return__ <= r.num_tokens - r.num_computed
         post: threshold == 0 or __return__ <= threshold
         """
-        n = e.num_tokens - e.num_computed
+        n = r.num_tokens - r.num_computed
         if 0 < threshold < n:
             n = threshold
         return min(n, budget)
 
-    def _victim(self) -> Entry:
+    def blocks_needed(self, computed: int, new_tokens: int, held: int) -> int:
+        """Db: the blocks to add so that `held` blocks cover `computed + new_tokens`."""
+        return spec_blocks_needed(computed, new_tokens, held, self.config.block_size)
+
+    def can_grow(self, need: int) -> bool:
+        """Whether a running request's `need` new blocks fit now (else it preempts)."""
+        return need <= self.blocks.free_gpu
+
+    def admission_blocks(self, tokens: int, held: int) -> int:
+        """Blocks a swap-in or admission must find free for `tokens`, with the watermark
+        when something is running.
+
+        pre: tokens >= 0 and held >= 0
+        post: __return__ >= blocks_for(tokens, self.config.block_size) - held
+        post: __return__ >= 0
+        """
+        watermark = self.config.watermark_blocks if self.running else 0
+        return max(0, blocks_for(tokens, self.config.block_size) - held) + watermark
+
+    # -- extension points: preemption -------------------------------------------------
+
+    def choose_victim(self) -> LiveRequest:
+        """The running request to preempt: the tail of running, or the least urgent."""
         rule = self.knobs.victim
         if rule == "policy":
-            rule = "lowest_priority" if self._priority else "tail"
+            rule = "lowest_priority" if self.waiting.priority else "tail"
         if rule == "tail":
             return self.running[-1]
-        return max(self.running, key=lambda e: e.key)
+        return max(self.running, key=lambda r: r.key)
 
-    def _preempt(self, victim: Entry) -> Preemption:
-        """Take a running victim off the GPU: swap when the mode (or auto's cost model)
-        says so and the host has room, otherwise recompute."""
+    def preempt(self, victim: LiveRequest) -> Preemption:
+        """Take a victim, already out of `running`, off the GPU: swap when the mode (or
+        auto's cost model) says so and the host has room, otherwise recompute. It joins
+        `victims`, queued again at the end of the step."""
         rid = victim.request.id
         held = self.blocks.gpu_blocks(rid)
         mode = self.config.preemption
@@ -284,91 +284,116 @@ class ReferenceScheduler:
             self.blocks.free(rid)
             victim.num_computed = 0
             victim.status = Status.WAITING
-        self._victims.append(victim)
+        self.victims.append(victim)
         return Preemption(rid, mode)
 
-    def _swapped_order(self, e: Entry) -> tuple[int, ...]:
-        return e.key if self._priority else (e.seq,)
+    def swapped_key(self, r: LiveRequest) -> tuple[int, ...]:
+        """The order `swapped` is kept in: the policy's."""
+        return r.key if self.waiting.priority else (r.seq,)
 
-    def _admission_blocks(self, tokens: int, held: int) -> int:
-        """Blocks an admission must find free for `tokens`, with the watermark when
-        something is running.
+    # -- extension points: the passes -------------------------------------------------
 
-        pre: tokens >= 0 and held >= 0
-        post: __return__ >= blocks_for(tokens, self.config.block_size) - held
-        post: __return__ >= 0
-        """
-        watermark = self.config.watermark_blocks if self.running else 0
-        return max(0, blocks_for(tokens, self.config.block_size) - held) + watermark
-
-    def _swap_in_pass(self, budget: int, threshold: int, scheduled: dict[str, int],
-                      new_blocks: dict[str, list[int]], swapped_in: list[str]) -> int:
+    def running_pass(self, plan: StepPlan) -> None:
+        """Give each running request its next chunk, in running order while the budget
+        lasts; when its blocks do not fit, preempt victims until they do, and stop when
+        the victim is the request itself."""
         cfg = self.config
-        while self.swapped and budget > 0 and len(self.running) < cfg.max_num_seqs:
-            e = self.swapped[0]
-            rid = e.request.id
-            n = self._chunk(e, threshold, budget)
-            if not cfg.chunked_prefill and n < e.num_tokens - e.num_computed:
+        i = 0
+        while i < len(self.running) and plan.budget > 0:
+            r = self.running[i]
+            rid = r.request.id
+            n = self.next_chunk(r, plan.threshold, plan.budget)
+            n = min(n, cfg.max_model_len - 1 - r.num_computed)
+            if n <= 0:
+                i += 1
+                continue
+            fits = True
+            while True:
+                need = self.blocks_needed(r.num_computed, n, self.blocks.gpu_blocks(rid))
+                if self.can_grow(need):
+                    plan.new_blocks[rid] = self.blocks.allocate(rid, need)
+                    break
+                victim = self.choose_victim()
+                vi = self.running.index(victim)
+                if victim.request.id in plan.scheduled:
+                    # Taken back: its tokens return to the budget, its new blocks to the pool.
+                    plan.budget += plan.scheduled.pop(victim.request.id)
+                    self.blocks.release_last(victim.request.id,
+                                             len(plan.new_blocks.pop(victim.request.id)))
+                del self.running[vi]
+                if vi < i:
+                    i -= 1
+                plan.preempted.append(self.preempt(victim))
+                if victim is r:
+                    fits = False
+                    break
+            if not fits:
+                break
+            plan.scheduled[rid] = n
+            plan.budget -= n
+            i += 1
+
+    def swap_in_pass(self, plan: StepPlan) -> None:
+        """Swap requests back in, in policy order, while they fit; the first that does
+        not stops the pass."""
+        cfg = self.config
+        while self.swapped and plan.budget > 0 and len(self.running) < self.seq_limit():
+            r = self.swapped[0]
+            rid = r.request.id
+            n = self.next_chunk(r, plan.threshold, plan.budget)
+            if not cfg.chunked_prefill and n < r.num_tokens - r.num_computed:
                 break
             host = self.blocks.host_blocks(rid)
-            need = host + self._admission_blocks(e.num_computed + n, host)
+            need = host + self.admission_blocks(r.num_computed + n, host)
             if need > self.blocks.free_gpu:
                 break
             self.swapped.pop(0)
             ids = self.blocks.swap_in(rid)
-            ids += self.blocks.allocate(rid, blocks_needed(e.num_computed, n, host,
-                                                           cfg.block_size))
-            e.status = Status.RUNNING
-            self.running.append(e)
-            swapped_in.append(rid)
-            scheduled[rid] = n
-            new_blocks[rid] = ids
-            budget -= n
-        return budget
+            ids += self.blocks.allocate(rid, self.blocks_needed(r.num_computed, n, host))
+            r.status = Status.RUNNING
+            self.running.append(r)
+            plan.swapped_in.append(rid)
+            plan.scheduled[rid] = n
+            plan.new_blocks[rid] = ids
+            plan.budget -= n
 
-    def _waiting_pass(self, budget: int, threshold: int, scheduled: dict[str, int],
-                      new_blocks: dict[str, list[int]]) -> None:
+    def waiting_pass(self, plan: StepPlan) -> None:
+        """Admit waiting requests, in policy order, while they fit; the first that does
+        not stops the pass (head-of-line blocking)."""
         cfg = self.config
-        while budget > 0 and len(self.running) < cfg.max_num_seqs:
-            e = self._waiting_head()
-            if e is None:
+        while plan.budget > 0 and len(self.running) < self.seq_limit():
+            r = self.waiting.head()
+            if r is None:
                 break
-            rid = e.request.id
-            n = e.num_tokens - e.num_computed
-            if 0 < threshold < n:
-                n = threshold
-            if not cfg.chunked_prefill and n > budget:
+            rid = r.request.id
+            n = r.num_tokens - r.num_computed
+            if 0 < plan.threshold < n:
+                n = plan.threshold
+            if not cfg.chunked_prefill and n > plan.budget:
                 break
-            n = min(n, budget)
+            n = min(n, plan.budget)
             if self.knobs.reserve_full_sequence:
-                full = min(e.num_tokens, cfg.max_model_len)
-                if self._admission_blocks(full, 0) > self.blocks.free_gpu:
+                full = min(r.num_tokens, cfg.max_model_len)
+                if self.admission_blocks(full, 0) > self.blocks.free_gpu:
                     break
-            if self._admission_blocks(e.num_computed + n, 0) > self.blocks.free_gpu:
+            if self.admission_blocks(r.num_computed + n, 0) > self.blocks.free_gpu:
                 break
-            self._waiting_pop()
-            new_blocks[rid] = self.blocks.allocate(
-                rid, blocks_needed(e.num_computed, n, 0, cfg.block_size))
-            e.status = Status.RUNNING
-            self.running.append(e)
-            scheduled[rid] = n
-            budget -= n
+            self.waiting.pop()
+            plan.new_blocks[rid] = self.blocks.allocate(
+                rid, self.blocks_needed(r.num_computed, n, 0))
+            r.status = Status.RUNNING
+            self.running.append(r)
+            plan.scheduled[rid] = n
+            plan.budget -= n
 
-    def update(self, stopped: Collection[str]) -> tuple[str, ...]:
-        cfg = self.config
-        finished = []
-        for e in self._sampled:
-            e.num_tokens += 1
-            outputs = e.num_tokens - e.request.prompt_len
-            if (e.request.id in stopped or outputs >= e.request.max_tokens
-                    or e.num_tokens >= cfg.max_model_len):
-                self.running.remove(e)
-                self.blocks.free(e.request.id)
-                e.status = Status.FINISHED
-                del self.entries[e.request.id]
-                finished.append(e.request.id)
-        self._sampled = []
-        return tuple(finished)
+    # -- extension points: finishing --------------------------------------------------
+
+    def finishes(self, r: LiveRequest, stopped: bool) -> bool:
+        """Whether `r`, which just sampled a token, finishes: it stopped (end of
+        sequence), reached max_tokens outputs or max_model_len tokens."""
+        outputs = r.num_tokens - r.request.prompt_len
+        return (stopped or outputs >= r.request.max_tokens
+                or r.num_tokens >= self.config.max_model_len)
 
 
 def reference_scheduler(profile: Profile | str, config: Config) -> ReferenceScheduler:

@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 
 from kvsched.optimized.checker import check_trace_vectorized
 from kvsched.reference import ReferenceScheduler
-from kvsched.seeded_bugs import SEEDED_BUGS
 from kvsched.simulate import run
 from kvsched.spec import Config, Report, StepRecord, TraceError, TraceReader, check_trace
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import TraceWriter
 from kvsched.strategies import configs, knobs, profiles, workloads
+from kvsched.testing.seeded_bugs import SEEDED_BUGS
 
 MAX_STEPS = 300
 

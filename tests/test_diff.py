@@ -31,12 +31,12 @@ from kvsched.diff import (
 from kvsched.loading import FactoryError, build, load_factory
 from kvsched.metrics import metrics_of
 from kvsched.reference import reference_scheduler
-from kvsched.seeded_bugs import SEEDED_BUGS, SeededBug
 from kvsched.simulate import run
 from kvsched.spec import Config, StepRecord, check_steps
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import TraceWriter
 from kvsched.strategies import configs, profiles, workloads
+from kvsched.testing.seeded_bugs import SEEDED_BUGS, SeededBug
 from kvsched.workload import WorkItem, item_dict
 
 NAMES = sorted(SEEDED_BUGS)
@@ -87,7 +87,7 @@ def test_diff_names_the_first_divergent_step_of_each_seeded_bug(name: str) -> No
     assert d.b.report.counts == check_steps(bug.config, records, complete).counts
 
 
-# Hand-checked against each bug's config and workload (kvsched/seeded_bugs.py).
+# Hand-checked against each bug's config and workload (kvsched/testing/seeded_bugs.py).
 KNOWN = {
     # A 40-token prompt under a 16-token budget: the first chunk is 17 at once.
     "token-budget-off-by-one": (0, DECISION, "r0: A scheduled 16 | B scheduled 17",
@@ -246,7 +246,7 @@ def test_config_differences_are_reported(tmp_path: Path) -> None:
 # -- schedulers on the command line --------------------------------------------------------
 
 USER_MODULE = '''
-from kvsched.seeded_bugs import SEEDED_BUGS
+from kvsched.testing.seeded_bugs import SEEDED_BUGS
 
 
 def make(config):

@@ -15,16 +15,16 @@ import pytest
 
 from kvsched.fuzz import CRASH, check_case, config_flags, fuzz
 from kvsched.reference import reference_scheduler
-from kvsched.seeded_bugs import SEEDED_BUGS
 from kvsched.simulate import run
 from kvsched.spec import Config, check_steps
 from kvsched.spec.trace import parse_config
+from kvsched.testing.seeded_bugs import SEEDED_BUGS
 from kvsched.workload import read_workload
 
 # A user's scheduler module, as they would write one: a factory taking the config.
 USER_MODULE = '''
 from kvsched.reference import reference_scheduler
-from kvsched.seeded_bugs import SEEDED_BUGS
+from kvsched.testing.seeded_bugs import SEEDED_BUGS
 
 
 def make(config):

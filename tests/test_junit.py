@@ -11,11 +11,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from kvsched.junit import CheckedTrace, junit_xml
-from kvsched.seeded_bugs import SEEDED_BUGS
 from kvsched.spec import check_steps
 from kvsched.spec.model import StepRecord
 from kvsched.spec.trace import TraceWriter
 from kvsched.spec.violation import INVARIANTS, MUST, SHOULD
+from kvsched.testing.seeded_bugs import SEEDED_BUGS
 
 
 def kvsched(*args: str) -> subprocess.CompletedProcess[str]:

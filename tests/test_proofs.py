@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the proofs package lives at the top, beside spec/
 
-from kvsched.reference.scheduler import ReferenceScheduler  # noqa: E402
+from kvsched.reference.requests import LiveRequest  # noqa: E402
+from kvsched.reference.scheduler import ReferenceScheduler, StepPlan  # noqa: E402
 from kvsched.spec.checker import check_trace  # noqa: E402
 from kvsched.spec.knobs import Knobs  # noqa: E402
 from kvsched.spec.model import Config, Decision, Request  # noqa: E402
@@ -58,8 +59,7 @@ def test_one_request_of_one_token_has_three_states_and_five_transitions() -> Non
 
 def test_a_scheduler_that_never_admits_deadlocks() -> None:
     class NeverAdmits(ReferenceScheduler):
-        def _waiting_pass(self, budget: int, threshold: int, scheduled: dict[str, int],
-                          new_blocks: dict[str, list[int]]) -> None:
+        def waiting_pass(self, plan: StepPlan) -> None:
             return None
 
     result = model_check.explore(scope(), NeverAdmits)
@@ -74,9 +74,9 @@ def test_a_scheduler_that_preempts_whatever_runs_livelocks() -> None:
             if not self.running:
                 return super().schedule()
             victim = self.running.pop()
-            preemption = self._preempt(victim)
-            self._victims = []
-            self._waiting_push(victim, front=True)
+            preemption = self.preempt(victim)
+            self.victims = []
+            self.waiting.push(victim, front=True)
             return Decision(preempted=(preemption,))
 
     # One block, so that the block ids do not rotate and the cycle is the shortest.
@@ -90,8 +90,8 @@ def test_a_scheduler_that_preempts_whatever_runs_livelocks() -> None:
 
 def test_a_must_violation_comes_with_a_trace_the_checker_agrees_with() -> None:
     class OverBudget(ReferenceScheduler):
-        def _chunk(self, e: object, threshold: int, budget: int) -> int:
-            return super()._chunk(e, threshold, budget + 1)  # type: ignore[arg-type]
+        def next_chunk(self, r: LiveRequest, threshold: int, budget: int) -> int:
+            return super().next_chunk(r, threshold, budget + 1)
 
     config = Config(block_size=1, num_gpu_blocks=4, max_num_batched_tokens=1, max_num_seqs=2,
                     max_model_len=8)
@@ -334,16 +334,16 @@ def test_a_recompute_victim_keeping_its_tokens_fails_recompute_victim(tmp_path: 
 
 def test_swap_in_restoring_one_block_fewer_fails_swap_round_trip(tmp_path: Path) -> None:
     copy = planted(tmp_path, "reference/allocator.py",
-                   "got = [self._free_gpu.popleft() for _ in host]",
-                   "got = [self._free_gpu.popleft() for _ in host[1:]]")
+                   'got = self.take("gpu", len(host))',
+                   'got = self.take("gpu", len(host[1:]))')
     proc = run_in(copy, "proofs.run", "--only", "swap-round-trip")
     assert_fails_naming(proc, "swap-round-trip", "became")
 
 
 def test_a_token_budget_off_by_one_fails_the_model_checker(tmp_path: Path) -> None:
     copy = planted(tmp_path, "reference/scheduler.py",
-                   "budget = cfg.max_num_batched_tokens\n",
-                   "budget = cfg.max_num_batched_tokens + 1\n")
+                   "return self.config.max_num_batched_tokens\n",
+                   "return self.config.max_num_batched_tokens + 1\n")
     proc = run_in(copy, "proofs.model_check", "--scopes", "quick", "--only",
                   "vllm-v1 bs2 gpu4", "--trace-out", str(tmp_path / "found"))
     assert proc.returncode == 1

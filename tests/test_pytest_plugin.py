@@ -11,15 +11,15 @@ import pytest
 
 from kvsched.pytest_plugin import CheckedScheduler, SpecViolation, wrap
 from kvsched.reference import reference_scheduler
-from kvsched.seeded_bugs import SEEDED_BUGS
 from kvsched.simulate import run
+from kvsched.testing.seeded_bugs import SEEDED_BUGS
 
 pytest_plugins = ["pytester"]
 
 # A small engine project: its scheduler module and its tests.
 ENGINE = '''
 from kvsched.reference import reference_scheduler
-from kvsched.seeded_bugs import SEEDED_BUGS
+from kvsched.testing.seeded_bugs import SEEDED_BUGS
 
 
 def good(config):
@@ -37,7 +37,7 @@ def budget_off_by_one(config):
 ENGINE_TESTS = '''
 from hypothesis import given, settings, strategies as st
 
-from kvsched.seeded_bugs import SEEDED_BUGS
+from kvsched.testing.seeded_bugs import SEEDED_BUGS
 from kvsched.strategies import configs, workloads
 
 import engine

@@ -1,4 +1,4 @@
-"""The checker catches each planted fault (kvsched.seeded_bugs), with the right invariant
+"""The checker catches each planted fault (kvsched.testing.seeded_bugs), with the right invariant
 id as its first report, while the correct reference on the same config and workload
 draws nothing: no MUST, no SHOULD, no divergence from its own profile."""
 
@@ -13,13 +13,13 @@ import pytest
 
 from kvsched.conformance import check_profile
 from kvsched.reference.scheduler import ReferenceScheduler
-from kvsched.seeded_bugs import SEEDED_BUGS, SeededBug
 from kvsched.spec import INVARIANTS, MUST, PROFILE, SHOULD, Scheduler, Violation, check_steps
 from kvsched.spec.model import StepRecord
 from kvsched.spec.trace import TraceWriter
+from kvsched.testing.seeded_bugs import SEEDED_BUGS, SeededBug
 
-# The faults the issue names, each with the invariant that must flag it.
-ISSUE_FAULTS = {
+# The first twelve faults, each with the invariant that must flag it.
+FIRST_TWELVE = {
     "floor-blocks-needed": "block-ids",
     "over-admit-by-one-block": "kv-budget",
     "token-budget-off-by-one": "token-budget",
@@ -40,9 +40,9 @@ def ids(violations: list[Violation]) -> list[str]:
     return [v.invariant for v in violations]
 
 
-def test_registry_covers_the_issue_and_more() -> None:
-    assert {n: SEEDED_BUGS[n].expected for n in ISSUE_FAULTS} == ISSUE_FAULTS
-    assert len(SEEDED_BUGS) > len(ISSUE_FAULTS)
+def test_registry_covers_the_first_twelve_and_more() -> None:
+    assert {n: SEEDED_BUGS[n].expected for n in FIRST_TWELVE} == FIRST_TWELVE
+    assert len(SEEDED_BUGS) > len(FIRST_TWELVE)
     assert all(name == bug.name for name, bug in SEEDED_BUGS.items())
 
 
@@ -99,11 +99,12 @@ def test_reference_is_clean_on_the_same_config_and_workload(name: str) -> None:
     assert records != buggy_trace(bug)
 
 
-def write_trace(bug: SeededBug, path: Path) -> Path:
+def write_trace(bug: SeededBug, path: Path, records: list[StepRecord] | None = None) -> Path:
+    """The bug's trace (or `records`) as a complete trace v1 file."""
     with path.open("wb") as f:
         writer = TraceWriter(f)
         writer.header(bug.config, {"name": "seeded", "version": bug.name})
-        for rec in buggy_trace(bug):
+        for rec in buggy_trace(bug) if records is None else records:
             writer.step(rec)
         writer.end()
     return path
@@ -133,14 +134,29 @@ def test_cli_check_fails_a_written_trace_of_a_must_bug(name: str, tmp_path: Path
     assert done.returncode == 1 and bug.expected in done.stdout
 
 
-def test_cli_check_warns_on_a_should_bug_and_fails_it_when_strict(tmp_path: Path) -> None:
-    bug = SEEDED_BUGS["admission-needs-spare-block"]
-    trace = write_trace(bug, tmp_path / "idle.jsonl")
+@pytest.mark.parametrize("name", [n for n in NAMES if SEEDED_BUGS[n].level == SHOULD])
+def test_cli_check_warns_on_a_should_bug_and_fails_it_when_strict(name: str,
+                                                                  tmp_path: Path) -> None:
+    bug = SEEDED_BUGS[name]
+    trace = write_trace(bug, tmp_path / f"{name}.jsonl")
     code, [result] = kvsched_check(str(trace))
     assert code == 0 and result["errors"] == 0 and result["warnings"] > 0  # type: ignore[operator]
     code, [result] = kvsched_check("--strict", str(trace))
     assert code == 1
-    assert result["violations"][0]["invariant"] == "no-idle"  # type: ignore[index]
+    assert result["violations"][0]["invariant"] == bug.expected  # type: ignore[index]
+    # The reference on the same config and workload passes even --strict.
+    clean = write_trace(bug, tmp_path / "reference.jsonl", bug.simulate(bug.reference()))
+    code, [result] = kvsched_check("--strict", str(clean))
+    assert code == 0 and result["violations"] == []
+
+
+def test_a_needless_preemption_has_a_seeded_bug() -> None:
+    bug = SEEDED_BUGS["preempts-at-exact-fit"]
+    assert (bug.expected, bug.level) == ("needed-preemption", SHOULD)
+    records = bug.simulate()
+    [step] = [r.step for r in records if r.preempted]  # one preemption, needless
+    report = check_steps(bug.config, records, complete=True)
+    assert [(v.invariant, v.step) for v in report.violations] == [("needed-preemption", step)]
 
 
 def test_cli_check_with_profile_reports_the_divergence(tmp_path: Path) -> None:

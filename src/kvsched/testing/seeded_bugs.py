@@ -1,27 +1,29 @@
 """Seeded bugs: the reference scheduler with exactly one realistic engine fault planted.
 
 Each bug is a small subclass of the reference scheduler (or of its block allocator)
-that overrides the least code that carries the fault, as an engine author could have
-written it. `SEEDED_BUGS` names each one with a small, tight config and workload that
-expose it within a few dozen steps, and the invariant id the checker must report:
-a MUST or SHOULD id from the spec's checker, or "profile" for a fault that is legal
-under the spec but differs from the profile it claims to follow (the PROFILE check
-replays that profile on the trace). The correct reference, run on the same config and
-workload, draws no violation at all. `kvsched diff` and `kvsched fuzz` reuse them.
+that overrides one of its documented extension points (see kvsched.reference.scheduler
+and kvsched.reference.allocator) with the least code that carries the fault, as an
+engine author could have written it, or sets a knob. `SEEDED_BUGS` names each one with a
+small, tight config and workload that expose it within a few dozen steps, and the
+invariant id the checker must report: a MUST or SHOULD id from the spec's checker, or
+"profile" for a fault that is legal under the spec but differs from the profile it
+claims to follow (the PROFILE check replays that profile on the trace). The correct
+reference, run on the same config and workload, draws no violation at all.
+`kvsched diff`, `kvsched fuzz` and the model checker (proofs/seeded.py) reuse them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import heapq
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
-import kvsched.reference.scheduler as reference_scheduler
-from kvsched.reference.allocator import BlockAllocator
-from kvsched.reference.scheduler import Entry, ReferenceScheduler
+from kvsched.reference.allocator import BlockAllocator, Pool
+from kvsched.reference.requests import LiveRequest
+from kvsched.reference.scheduler import ReferenceScheduler, StepPlan
 from kvsched.simulate import run
-from kvsched.spec.blocks import blocks_for, blocks_needed
+from kvsched.spec.blocks import blocks_for
 from kvsched.spec.interface import Scheduler
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import (
@@ -37,24 +39,7 @@ from kvsched.spec.profiles import get_profile
 from kvsched.spec.violation import MUST, PROFILE, SHOULD
 from kvsched.workload import WorkItem, validate
 
-# -- the planting tools -------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def engine_config(s: ReferenceScheduler, **wrong: int) -> Iterator[None]:
-    """The scheduler decides with `wrong` config values while it reports the true config
-    (the engine read a limit off by one, or not at all)."""
-    true = s.config
-    s.config = replace(true, **wrong)  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        s.config = true
-
-
-def floor_blocks_needed(computed: int, new_tokens: int, held: int, block_size: int) -> int:
-    """The bug: floor where the spec has a ceiling, so a partly filled block is not counted."""
-    return max(0, (computed + new_tokens) // block_size - held)
+# -- faulty allocators --------------------------------------------------------------------
 
 
 class OvercommittingAllocator(BlockAllocator):
@@ -64,89 +49,61 @@ class OvercommittingAllocator(BlockAllocator):
 
     def __init__(self, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
         super().__init__(num_gpu_blocks, num_cpu_blocks)
-        self.num_gpu_blocks = num_gpu_blocks
-        self.num_cpu_blocks = num_cpu_blocks
-        self._beyond_gpu = num_gpu_blocks
-        self._beyond_cpu = num_cpu_blocks
+        self.size: dict[Pool, int] = {"gpu": num_gpu_blocks, "host": num_cpu_blocks}
+        self.beyond: dict[Pool, int] = dict(self.size)
 
-    def _take_gpu(self, count: int) -> list[int]:
-        got = []
-        for _ in range(count):
-            if self._free_gpu:
-                got.append(self._free_gpu.popleft())
-            else:
-                got.append(self._beyond_gpu)
-                self._beyond_gpu += 1
-        return got
+    def take(self, pool: Pool, count: int) -> list[int]:
+        have = min(count, self.free_count(pool))
+        extra = list(range(self.beyond[pool], self.beyond[pool] + count - have))
+        self.beyond[pool] += len(extra)
+        return super().take(pool, have) + extra
 
-    def _give_back_gpu(self, ids: list[int]) -> None:
-        self._free_gpu.extend(b for b in ids if b < self.num_gpu_blocks)
+    def put(self, pool: Pool, ids: list[int]) -> None:
+        super().put(pool, [b for b in ids if b < self.size[pool]])
 
-    def allocate(self, rid: str, count: int) -> list[int]:
-        got = self._take_gpu(count)
-        self._gpu.setdefault(rid, []).extend(got)
-        return got
 
-    def release_last(self, rid: str, count: int) -> None:
-        table = self._gpu.get(rid, [])
-        self._give_back_gpu([table.pop() for _ in range(count)])
+class HostSizeAllocator(OvercommittingAllocator):
+    """Reports the host pool's size as its free blocks."""
 
-    def free(self, rid: str) -> int:
-        gpu = self._gpu.pop(rid, [])
-        self._give_back_gpu(list(reversed(gpu)))
-        self._free_cpu.extend(b for b in self._cpu.pop(rid, []) if b < self.num_cpu_blocks)
-        return len(gpu)
-
-    def swap_out(self, rid: str) -> int:
-        gpu = self._gpu.pop(rid, [])
-        host = []
-        for _ in gpu:
-            if self._free_cpu:
-                host.append(self._free_cpu.popleft())
-            else:
-                host.append(self._beyond_cpu)
-                self._beyond_cpu += 1
-        self._cpu[rid] = host
-        self._give_back_gpu(list(reversed(gpu)))
-        return len(gpu)
-
-    def swap_in(self, rid: str) -> list[int]:
-        host = self._cpu.pop(rid, [])
-        self._free_cpu.extend(b for b in host if b < self.num_cpu_blocks)
-        got = self._take_gpu(len(host))
-        self._gpu[rid] = list(got)
-        return got
+    @property
+    def free_cpu(self) -> int:
+        return self.size["host"]
 
 
 class LeakingAllocator(BlockAllocator):
-    """While `leaking` is set, `free` drops a request's block table without returning its
-    blocks to the pool: they are lost for good."""
+    """While `leaking` is set, `free` loses what it releases: the blocks never return to
+    the free lists."""
 
     leaking = False
+    freeing = False  # inside a `free` while leaking
 
     def free(self, rid: str) -> int:
-        if not self.leaking:
+        self.freeing = self.leaking
+        try:
             return super().free(rid)
-        self._cpu.pop(rid, None)
-        return len(self._gpu.pop(rid, []))
+        finally:
+            self.freeing = False
+
+    def put(self, pool: Pool, ids: list[int]) -> None:
+        if not self.freeing:
+            super().put(pool, ids)
 
 
 class LeakingScheduler(ReferenceScheduler):
     """The reference over a LeakingAllocator: `with self.leaking():` marks the one code
     path that forgets to free."""
 
-    def __init__(self, config: Config, knobs: Knobs | None = None) -> None:
-        super().__init__(config, knobs)
-        self.blocks: LeakingAllocator = LeakingAllocator(config.num_gpu_blocks,
-                                                         config.num_cpu_blocks)
+    def make_allocator(self) -> BlockAllocator:
+        self.leaky = LeakingAllocator(self.config.num_gpu_blocks, self.config.num_cpu_blocks)
+        return self.leaky
 
     @contextlib.contextmanager
     def leaking(self) -> Iterator[None]:
-        self.blocks.leaking = True
+        self.leaky.leaking = True
         try:
             yield
         finally:
-            self.blocks.leaking = False
+            self.leaky.leaking = False
 
 
 # -- the bugs ---------------------------------------------------------------------------
@@ -155,50 +112,41 @@ class LeakingScheduler(ReferenceScheduler):
 class FloorBlocksNeeded(ReferenceScheduler):
     """Blocks needed computed with floor: the last, partly filled block is never allocated."""
 
-    def schedule(self) -> Decision:
-        # Planted where the reference looks blocks_needed up, for this call only (one
-        # thread: the module name is restored before any other scheduler decides).
-        setattr(reference_scheduler, "blocks_needed", floor_blocks_needed)  # noqa: B010
-        try:
-            return super().schedule()
-        finally:
-            setattr(reference_scheduler, "blocks_needed", blocks_needed)  # noqa: B010
+    def blocks_needed(self, computed: int, new_tokens: int, held: int) -> int:
+        return max(0, (computed + new_tokens) // self.config.block_size - held)
 
 
 class OverAdmitByOneBlock(ReferenceScheduler):
     """The admission check is one block short (`need - 1 <= free`), and the allocator
     hands out what it is asked for."""
 
-    def __init__(self, config: Config, knobs: Knobs | None = None) -> None:
-        super().__init__(config, knobs)
-        self.blocks = OvercommittingAllocator(config.num_gpu_blocks, config.num_cpu_blocks)
+    def make_allocator(self) -> BlockAllocator:
+        return OvercommittingAllocator(self.config.num_gpu_blocks, self.config.num_cpu_blocks)
 
-    def _admission_blocks(self, tokens: int, held: int) -> int:
-        return super()._admission_blocks(tokens, held) - 1
+    def admission_blocks(self, tokens: int, held: int) -> int:
+        return super().admission_blocks(tokens, held) - 1
 
 
 class TokenBudgetOffByOne(ReferenceScheduler):
     """The token budget is compared with `<=` where `<` was meant: one token too many."""
 
-    def schedule(self) -> Decision:
-        with engine_config(self, max_num_batched_tokens=self.config.max_num_batched_tokens + 1):
-            return super().schedule()
+    def token_budget(self) -> int:
+        return super().token_budget() + 1
 
 
 class SeqLimitIgnored(ReferenceScheduler):
     """max_num_seqs is never consulted."""
 
-    def schedule(self) -> Decision:
-        with engine_config(self, max_num_seqs=MAX_COUNT):
-            return super().schedule()
+    def seq_limit(self) -> int:
+        return MAX_COUNT
 
 
 class VictimBlocksNotFreed(LeakingScheduler):
     """A recompute victim goes back to waiting but its blocks are never returned."""
 
-    def _preempt(self, victim: Entry) -> Preemption:
+    def preempt(self, victim: LiveRequest) -> Preemption:
         with self.leaking():
-            return super()._preempt(victim)
+            return super().preempt(victim)
 
 
 class FinishedBlocksNotFreed(LeakingScheduler):
@@ -221,9 +169,9 @@ class ScheduledWithoutSwapIn(ReferenceScheduler):
     """The swap-in pass resumes a swapped request but drops it from the step's swap-ins,
     so the copy from host is never issued."""
 
-    def _swap_in_pass(self, budget: int, threshold: int, scheduled: dict[str, int],
-                      new_blocks: dict[str, list[int]], swapped_in: list[str]) -> int:
-        return super()._swap_in_pass(budget, threshold, scheduled, new_blocks, [])
+    def swap_in_pass(self, plan: StepPlan) -> None:
+        super().swap_in_pass(plan)
+        plan.swapped_in.clear()
 
 
 class PreemptsWaiting(ReferenceScheduler):
@@ -232,22 +180,20 @@ class PreemptsWaiting(ReferenceScheduler):
 
     def __init__(self, config: Config, knobs: Knobs | None = None) -> None:
         super().__init__(config, knobs)
-        self._taken: set[str] = set()
+        self.taken: set[str] = set()
 
     def schedule(self) -> Decision:
-        self._taken = set()
+        self.taken = set()
         return super().schedule()
 
-    def _victim(self) -> Entry:
-        victim = max((e for e in self.entries.values()
-                      if e.status in (Status.RUNNING, Status.WAITING)
-                      and e.request.id not in self._taken), key=lambda e: e.seq)
-        self._taken.add(victim.request.id)
+    def choose_victim(self) -> LiveRequest:
+        victim = max((r for r in self.live.values()
+                      if r.status in (Status.RUNNING, Status.WAITING)
+                      and r.request.id not in self.taken), key=lambda r: r.seq)
+        self.taken.add(victim.request.id)
         if victim.status == Status.WAITING:
             # The engine moves it to running so that its preemption code can take it.
-            self._waiting_remove(victim)
-            self._heap = [(k, e) for k, e in self._heap if e is not victim]
-            heapq.heapify(self._heap)
+            self.waiting.remove(victim)
             self.running.append(victim)
         return victim
 
@@ -257,26 +203,21 @@ class RejectsFeasible(ReferenceScheduler):
     sequence: a request with a large max_tokens that would stop at max_model_len is
     refused."""
 
-    def _reject_arrivals(self) -> list[Rejection]:
+    def reject_arrivals(self) -> list[Rejection]:
         cfg = self.config
-        out = []
-        for e in self._arrived:
-            r = e.request
-            if (e.status == Status.WAITING
-                    and blocks_for(r.prompt_len + r.max_tokens, cfg.block_size)
-                    > cfg.num_gpu_blocks):
-                self._waiting_remove(e)
-                e.status = Status.REJECTED
-                del self.entries[r.id]
-                out.append(Rejection(r.id, "prompt plus max_tokens exceed the cache"))
-        return out + super()._reject_arrivals()
+        early = [self.reject(r, "prompt plus max_tokens exceed the cache")
+                 for r in self.arrived
+                 if r.status == Status.WAITING and blocks_for(
+                     r.request.prompt_len + r.request.max_tokens, cfg.block_size)
+                 > cfg.num_gpu_blocks]
+        return early + super().reject_arrivals()
 
 
 class NeverRejects(ReferenceScheduler):
     """Nothing is ever rejected: a request that can never complete waits forever."""
 
-    def _reject_arrivals(self) -> list[Rejection]:
-        self._arrived = []
+    def reject_arrivals(self) -> list[Rejection]:
+        self.arrived = []
         return []
 
 
@@ -299,60 +240,54 @@ class RecomputeKeepsComputed(ReferenceScheduler):
     """A recompute victim's blocks are freed but its computed-token count is kept, so it
     resumes as if its KV were still there."""
 
-    def _preempt(self, victim: Entry) -> Preemption:
+    def preempt(self, victim: LiveRequest) -> Preemption:
         computed = victim.num_computed
-        p = super()._preempt(victim)
+        p = super().preempt(victim)
         if p.mode == "recompute":
             victim.num_computed = computed
         return p
-
-
-class HostSizeAllocator(OvercommittingAllocator):
-    """Reports the host pool's size as its free blocks."""
-
-    @property
-    def free_cpu(self) -> int:
-        return self.num_cpu_blocks
 
 
 class HostCapacityNotFree(ReferenceScheduler):
     """The room check before a swap-out compares with the host pool's size instead of its
     free blocks, so a swap-out can overrun the host."""
 
-    def __init__(self, config: Config, knobs: Knobs | None = None) -> None:
-        super().__init__(config, knobs)
-        self.blocks = HostSizeAllocator(config.num_gpu_blocks, config.num_cpu_blocks)
+    def make_allocator(self) -> BlockAllocator:
+        return HostSizeAllocator(self.config.num_gpu_blocks, self.config.num_cpu_blocks)
 
 
 class MissesMaxTokens(ReferenceScheduler):
     """The max_tokens stop is tested before the new token is counted (`>` for `>=`), so a
     request runs one token past max_tokens."""
 
-    def update(self, stopped: Collection[str]) -> tuple[str, ...]:
-        late = {e.request.id: e.request for e in self._sampled}
-        for e in self._sampled:
-            e.request = replace(e.request, max_tokens=e.request.max_tokens + 1)
-        try:
-            return super().update(stopped)
-        finally:
-            for e in self.entries.values():
-                if e.request.id in late:
-                    e.request = late[e.request.id]
+    def finishes(self, r: LiveRequest, stopped: bool) -> bool:
+        outputs = r.num_tokens - r.request.prompt_len
+        return (stopped or outputs > r.request.max_tokens
+                or r.num_tokens >= self.config.max_model_len)
 
 
 class AdmitsOnlyWithSpareBlock(ReferenceScheduler):
     """Admission demands one block more than needed (`need < free` for `<=`): a request
     that needs every free block waits forever, and the engine idles."""
 
-    def _admission_blocks(self, tokens: int, held: int) -> int:
-        return super()._admission_blocks(tokens, held) + 1
+    def admission_blocks(self, tokens: int, held: int) -> int:
+        return super().admission_blocks(tokens, held) + 1
 
 
 class ChunkPastKnown(ReferenceScheduler):
     """The next chunk is N - C + 1 tokens: one past the tokens known."""
 
-    def _chunk(self, e: Entry, threshold: int, budget: int) -> int:
-        return super()._chunk(e, threshold, budget) + 1
+    def next_chunk(self, r: LiveRequest, threshold: int, budget: int) -> int:
+        return super().next_chunk(r, threshold, budget) + 1
+
+
+class PreemptsAtExactFit(ReferenceScheduler):
+    """The growth check is `need < free` where `need <= free` was meant (blocks are asked
+    for only when needed): a running request that needs exactly the free blocks preempts
+    a victim although it fits."""
+
+    def can_grow(self, need: int) -> bool:
+        return need == 0 or need < self.blocks.free_gpu
 
 
 # -- the registry -----------------------------------------------------------------------
@@ -393,12 +328,12 @@ def planted(cls: type[ReferenceScheduler], profile: str) -> Callable[[Config], S
     return factory
 
 
-def tight_config(profile: str = "vllm-v1", **fields: object) -> Config:
+def tight_config(profile: str = "vllm-v1", **fields: Any) -> Config:
     """A small cache (8 blocks of 4 tokens) so that faults show within a few dozen steps."""
     base = Config(block_size=4, num_gpu_blocks=8, max_num_batched_tokens=64, max_num_seqs=4,
                   max_model_len=64)
     given = frozenset(fields)
-    return get_profile(profile).configure(replace(base, **fields), given)  # type: ignore[arg-type]
+    return get_profile(profile).configure(replace(base, **fields), given)
 
 
 def workload(*items: tuple[int, int, int, int] | tuple[int, int, int, int, int]
@@ -454,7 +389,7 @@ SEEDED_BUGS: dict[str, SeededBug] = {b.name: b for b in (
            tight_config(policy="priority"), workload((0, 12, 20, 20, 5), (1, 12, 20, 20, 0))),
     seeded("recompute-keeps-computed", RecomputeKeepsComputed, "preempt", MUST,
            tight_config(), GROWING),
-    # Beyond the twelve of the issue.
+    # Beyond the first twelve: the other MUST and SHOULD invariants.
     # r2 swaps out 4 blocks of the 6 on the host; then r1 swaps out 6.
     seeded("swap-out-beyond-host", HostCapacityNotFree, "cpu-budget", MUST,
            tight_config("vllm-v0-swap", num_gpu_blocks=12, num_cpu_blocks=6),
@@ -476,4 +411,8 @@ SEEDED_BUGS: dict[str, SeededBug] = {b.name: b for b in (
     seeded("impossible-request-never-rejected", NeverRejects, "completion", SHOULD,
            tight_config(num_gpu_blocks=16), workload((0, 8, 4, 4), (0, 70, 4, 4)),
            max_steps=4),
+    # r0 decodes into the last free block (its 8th) at C = 28: it fits exactly, yet the
+    # bug preempts r0 itself; it is admitted again whole and finishes.
+    seeded("preempts-at-exact-fit", PreemptsAtExactFit, "needed-preemption", SHOULD,
+           tight_config(), workload((0, 12, 20, 20))),
 )}
