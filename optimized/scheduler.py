@@ -439,6 +439,8 @@ class OptimizedScheduler:
             want = known - computed
             if threshold > 0:
                 want = want.clamp_max(threshold)
+            # vLLM v1's cap on the input position (C + n <= max_model_len - 1), as in the
+            # reference's running pass, which says why it never cuts a chunk here.
             want = torch.minimum(want, cfg.max_model_len - 1 - computed).clamp_min(0)
             left = budget - (torch.cumsum(want, 0) - want)
             n = torch.minimum(want, left).clamp_min(0)

@@ -303,6 +303,14 @@ class ReferenceScheduler:
             r = self.running[i]
             rid = r.request.id
             n = self.next_chunk(r, plan.threshold, plan.budget)
+            # The last position computed stays below max_model_len - 1, so that the token
+            # it samples has a position: vLLM v1's cap (vllm/v1/core/sched/scheduler.py,
+            # Scheduler.schedule, running requests: "Make sure the input position does not
+            # exceed the max model len. This is necessary when using spec decoding."). A
+            # live request has N <= max_model_len - 1 (longer prompts are rejected, and a
+            # request finishes when N reaches max_model_len), so without speculative
+            # decoding the cap never cuts a chunk: it is tight on the last chunk of a
+            # request that reaches max_model_len.
             n = min(n, cfg.max_model_len - 1 - r.num_computed)
             if n <= 0:
                 i += 1

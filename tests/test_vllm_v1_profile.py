@@ -163,3 +163,27 @@ def test_never_completing_request_is_rejected_not_queued_forever(
     assert [r.id for r in d.rejected] == ["huge"]
     assert "7 blocks, cache has 4" in d.rejected[0].reason
     assert d.scheduled == (("ok", 10),)
+
+
+def test_running_chunks_end_at_max_model_len_minus_one(
+        scheduler_factory: SchedulerFactory) -> None:
+    # vLLM caps a running request's chunk at max_model_len - 1 - C, so that the token it
+    # samples still has a position. Here N <= max_model_len - 1 while a request lives, so
+    # the cap is tight exactly on a request's last chunk: a chunked prefill and a decode
+    # that reach max_model_len (32) compute up to position 31 and finish there. A cap
+    # one token tighter fails this; no cap at all cannot be seen (nothing it would cut).
+    s = scheduler(scheduler_factory, block_size=4, num_gpu_blocks=16,
+                  max_num_batched_tokens=16, max_num_seqs=4, max_model_len=32)
+    d, _ = step(s, [Request("prefill", 31, 8)])
+    assert d.scheduled == (("prefill", 16),)
+    d, finished = step(s)
+    assert d.scheduled == (("prefill", 15),) and finished == ("prefill",)
+
+    s = scheduler(scheduler_factory, block_size=4, num_gpu_blocks=16,
+                  max_num_batched_tokens=16, max_num_seqs=4, max_model_len=32)
+    chunks = [step(s, [Request("decode", 20, 40)])[0].scheduled]
+    for _ in range(20):
+        if not s.has_unfinished():
+            break
+        chunks.append(step(s)[0].scheduled)
+    assert chunks == [(("decode", 16),), (("decode", 4),)] + [(("decode", 1),)] * 11
