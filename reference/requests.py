@@ -72,6 +72,3 @@ class WaitingQueue:
         if self.priority:
             return iter([r for _, r in sorted(self._heap, key=lambda entry: entry[0])])
         return iter(list(self._fcfs))
-
-    def __len__(self) -> int:
-        return len(self._heap) if self.priority else len(self._fcfs)
