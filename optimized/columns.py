@@ -33,7 +33,9 @@ class Mark(NamedTuple):
     free_host: int
     running: int
     leaked: int
-    track_ids: bool | None
+    ids_seen: bool
+    ids_missing_from: int
+    steps_with_free: int
     step_no: int
     live: int
     n_ids: int
@@ -66,7 +68,9 @@ class Columns:
         self.free_host = config.num_cpu_blocks
         self.running = 0
         self.leaked = 0
-        self.track_ids: bool | None = None
+        self.ids_seen = False  # some step carried new_blocks
+        self.ids_missing_from = -1  # the first step that handed out blocks without ids
+        self.steps_with_free = 0  # steps that report free_blocks
         self.step_no = -1
         self.live = 0  # live requests
 
@@ -138,8 +142,9 @@ class Columns:
         arr[idx] = value
 
     def mark(self) -> Mark:
-        return Mark(self.free, self.free_host, self.running, self.leaked, self.track_ids,
-                    self.step_no, self.live, len(self.ids), self.table.mark())
+        return Mark(self.free, self.free_host, self.running, self.leaked, self.ids_seen,
+                    self.ids_missing_from, self.steps_with_free, self.step_no, self.live,
+                    len(self.ids), self.table.mark())
 
     def rollback(self, mark: Mark, undo: Undo) -> None:
         """Back to `mark`: `undo` holds the column changes made since."""
@@ -153,5 +158,5 @@ class Columns:
             for ri, rid in enumerate(self.ids):
                 self.table.add(rid, ri)
             self.table.mark()
-        (self.free, self.free_host, self.running, self.leaked, self.track_ids,
-         self.step_no, self.live) = mark[:7]
+        (self.free, self.free_host, self.running, self.leaked, self.ids_seen,
+         self.ids_missing_from, self.steps_with_free, self.step_no, self.live) = mark[:9]

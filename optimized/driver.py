@@ -95,8 +95,8 @@ class TraceDriver:
         """What check_trace_vectorized's `stats` receive (after `check`)."""
         vc = self.checker
         return {"fast": vc.fast_runs, "exact": vc.exact_runs,
-                "block_ids": int(vc.first_step_blocks),
-                "free_blocks": int(vc.any_free_blocks),
+                "block_ids": int(vc.state.ids_seen),
+                "free_blocks": int(vc.state.steps_with_free > 0),
                 "as_json": self.as_json, "scanned": self.number - self.as_json}
 
     # -- one block of lines -----------------------------------------------------------
@@ -172,7 +172,6 @@ class TraceDriver:
                 self.vc = VectorizedChecker(parse_header(obj, line).config,
                                             self.max_preemptions)
             return
-        vc = self.vc
         if self.complete:
             if load_line(raw, line) is not BLANK:
                 raise TraceError(line, 'nothing may follow the {"end": true} line')
@@ -202,7 +201,6 @@ class TraceDriver:
         for key in st.unknown_keys:
             if key not in self.unknown:
                 self.unknown[key] = line
-        vc.saw(st.step, st.new_blocks, st.free_blocks)
         blocks = int(st.new_blocks is not None)
         # A run starts at a step with rare events and where block ids come or go.
         if self.run and (st.rare or blocks != self.run_blocks or self._full()):
@@ -221,7 +219,6 @@ class TraceDriver:
     def _scanned(self, lines: ScannedLines, k: int, j: int) -> int:
         """Take lines k.. of a stretch the scanner read (up to j), as one part: as many
         as fit the run. Returns the next line to look at."""
-        vc = self.checker
         rows = lines.rows
         steps = rows[k:j, sc.L_STEP]
         wrong = np.flatnonzero(steps != self.expected + np.arange(j - k))
@@ -249,10 +246,6 @@ class TraceDriver:
         if cut:
             j = k + int(idle[0]) + 1
         first_line = self.number + 1 + k
-        if int(rows[k, sc.L_STEP]) == 0:
-            vc.saw(0, {} if blocks else None, None)
-        if not vc.any_free_blocks and np.any(rows[k:j, sc.L_FREE] >= 0):
-            vc.any_free_blocks = True
         self.run.append(lines.part(k, j, first_line))
         self.run_len += j - k
         self.run_entries += int(rows[k:j, sc.L_ENT].sum())

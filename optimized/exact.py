@@ -10,7 +10,7 @@ report and the ids that have ended live in the spec's Checker throughout.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -20,8 +20,6 @@ from kvsched.spec.checker import Checker, CheckOptions, Report
 from kvsched.spec.model import Request, Status
 from kvsched.spec.state import LiveRequest
 from kvsched.spec.trace import STEP_KEYS, TraceError, load_line, parse_step
-
-Saw = Callable[[int, object, object], None]  # (step, new_blocks, free_blocks) of each line
 
 
 class SpecBridge:
@@ -45,7 +43,7 @@ class SpecBridge:
         self.checker.state.ended.update(ended)
 
     def check_lines(self, steps: list[tuple[int, Any]], expected: int,
-                    unknown_keys: dict[str, int], saw: Saw) -> int:
+                    unknown_keys: dict[str, int]) -> int:
         """Check lines (number, JSON object, or the raw bytes of a line read as the spec's
         reader reads it) with the spec's parser and Checker; returns the next expected
         step number."""
@@ -57,7 +55,6 @@ class SpecBridge:
         for line, given in steps:
             obj = load_line(given, line) if isinstance(given, bytes) else given
             rec = parse_step(obj, line)
-            saw(rec.step, rec.new_blocks, rec.free_blocks)
             if rec.step != expected:
                 raise TraceError(line, f"expected step {expected}, got {rec.step} "
                                        "(steps are numbered from 0 without gaps)")
@@ -87,15 +84,16 @@ class SpecBridge:
         live: dict[str, LiveRequest] = {}
         owned: dict[int, list[int]] = {}
         st.owner = {}
-        if s.track_ids:
+        first = s.config.first_block_id
+        if s.ids_seen:
             holder = s.holder
             ok = holder >= 0
             blocks = np.flatnonzero(ok)
             owners = holder[blocks]
             current = s.holder_gen[blocks] == c["GEN"][owners]
             for b, ri in zip(blocks[current].tolist(), owners[current].tolist(), strict=True):
-                st.owner[b] = s.ids[ri]
-                owned.setdefault(ri, []).append(b)
+                st.owner[b + first] = s.ids[ri]
+                owned.setdefault(ri, []).append(b + first)
         count = dict.fromkeys(Status, 0)
         for ri in s.live_indices().tolist():
             rid = s.ids[ri]
@@ -108,8 +106,10 @@ class SpecBridge:
                 int(c["G"][ri]), int(c["H"][ri]), int(c["PRE"][ri]), owned.get(ri, []),
                 bool(c["RECOMP"][ri]))
         st.live, st.count = live, count
-        st.free, st.free_host, st.ids_tracked = s.free, s.free_host, s.track_ids
-        ex.leaked, ex.step_no = s.leaked, s.step_no
+        st.free, st.free_host = s.free, s.free_host
+        st.ids_seen = s.ids_seen
+        st.ids_missing_from = s.ids_missing_from if s.ids_missing_from >= 0 else None
+        ex.leaked, ex.step_no, ex.steps_with_free = s.leaked, s.step_no, s.steps_with_free
 
     def from_exact(self, before: np.ndarray) -> None:
         """Read the state back into the columns; `before` are the requests that were live
@@ -132,10 +132,13 @@ class SpecBridge:
             c["STATUS"][ri] = CODE_OF[t.status]
             c["GEN"][ri] += 1
         s.holder.fill(-1)
+        first = s.config.first_block_id
         for b, rid in st.owner.items():
             ri = s.index[rid]
-            s.holder[b] = ri
-            s.holder_gen[b] = c["GEN"][ri]
+            s.holder[b - first] = ri
+            s.holder_gen[b - first] = c["GEN"][ri]
         s.free, s.free_host, s.running = st.free, st.free_host, st.running
-        s.leaked, s.track_ids, s.step_no = ex.leaked, st.ids_tracked, ex.step_no
+        s.ids_seen = st.ids_seen
+        s.ids_missing_from = -1 if st.ids_missing_from is None else st.ids_missing_from
+        s.leaked, s.step_no, s.steps_with_free = ex.leaked, ex.step_no, ex.steps_with_free
         s.live = len(st.live)

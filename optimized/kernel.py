@@ -311,20 +311,26 @@ def check_run(state: Columns, run: Run, ended: Collection[str], max_preemptions:
             return False  # swapped in but not scheduled: left to the spec's checker
 
     # -- block ids -------------------------------------------------------------
+    # Every step of the run carries block ids, or none does (runs are cut where they
+    # come and go). Ids are checked against the owners that are known; a step without
+    # them that hands blocks out leaves those blocks' owners unknown.
     present = run.has_blocks
-    track = state.track_ids
-    if track is None:
-        track = bool(present[0])
-    if not present.all():
-        if present.any():
-            return False  # runs are cut where block ids come and go
-        track = False
+    ids_seen, missing_from = state.ids_seen, state.ids_missing_from
     assign: tuple[np.ndarray, np.ndarray] | None = None
-    if track:
+    if present.all():
+        ids_seen = True
         assign = check_blocks(state, run, ri, t, new_blocks, swapped_in, low, span,
                               fin_ri, fin_t)
         if assign is None:
             return False
+    elif present.any():
+        return False
+    elif missing_from < 0:
+        handed = demand.copy()
+        handed[0] += swap_demand
+        out = np.flatnonzero(handed > 0)
+        if out.size:
+            missing_from = int(run.steps[out[0]])
 
     # -- idle steps: nothing could have run (the run ends with such a step) -----
     # (checked after the commit, below, on the state at the run's end)
@@ -350,7 +356,8 @@ def check_run(state: Columns, run: Run, ended: Collection[str], max_preemptions:
         state.holder[blocks] = owners
         state.holder_gen[blocks] = c["GEN"][owners] - (
             np.isin(owners, fin_ri) if F else 0)
-    state.track_ids = track if state.track_ids is not False else False
+    state.ids_seen, state.ids_missing_from = ids_seen, missing_from
+    state.steps_with_free += int(np.count_nonzero(run.free >= 0))
     state.free = int(free_end[-1])
     state.running = int(running[-1] - fin_count[-1])
     state.live += n_new - F
@@ -375,7 +382,7 @@ def check_blocks(state: Columns, run: Run, ri: np.ndarray, t: np.ndarray,
         return None
     step_of = np.repeat(np.arange(T, dtype=I64), run.n_own)
     given = run.own_sizes
-    blocks = run.blocks
+    blocks = run.blocks - state.config.first_block_id  # as indices of the pool
     B = blocks.size
     if B and (blocks.min() < 0 or blocks.max() >= state.config.num_gpu_blocks):
         return None

@@ -304,14 +304,18 @@ class OptimizedScheduler:
 
     # -- block tables (kvsched.spec.interface.BlockTables) ------------------------------
 
+    # GPU block ids are the pool's indices plus config.first_block_id (the engine's first).
+
     def block_table(self, request_id: str) -> tuple[int, ...]:
-        return self._table_row(request_id, G_, GROW, self.gpu_table)
+        first = self.config.first_block_id
+        return tuple(b + first for b in self._table_row(request_id, G_, GROW, self.gpu_table))
 
     def host_table(self, request_id: str) -> tuple[int, ...]:
         return self._table_row(request_id, H_, HROW, self.cpu_table)
 
     def free_gpu_ids(self) -> tuple[int, ...]:
-        return tuple(self.gpu_free.snapshot())
+        first = self.config.first_block_id
+        return tuple(b + first for b in self.gpu_free.snapshot())
 
     def free_host_ids(self) -> tuple[int, ...]:
         return tuple(self.cpu_free.snapshot())
@@ -338,7 +342,7 @@ class OptimizedScheduler:
         ids = self.ids_of
         scheduled = tuple(zip(ids(t.scheduled), t.tokens.tolist(), strict=True))
         new_blocks: dict[str, tuple[int, ...]] = {}
-        flat = t.new_block_ids.tolist()
+        flat = (t.new_block_ids + self.config.first_block_id).tolist()
         at = 0
         for rid, c in zip(ids(t.new_block_slots), t.new_block_counts.tolist(), strict=True):
             new_blocks[rid] = tuple(flat[at:at + c])

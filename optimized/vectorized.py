@@ -31,10 +31,6 @@ class VectorizedChecker:
         self.spec = SpecBridge(self.state, max_preemptions, keep)
         self.fast_runs = 0
         self.exact_runs = 0
-        # What the trace carries (for reports of what was checked): step 0's new_blocks,
-        # and whether any step reports free_blocks.
-        self.first_step_blocks = False
-        self.any_free_blocks = False
 
     @property
     def report(self) -> Report:
@@ -45,18 +41,13 @@ class VectorizedChecker:
         """Live requests."""
         return self.state.live
 
-    def saw(self, step: int, new_blocks: object, free_blocks: object) -> None:
-        if step == 0:
-            self.first_step_blocks = new_blocks is not None
-        self.any_free_blocks |= free_blocks is not None
-
     def check_exactly(self, steps: list[tuple[int, Any]], expected: int,
                       unknown_keys: dict[str, int]) -> int:
         """Check lines (number, JSON object, or the raw bytes of a line read as the spec's
         reader reads it) with the spec's parser and Checker; returns the next expected
         step number."""
         self.exact_runs += 1
-        return self.spec.check_lines(steps, expected, unknown_keys, self.saw)
+        return self.spec.check_lines(steps, expected, unknown_keys)
 
     def check_fast(self, run: Run) -> bool:
         """Check a run with the vectorized rules; False (and no change) if the spec's
@@ -81,6 +72,4 @@ class VectorizedChecker:
         return True
 
     def end(self, complete: bool) -> Report:
-        report = self.spec.end(complete)
-        report.block_ids, report.free_blocks = self.first_step_blocks, self.any_free_blocks
-        return report
+        return self.spec.end(complete)

@@ -82,7 +82,7 @@ def checker_key(c: Checker) -> Hashable:
     live = tuple(sorted((rid, t.status.value, t.num_tokens, t.num_computed, t.gpu_blocks,
                          t.host_blocks, tuple(t.block_ids), t.recomputing)
                         for rid, t in st.live.items()))
-    # Before the first step ids_tracked is undecided (None); it then turns True exactly
-    # where it stays True, so the two behave alike.
-    return (live, st.free, st.free_host, st.running, c.leaked, st.ids_tracked is not False,
+    # Whether ids were seen, and from which step some were missing, only say what the
+    # report covers: no later verdict depends on them, so they stay out of the key.
+    return (live, st.free, st.free_host, st.running, c.leaked,
             tuple(sorted(st.owner.items())))

@@ -122,7 +122,7 @@ def build(c: Cfg, reqs: list[Req]) -> tuple[ReferenceScheduler, Checker]:
     config = c.config()
     s = ReferenceScheduler(config, c.knobs())
     checker = Checker(config)
-    checker.state.ids_tracked = True
+    checker.state.ids_seen = True
     order = sorted(range(len(reqs)), key=lambda i: reqs[i].status != SWAPPED)
     for i in order:  # swapped first: they pass through the GPU on their way to the host
         r = reqs[i]

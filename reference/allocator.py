@@ -21,8 +21,11 @@ class BlockAllocator:
     not have, one that loses what it frees).
     """
 
-    def __init__(self, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
-        self._free: dict[Pool, deque[int]] = {"gpu": deque(range(num_gpu_blocks)),
+    def __init__(self, num_gpu_blocks: int, num_cpu_blocks: int,
+                 first_gpu_id: int = 0) -> None:
+        # GPU ids run from the engine's first block id (config.first_block_id).
+        gpu = range(first_gpu_id, first_gpu_id + num_gpu_blocks)
+        self._free: dict[Pool, deque[int]] = {"gpu": deque(gpu),
                                               "host": deque(range(num_cpu_blocks))}
         self._tables: dict[Pool, dict[str, list[int]]] = {"gpu": {}, "host": {}}
 

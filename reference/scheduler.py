@@ -191,7 +191,8 @@ class ReferenceScheduler:
 
     def make_allocator(self) -> BlockAllocator:
         """The block allocator, made once for `self.config`."""
-        return BlockAllocator(self.config.num_gpu_blocks, self.config.num_cpu_blocks)
+        return BlockAllocator(self.config.num_gpu_blocks, self.config.num_cpu_blocks,
+                              self.config.first_block_id)
 
     def token_budget(self) -> int:
         """The tokens one step may schedule."""

@@ -15,19 +15,22 @@ from dataclasses import dataclass, field
 from kvsched.spec import must, should
 from kvsched.spec.model import Config, StepRecord
 from kvsched.spec.replay import ProfileReplay
-from kvsched.spec.state import FIELD, NEVER_ARRIVED, State, StepFacts
-from kvsched.spec.trace import TraceError, TraceReader
+from kvsched.spec.state import State, StepFacts
+from kvsched.spec.trace import TraceReader
 from kvsched.spec.violation import INVARIANTS, SHOULD, Violation
 
 
 @dataclass(frozen=True)
 class CheckOptions:
     """How to judge a trace: SHOULD warnings fail too when `strict`; `max_preemptions`
-    is no-thrash's K; `keep` violations of each id are kept whole (all are counted)."""
+    is no-thrash's K; `keep` violations of each id are kept whole (all are counted); an
+    invariant in `required` that the trace lets the checker judge only in part or not at
+    all fails the check (CI's `--require block-ids,accounting`)."""
 
     strict: bool = False
     max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS
     keep: int = 20
+    required: frozenset[str] = frozenset()  # invariants that must be checked in full
 
 
 @dataclass
@@ -43,8 +46,9 @@ class Report:
     unknown_keys: dict[str, int] = field(default_factory=dict)
     profile: str | None = None  # the profile the decisions were compared with
     strict: bool = False
-    block_ids: bool = False  # the first step carries new_blocks: block-ids is checked
-    free_blocks: bool = False  # some step reports free_blocks: accounting is checked
+    # Invariants judged in part or not at all, with the reason; those `required` must not be.
+    unchecked: dict[str, str] = field(default_factory=dict)
+    required: frozenset[str] = frozenset()
 
     def errors(self) -> int:
         """MUST violations and profile divergences: these fail a check."""
@@ -54,9 +58,14 @@ class Report:
         """SHOULD violations: these fail only a strict check."""
         return sum(n for k, n in self.counts.items() if INVARIANTS[k] == SHOULD)
 
+    def missing(self) -> dict[str, str]:
+        """The required invariants that were not fully checked, with the reason."""
+        return {k: why for k, why in self.unchecked.items() if k in self.required}
+
     @property
     def failed(self) -> bool:
-        return self.errors() > 0 or (self.strict and self.warnings() > 0)
+        return (self.errors() > 0 or (self.strict and self.warnings() > 0)
+                or bool(self.missing()))
 
     def ids(self) -> set[str]:
         return set(self.counts)
@@ -76,21 +85,25 @@ def judge(f: StepFacts, state: State, options: CheckOptions, leaked: int) -> lis
     ]
 
 
-def unreadable(f: StepFacts) -> str | None:
-    """Why the step cannot be read as one of this trace: an id arriving twice, or an id
-    named that never arrived (the first, in the order the step applies its fields)."""
-    for a in f.arrivals:
-        if not a.applied:
-            return f"request id {a.request!r} arrives twice; ids must be unique"
-    decided = [*f.aborts, *(a for a, _ in f.rejections), *(v.action for v in f.victims),
-               *(a for a, _ in f.swap_ins), *(c.action for c in f.chunks)]
-    named = [*((FIELD[a.action], a.request) for a in decided if a.state == NEVER_ARRIVED),
-             *(("new_blocks", rid) for rid in f.unknown_new_blocks),
-             *(("finished", d.action.request) for d in f.finishes
-               if d.action.state == NEVER_ARRIVED)]
-    for where, rid in named:
-        return f"unknown request id {rid!r} in {where} (it never arrived)"
-    return None
+def coverage(state: State, steps: int, steps_with_free: int, complete: bool
+             ) -> dict[str, str]:
+    """The invariants a trace let the checker judge only in part or not at all, each
+    with the reason (every other invariant was checked on every step)."""
+    out: dict[str, str] = {}
+    if not state.ids_seen:
+        out["block-ids"] = "the trace carries no block ids (new_blocks)"
+    elif state.ids_missing_from is not None:
+        out["block-ids"] = (f"in part: from step {state.ids_missing_from} on, blocks were "
+                            "handed out without ids (no new_blocks), so while they are "
+                            "held their owners are unknown")
+    if steps_with_free == 0:
+        out["accounting"] = "the trace reports no free_blocks"
+    elif steps_with_free < steps:
+        out["accounting"] = (f"in part: {steps - steps_with_free} of {steps} steps report no "
+                             "free_blocks")
+    if not complete:
+        out["completion"] = 'the trace has no {"end": true} line'
+    return out
 
 
 class Checker:
@@ -108,8 +121,9 @@ class Checker:
         self.replay = replay
         self.state = State(config)
         self.report = Report(profile=replay.profile if replay else None,
-                             strict=self.options.strict)
+                             strict=self.options.strict, required=self.options.required)
         self.leaked = 0  # free blocks the engine reported missing, so each leak is told once
+        self.steps_with_free = 0
         self.step_no = -1
 
     def flag(self, v: Violation) -> None:
@@ -118,15 +132,10 @@ class Checker:
             self.report.violations.append(v)
 
     def step(self, rec: StepRecord) -> StepFacts:
-        """Check one step; return its facts. Raises TraceError for what cannot be read."""
+        """Check one step; return its facts."""
         self.step_no = rec.step
         f = self.state.apply(rec)
-        why = unreadable(f)
-        if why is not None:
-            raise TraceError(rec.line, why)
-        if self.report.steps == 0:
-            self.report.block_ids = rec.new_blocks is not None
-        self.report.free_blocks |= rec.free_blocks is not None
+        self.steps_with_free += rec.free_blocks is not None
         self.report.steps += 1
         self.report.scheduled_entries += len(rec.scheduled)
         self.report.requests += len(f.arrivals)
@@ -161,6 +170,8 @@ class Checker:
         if complete:
             for v in should.completion(self.step_no, self.state):
                 self.flag(v)
+        self.report.unchecked = coverage(self.state, self.report.steps, self.steps_with_free,
+                                         complete)
         return self.report
 
 

@@ -36,6 +36,7 @@ class Config:
     policy: Policy = "fcfs"
     preemption: PreemptionMode = "recompute"
     watermark_blocks: int = 0
+    first_block_id: int = 0  # the engine's first block id (vLLM: 1, its block 0 is null)
 
     def problems(self) -> list[str]:
         """Every way this config is malformed, one sentence each naming the field (a
@@ -43,7 +44,8 @@ class Config:
         out: list[str] = []
         positive = ("block_size", "num_gpu_blocks", "max_num_batched_tokens",
                     "max_num_seqs", "max_model_len")
-        non_negative = ("num_cpu_blocks", "long_prefill_token_threshold", "watermark_blocks")
+        non_negative = ("num_cpu_blocks", "long_prefill_token_threshold", "watermark_blocks",
+                        "first_block_id")
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("chunked_prefill",):
@@ -74,6 +76,10 @@ class Config:
             out.append("config.long_prefill_token_threshold chunks prefills, so it needs "
                        "chunked_prefill: true")
         return out
+
+
+# Config fields a trace header may leave out, with the value that then holds.
+OPTIONAL_CONFIG: dict[str, object] = {"first_block_id": 0}
 
 
 def config_field_names() -> tuple[str, ...]:
@@ -166,12 +172,15 @@ class Decision:
     def num_scheduled_tokens(self) -> int:
         return sum(n for _, n in self.scheduled)
 
-    def comparable(self) -> tuple[object, ...]:
+    def comparable(self, ordered_victims: bool = True) -> tuple[object, ...]:
         """The decision as one value for equality across implementations (rejection
-        reasons are prose and differ between engines, so only the ids count)."""
+        reasons are prose and differ between engines, so only the ids count). With
+        `ordered_victims` False the victims (with their modes) count as a set, for
+        engines that report them so."""
+        victims = tuple((p.id, p.mode) for p in self.preempted)
         return (
             tuple(r.id for r in self.rejected),
-            tuple((p.id, p.mode) for p in self.preempted),
+            victims if ordered_victims else tuple(sorted(victims)),
             self.swapped_in,
             self.scheduled,
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kvsched.spec.blocks import never_completes
 from kvsched.spec.model import Config
-from kvsched.spec.state import StepFacts
+from kvsched.spec.state import NEVER_ARRIVED, Action, StepFacts
 from kvsched.spec.violation import Violation
 
 
@@ -88,22 +88,31 @@ def token_range(f: StepFacts, config: Config) -> list[Violation]:
     return out
 
 
+def _misplaced(a: Action) -> str:
+    """An action in a state that does not allow it, in words."""
+    if a.state == NEVER_ARRIVED:
+        return f"{a.request} is {a.action} but never arrived"
+    if a.action == "arrives":
+        return f"{a.request} arrives again while {a.state}; ids are unique"
+    return f"{a.request} is {a.action} while {a.state}"
+
+
 def one_state(f: StepFacts) -> list[Violation]:
-    """one-state: each request is in exactly one state, and an action applies only in
-    the states that allow it (kvsched.spec.state.ALLOWED); scheduled at most once per
-    step. (A victim that was not running is the preempt invariant's.)"""
-    return [Violation("one-state", f.step, f"{a.request} is {a.action} while {a.state}",
-                      request=a.request)
-            for a in f.actions if not a.applied and a.action not in ("arrives", "preempted")]
+    """one-state: ids are unique; each request is in exactly one state, and an action
+    applies only in the states that allow it (kvsched.spec.state.ALLOWED): nothing is
+    scheduled, swapped in, aborted, rejected or finished that never arrived or has ended,
+    and nothing is scheduled twice in one step. (A victim that was not running is the
+    preempt invariant's.) The action is not applied, and the check goes on."""
+    return [Violation("one-state", f.step, _misplaced(a), request=a.request)
+            for a in f.actions if not a.applied and a.action != "preempted"]
 
 
 def preempt(f: StepFacts) -> list[Violation]:
     """preempt: a victim was running (and not admitted or swapped in this step); a
     recompute victim restarts from C = 0 with no blocks, so its first new chunk is
     handed ceil((C + Dn) / block_size) block ids from nothing."""
-    out = [Violation("preempt", f.step, f"{v.action.request} is preempted while "
-                     f"{v.action.state}; only a running request can be a victim",
-                     request=v.action.request)
+    out = [Violation("preempt", f.step, f"{_misplaced(v.action)}; only a running request "
+                     "can be a victim", request=v.action.request)
            for v in f.victims if not v.action.applied]
     out += [Violation("preempt", f.step,
                       f"{c.action.request} was preempted by recompute but its next chunk got "
@@ -160,7 +169,7 @@ def block_ids(f: StepFacts, config: Config) -> list[Violation]:
     exactly its Db (plus H on swap-in); only free blocks are handed out, so a block has
     at most one owner."""
     out: list[Violation] = []
-    total = config.num_gpu_blocks
+    first, last = config.first_block_id, config.first_block_id + config.num_gpu_blocks
     for h in f.handouts or ():
         rid = h.request
         if h.counted and h.given != h.expected:
@@ -170,14 +179,39 @@ def block_ids(f: StepFacts, config: Config) -> list[Violation]:
                                  f"{h.expected}", request=rid,
                                  lhs=h.given, relation="==", rhs=h.expected))
         for b, owner in h.blocks:
-            if not 0 <= b < total:
+            if not first <= b < last:
                 out.append(Violation("block-ids", f.step,
-                                     f"{rid} gets block {b}, outside 0..{total - 1}",
-                                     request=rid, lhs=b, relation="<", rhs=total))
+                                     f"{rid} gets block {b}, outside {first}..{last - 1}",
+                                     request=rid, lhs=b,
+                                     relation="<" if b >= last else ">=",
+                                     rhs=last if b >= last else first))
             elif owner is not None:
                 out.append(Violation("block-ids", f.step,
                                      f"{rid} gets block {b}, which {owner} still holds",
                                      request=rid))
+    return out
+
+
+def _suspects(f: StepFacts, missing: int) -> list[tuple[str, str, int]]:
+    """Every event of the step that could account for `missing` blocks the engine holds
+    beyond what the trace implies (fewer, when negative): (kind, request, blocks). A
+    release may have fallen short; an allocation the trace does not prove (no block ids,
+    or ids that did not match Db) may have taken more or fewer."""
+    out: list[tuple[str, str, int]] = []
+    if missing > 0:
+        out += [("abort", rid, n) for rid, n in f.released_by_aborts if n > 0]
+        out += [("victim", v.action.request, v.released) for v in f.valid_victims
+                if v.released > 0]
+        out += [("finish", d.action.request, d.released) for d in f.finishes
+                if d.released > 0]
+    proven = {h.request for h in f.handouts or () if h.counted and h.given == h.expected}
+    restarted = set(f.restarted)
+    for c in f.chunks:
+        rid = c.action.request
+        if c.new_blocks > 0 and rid not in proven:
+            out.append(("restart" if rid in restarted else "allocation", rid, c.new_blocks))
+    out += [("allocation", a.request, held) for a, held in f.swap_ins
+            if a.applied and held > 0 and a.request not in proven]
     return out
 
 
@@ -186,11 +220,13 @@ def accounting(f: StepFacts, leaked: int) -> list[Violation]:
     `derived` is the step's free count less the `leaked` blocks the engine already
     reported missing (so each leak is told once; agreeing again ends it).
 
-    A shortfall is blamed by its size: one the victims' releases could explain is their
-    `preempt` (a victim releases all its GPU blocks), else one the finishes' releases
-    could explain is their `finish` (a finished request holds no blocks), else a
-    recompute victim's restart is its `preempt` (it restarts from C = 0 and no blocks);
-    anything else is `accounting`.
+    The difference is blamed only as far as the counts prove (`_suspects`): when every
+    event of the step that could explain it is of one kind, and together they can, it is
+    theirs: victims that kept blocks break `preempt`, finishes that kept them `finish` (a
+    finished request holds no blocks), recompute victims' restarts `preempt` (they restart
+    from C = 0 and no blocks); aborts and other allocations `accounting`. A request is
+    named only when it is the one suspect. Otherwise the step is told with both numbers
+    and every suspect.
     """
     reported = f.reported_free
     if reported is None or reported == f.free:
@@ -199,24 +235,40 @@ def accounting(f: StepFacts, leaked: int) -> list[Violation]:
     missing = derived - reported
     if missing == 0:
         return []
-    by_victims, by_finish = f.released_by_victims, f.released_by_finish
-    if 0 < missing <= by_victims:
-        victims = ", ".join(v.action.request for v in f.victims)
-        return [Violation("preempt", f.step,
-                          f"preempting {victims} should have released {by_victims} GPU "
-                          f"blocks, but the engine reports {missing} fewer free",
-                          lhs=by_victims - missing, relation="==", rhs=by_victims)]
-    if 0 < missing <= by_finish:
-        finished = ", ".join(d.action.request for d in f.finishes)
-        return [Violation("finish", f.step,
-                          f"finishing {finished} should have released {by_finish} GPU "
-                          f"blocks, but the engine reports {missing} fewer free (a leak)",
-                          lhs=by_finish - missing, relation="==", rhs=by_finish)]
-    if f.restarted:
-        return [Violation("preempt", f.step,
-                          f"after recompute, {', '.join(f.restarted)} restarted with other "
-                          f"than C = 0 and no blocks: the engine's free count is off by "
-                          f"{missing}", lhs=-missing, relation="==", rhs=0)]
+    suspects = _suspects(f, missing)
+    kinds = {kind for kind, _, _ in suspects}
+    if len(kinds) == 1 and sum(n for _, _, n in suspects) >= abs(missing):
+        [kind] = kinds
+        ids = ", ".join(rid for _, rid, _ in suspects)
+        n = sum(n for _, _, n in suspects)
+        one = suspects[0][1] if len(suspects) == 1 else None
+        if kind == "victim":
+            return [Violation("preempt", f.step,
+                              f"preempting {ids} should have released {n} GPU blocks, but "
+                              f"the engine reports {missing} fewer free", request=one,
+                              lhs=n - missing, relation="==", rhs=n)]
+        if kind == "finish":
+            return [Violation("finish", f.step,
+                              f"finishing {ids} should have released {n} GPU blocks, but "
+                              f"the engine reports {missing} fewer free (a leak)",
+                              request=one, lhs=n - missing, relation="==", rhs=n)]
+        if kind == "restart":
+            return [Violation("preempt", f.step,
+                              f"after recompute, {ids} restarted with other than C = 0 and "
+                              f"no blocks: the engine's free count is off by {missing}",
+                              request=one, lhs=-missing, relation="==", rhs=0)]
+        what = (f"aborting {ids} should have released {n} GPU blocks" if kind == "abort"
+                else f"{ids} should have been handed {n} GPU blocks")
+        return [Violation("accounting", f.step,
+                          f"{what}, but the engine reports {abs(missing)} "
+                          f"{'fewer' if missing > 0 else 'more'} free", request=one,
+                          lhs=reported, relation="==", rhs=derived)]
+    why = ""
+    if suspects:
+        names = ", ".join(f"{rid}'s {kind} ({n})" for kind, rid, n in suspects[:6])
+        more = f" and {len(suspects) - 6} more" if len(suspects) > 6 else ""
+        why = (f"; {abs(missing)} {'fewer' if missing > 0 else 'more'} free, which "
+               f"{'any of ' if len(suspects) > 1 else ''}{names}{more} could explain")
     return [Violation("accounting", f.step,
                       f"the engine reports {reported} free GPU blocks; the trace implies "
-                      f"{derived}", lhs=reported, relation="==", rhs=derived)]
+                      f"{derived}{why}", lhs=reported, relation="==", rhs=derived)]

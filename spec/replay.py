@@ -57,11 +57,14 @@ class ProfileReplay:
     """Replays a profile in lockstep with a trace, one step at a time (bounded memory).
 
     `scheduler` is the profile's scheduler on the trace's config, fresh.
+    `preempted_order` is the trace header's: False compares each step's victims as a set.
     """
 
-    def __init__(self, profile: str, scheduler: Scheduler) -> None:
+    def __init__(self, profile: str, scheduler: Scheduler,
+                 preempted_order: bool = True) -> None:
         self.profile = profile
         self.scheduler = scheduler
+        self.preempted_order = preempted_order
         self.divergence: Violation | None = None
 
     def step(self, rec: StepRecord) -> Violation | None:
@@ -85,7 +88,8 @@ class ProfileReplay:
         free = scheduler.free_blocks()
         mine = scheduler.schedule()
         theirs = rec.decision
-        if mine.comparable() != theirs.comparable():
+        ordered = self.preempted_order
+        if mine.comparable(ordered) != theirs.comparable(ordered):
             state = describe_state(before, free, involved(mine, theirs))
             return Violation(
                 "profile", rec.step,

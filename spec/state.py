@@ -154,6 +154,7 @@ class StepFacts:
     free_at_batch: int = 0  # while the batch runs, before the finishes release
     free: int = 0  # after the step
     released_by_finish: int = 0
+    released_by_aborts: list[tuple[str, int]] = field(default_factory=list)
     reported_free: int | None = None
     restarted: list[str] = field(default_factory=list)  # recompute victims' first chunks
     idle: bool = False  # nothing scheduled, preempted or swapped in
@@ -184,8 +185,10 @@ class State:
         self.free = config.num_gpu_blocks
         self.free_host = config.num_cpu_blocks
         self.count = dict.fromkeys(Status, 0)  # live requests in each status
-        self.owner: dict[int, str] = {}
-        self.ids_tracked: bool | None = None  # decided by the first step
+        self.owner: dict[int, str] = {}  # block id -> the live request known to hold it
+        self.ids_seen = False  # some step carried new_blocks
+        self.ids_missing_from: int | None = None  # the first step that handed out blocks
+        # without ids: their owners are unknown (a request's G exceeds its known ids)
 
     # -- reading ----------------------------------------------------------------------
 
@@ -374,7 +377,7 @@ class State:
             a = Action(rid, "aborted", state(rid))
             f.aborts.append(a)
             if a.applied:
-                self._end(self.live[rid], Status.ABORTED)
+                f.released_by_aborts.append((rid, self._end(self.live[rid], Status.ABORTED)))
 
     def after_inputs(self, rec: StepRecord) -> State:
         """A copy of the state once `rec`'s arrivals and aborts are in: the state its
@@ -385,14 +388,17 @@ class State:
 
     def _hand_out(self, rec: StepRecord, expected: dict[str, int], told: set[str],
                   f: StepFacts) -> list[Handout] | None:
-        """Record the step's block ids; owners are known only while every step so far
-        carried them (one step without ids loses them for good)."""
-        if self.ids_tracked is None:
-            self.ids_tracked = rec.new_blocks is not None
+        """Record the step's block ids, and who held each block just before. A step
+        without new_blocks in which no request needed a block is the same as {}; one that
+        handed blocks out without ids leaves their owners unknown, so a later step's ids
+        are checked against the owners that are known."""
         if rec.new_blocks is None:
-            self.ids_tracked = False
-        if not self.ids_tracked or rec.new_blocks is None:
+            if self.ids_missing_from is None and any(expected.values()):
+                self.ids_missing_from = rec.step
             return None
+        self.ids_seen = True
+        first = self.config.first_block_id
+        last = first + self.config.num_gpu_blocks
         out = []
         # Batch order (swap-ins, then scheduled), then the rest: the same report every run.
         for rid in dict.fromkeys([*expected, *rec.new_blocks]):
@@ -405,7 +411,7 @@ class State:
             for b in given:
                 before = self.owner.get(b)
                 blocks.append((b, before))
-                if t is not None and before is None and 0 <= b < self.config.num_gpu_blocks:
+                if t is not None and before is None and first <= b < last:
                     self.owner[b] = rid
                     t.block_ids.append(b)
             out.append(Handout(rid, status, len(given), expected.get(rid, 0),

@@ -14,6 +14,7 @@ from typing import IO, Any
 
 from kvsched.spec.model import (
     MAX_COUNT,
+    OPTIONAL_CONFIG,
     VICTIM_MODES,
     Config,
     Preemption,
@@ -27,7 +28,7 @@ VERSION = 1
 STEP_KEYS = frozenset({"step", "arrivals", "aborted", "rejected", "preempted", "swapped_in",
                        "scheduled", "finished", "free_blocks", "new_blocks", "time_ms",
                        "prefix_hits"})
-HEADER_KEYS = frozenset({"kvsched", "version", "engine", "config"})
+HEADER_KEYS = frozenset({"kvsched", "version", "engine", "config", "preempted_order"})
 
 
 class TraceError(ValueError):
@@ -44,6 +45,8 @@ class Header:
     config: Config
     engine: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    # False when the engine reports each step's victims as a set, in no particular order.
+    preempted_order: bool = True
 
 
 # What load_line returns for a blank line, and the reader at the end of the file.
@@ -147,10 +150,10 @@ def _ids(obj: dict[str, Any], key: str, line: int) -> tuple[str, ...]:
 def parse_config(raw: Any, line: int) -> Config:
     if not isinstance(raw, dict):
         raise TraceError(line, '"config" must be an object with every config field')
-    missing = [n for n in config_field_names() if n not in raw]
+    missing = [n for n in config_field_names() if n not in raw and n not in OPTIONAL_CONFIG]
     if missing:
         raise TraceError(line, f"config is missing field {missing[0]!r}")
-    config = Config(**{n: raw[n] for n in config_field_names()})
+    config = Config(**{n: raw.get(n, OPTIONAL_CONFIG.get(n)) for n in config_field_names()})
     problems = config.problems()
     if problems:
         raise TraceError(line, problems[0])
@@ -166,9 +169,12 @@ def parse_header(obj: Any, line: int = 1) -> Header:
     engine = obj.get("engine", {})
     if not isinstance(engine, dict):
         raise TraceError(line, '"engine" must be an object like {"name": ..., "version": ...}')
+    ordered = obj.get("preempted_order", True)
+    if not isinstance(ordered, bool):
+        raise TraceError(line, f'"preempted_order" must be true or false, got {ordered!r}')
     extra = {k: v for k, v in obj.items() if k not in HEADER_KEYS}
     return Header(parse_config(obj.get("config"), line),
-                  {str(k): str(v) for k, v in engine.items()}, extra)
+                  {str(k): str(v) for k, v in engine.items()}, extra, ordered)
 
 
 def parse_arrival(raw: Any, step: int, line: int) -> Request:

@@ -62,11 +62,6 @@ CASES: dict[str, tuple[bytes, str]] = {
         "line 2: max_tokens of r1 is absurdly large"),
     "negative free": (lines(HEADER, {**ARRIVE, "free_blocks": -1}),
                       'line 2: "free_blocks" must be at least 0'),
-    "unknown id": (lines(HEADER, ARRIVE, {"step": 1, "scheduled": [["r9", 1]]}),
-                   "line 3: unknown request id 'r9' in scheduled"),
-    "duplicate id": (lines(HEADER, ARRIVE, {"step": 1, "arrivals": [
-        {"id": "r1", "prompt_len": 5, "max_tokens": 2}]}),
-        "line 3: request id 'r1' arrives twice"),
     "step gap": (lines(HEADER, ARRIVE, {"step": 2}), "line 3: expected step 1, got 2"),
     "step not object": (lines(HEADER, [1, 2]), "line 2: expected a step object"),
     "bad mode": (lines(HEADER, ARRIVE, {"step": 1, "preempted": [{"id": "r1", "mode": "evict"}]}),

@@ -52,7 +52,7 @@ def both(data: bytes, run_steps: int = 2048) -> Verdicts:
     spec: Report | str
     vectorized: Report | str
     try:
-        spec = check_trace(TraceReader(io.BytesIO(data), orjson.loads))
+        spec = check_trace(TraceReader(io.BytesIO(data)))
     except TraceError as e:
         spec = str(e)
     stats: dict[str, int] = {}

@@ -64,9 +64,9 @@ def test_an_example_shows_what_the_checker_reports(docs: DocExamples) -> None:
 
 
 def test_bad_input_shows_the_cli_error_and_exit_code_2(docs: DocExamples) -> None:
-    block = render("{{ex:bad-unknown}}", only_examples(docs, "bad-unknown"))
-    assert ("kvsched: error: bad-unknown.jsonl: line 2: unknown request id 'r7' in "
-            "scheduled (it never arrived)\n$ echo $?\n2\n```") in block
+    block = render("{{ex:bad-gap}}", only_examples(docs, "bad-gap"))
+    assert ("kvsched: error: bad-gap.jsonl: line 3: expected step 1, got 2 (steps are "
+            "numbered from 0 without gaps)\n$ echo $?\n2\n```") in block
 
 
 def test_a_profile_divergence_fails_the_check_without_strict(docs: DocExamples) -> None:
@@ -158,8 +158,6 @@ MALFORMED: dict[str, bytes] = {
     "a bad `time_ms`": HEADER + step_line(time_ms="3ms"),
     "`prefix_hits`": HEADER + step_line(prefix_hits={"r0": [1]}),
     "a line after the end line": HEADER + step_line() + b'{"end": true}\n{"step": 1}\n',
-    "an id that never arrived": HEADER + step_line(scheduled=[["r9", 1]]),
-    "an id that arrives twice": HEADER + step_line(arrivals=[ARRIVAL, ARRIVAL]),
 }
 
 

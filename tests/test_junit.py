@@ -10,12 +10,13 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from kvsched.junit import CheckedTrace, junit_xml
+from kvsched.junit import junit_xml
 from kvsched.spec import check_steps
 from kvsched.spec.model import StepRecord
 from kvsched.spec.trace import TraceWriter
 from kvsched.spec.violation import INVARIANTS, MUST, SHOULD
 from kvsched.testing.seeded_bugs import SEEDED_BUGS
+from kvsched.verdict import Verdict
 
 
 def kvsched(*args: str) -> subprocess.CompletedProcess[str]:
@@ -123,14 +124,14 @@ def test_what_a_trace_cannot_exercise_is_skipped_with_the_reason() -> None:
                           r.swapped_in, r.scheduled, r.finished)  # no free_blocks, no ids
                for r in bug.simulate(bug.reference())]
     report = check_steps(bug.config, records, complete=False)
-    assert not report.block_ids and not report.free_blocks
-    root = ET.fromstring(junit_xml([CheckedTrace("bare", report)], strict=True,
+    assert set(report.unchecked) == {"block-ids", "accounting", "completion"}
+    root = ET.fromstring(junit_xml([Verdict("bare", report)], strict=True,
                                    profile=None))
     got = cases(root)
     skipped = {name: skip.get("message") for name, c in got.items()
                if (skip := c.find("skipped")) is not None}
     assert set(skipped) == {"block-ids", "accounting", "completion"}
-    assert "no new_blocks" in str(skipped["block-ids"])
+    assert "no block ids (new_blocks)" in str(skipped["block-ids"])
     assert "no free_blocks" in str(skipped["accounting"])
     assert 'no {"end": true} line' in str(skipped["completion"])
     assert root.get("skipped") == "3" and root.get("failures") == "0"
@@ -149,15 +150,32 @@ def test_several_traces_make_several_suites_and_totals(tmp_path: Path) -> None:
     assert suites[1].get("failures") == "0" and suites[0].get("failures") != "0"
 
 
-def test_nothing_is_written_on_bad_input(tmp_path: Path) -> None:
+def test_a_malformed_trace_is_an_error_case_beside_the_good_ones(tmp_path: Path) -> None:
     good = write_trace(tmp_path / "good.jsonl", "seq-limit-ignored", reference=True)
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")
     out = tmp_path / "report.xml"
     result = kvsched("check", str(good), str(bad), "--junit", str(out))
-    assert result.returncode == 2
+    assert result.returncode == 2  # the worst of the verdicts: malformed input
     assert result.stderr == f"kvsched: error: {bad}: line 1: malformed JSON: expected one " \
                             "JSON object per line\n"
+    assert f"OK {good}" in result.stdout  # the good trace still gets its verdict
+    root = ET.fromstring(out.read_bytes())
+    suites = {s.get("name"): s for s in root.iter("testsuite")}
+    assert suites[str(good)].get("errors") == "0" and suites[str(good)].get("failures") == "0"
+    [case] = suites[str(bad)].iter("testcase")
+    error = case.find("error")
+    assert case.get("name") == "read" and error is not None
+    assert "malformed JSON" in (error.get("message") or "")
+    assert root.get("errors") == "1"
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_nothing_is_written_on_bad_options(tmp_path: Path) -> None:
+    good = write_trace(tmp_path / "good.jsonl", "seq-limit-ignored", reference=True)
+    out = tmp_path / "report.xml"
+    result = kvsched("check", str(good), "--require", "bogus", "--junit", str(out))
+    assert result.returncode == 2 and "--require: unknown invariant 'bogus'" in result.stderr
     assert not out.exists() and not list(tmp_path.glob("*.part"))
     out.mkdir()
     result = kvsched("check", str(good), "--junit", str(out))

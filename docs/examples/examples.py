@@ -45,12 +45,16 @@ SWAP = {"num_gpu_blocks": 4, "num_cpu_blocks": 4, "preemption": "swap"}
 
 EXAMPLES: dict[str, Example] = {
     # -- section 4: bad input --
-    "bad-unknown": Example([
+    "unknown-id": Example([
         {"step": 0, "arrivals": [arrival("r0", 4)], "scheduled": [["r0", 4], ["r7", 1]]},
     ]),
-    "bad-duplicate": Example([
+    "duplicate-arrival": Example([
         {"step": 0, "arrivals": [arrival("r0", 4)], "scheduled": [["r0", 4]]},
         {"step": 1, "arrivals": [arrival("r0", 4)], "scheduled": [["r0", 1]]},
+    ]),
+    "bad-gap": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4)], "scheduled": [["r0", 4]]},
+        {"step": 2, "scheduled": [["r0", 1]]},
     ]),
     # -- section 6: MUST --
     "kv-budget": Example([

@@ -6,6 +6,7 @@ Every error a user can cause is one line on stderr, never a traceback.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -19,11 +20,12 @@ import click
 import orjson
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from kvsched import __version__
 from kvsched.conformance import checker as new_checker
 from kvsched.generators import ARRIVALS, KINDS, generate, parse_priorities
-from kvsched.junit import CheckedTrace, junit_xml
+from kvsched.junit import junit_xml
 from kvsched.reference import reference_scheduler
 from kvsched.spec.checker import Report
 from kvsched.spec.interface import Scheduler as AnyScheduler
@@ -32,7 +34,8 @@ from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config, StepRecord
 from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from kvsched.spec.should import DEFAULT_MAX_PREEMPTIONS
 from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
-from kvsched.spec.violation import Violation
+from kvsched.spec.violation import INVARIANTS
+from kvsched.verdict import SHOWN, Verdict, printable, render_text, worst
 from kvsched.workload import WorkItem, WorkloadError, read_workload
 
 out = Console(highlight=False, soft_wrap=True)
@@ -138,6 +141,8 @@ def config_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="How victims give up their blocks."),
         click.option("--watermark-blocks", type=int,
                      help="Blocks kept free at admission while others run."),
+        click.option("--first-block-id", type=int,
+                     help="The first GPU block id (vLLM: 1); ids in the trace run from it."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -362,48 +367,55 @@ def open_trace(path: Path) -> IO[bytes]:
         fail(f"{path}: cannot read ({e.strerror})")
 
 
+class Unreadable(Exception):
+    """A trace that cannot be read as trace v1: its verdict is malformed input."""
+
+
 def check_one(path: Path, profile: str | None, max_preemptions: int, strict: bool = False,
-              checker_choice: str = "spec") -> Report:
+              checker_choice: str = "spec", required: frozenset[str] = frozenset()
+              ) -> Report:
+    """One trace's report; raises Unreadable with the one-line reason."""
     if checker_choice == "auto":
         big = path.is_file() and path.stat().st_size >= AUTO_VECTORIZED_BYTES
         checker_choice = "vectorized" if big and profile is None else "spec"
-    if checker_choice == "vectorized":
-        return check_vectorized(path, profile, max_preemptions, strict)
-    with open_trace(path) as stream:
-        try:
+    try:
+        with open_trace(path) as stream:
+            if checker_choice == "vectorized":
+                from kvsched.optimized.checker import check_trace_vectorized
+                report = check_trace_vectorized(stream, max_preemptions)
+                report.strict, report.required = strict, required
+                report.missing()  # computed from the fields just set
+                return report
             reader = TraceReader(stream)
             return new_checker(reader.header.config, profile=profile, strict=strict,
-                               max_preemptions=max_preemptions).run_trace(reader)
-        except TraceError as e:
-            fail(f"{path}: {e}")
+                               max_preemptions=max_preemptions, required=required,
+                               preempted_order=reader.header.preempted_order
+                               ).run_trace(reader)
+    except TraceError as e:
+        raise Unreadable(f"{path}: {e}") from None
+    except BadInput as e:  # the file itself: missing, a directory, unreadable
+        raise Unreadable(str(e)) from None
 
 
-def check_vectorized(path: Path, profile: str | None, max_preemptions: int,
-                     strict: bool) -> Report:
-    """The vectorized checker (kvsched.optimized.checker): the spec checker's verdicts."""
+def vectorized_available(profile: str | None) -> None:
+    """Refuse `--checker vectorized` where it cannot run, before any trace is read."""
     if profile is not None:
         fail("--checker vectorized does not replay profiles: leave out --profile, or use "
              "--checker spec")
     try:
-        from kvsched.optimized.checker import check_trace_vectorized
+        import kvsched.optimized.checker  # noqa: F401
     except ImportError:
         fail("--checker vectorized needs numpy and numba: pip install 'kvsched[optimized]'")
-    with open_trace(path) as stream:
-        try:
-            report = check_trace_vectorized(stream, max_preemptions)
-        except TraceError as e:
-            fail(f"{path}: {e}")
-    report.strict = strict
-    return report
 
 
-def violation_table(violations: list[Violation]) -> Table:
-    table = Table(show_lines=False)
-    for col in ("invariant", "level", "step", "request", "numbers", "what happened"):
-        table.add_column(col, overflow="fold")
-    for v in violations:
-        table.add_row(v.invariant, v.level, str(v.step), v.request or "", v.numbers(), v.message)
-    return table
+def parse_required(text: str | None) -> frozenset[str]:
+    if not text:
+        return frozenset()
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in INVARIANTS]
+    if unknown:
+        fail(f"--require: unknown invariant {unknown[0]!r}; known: {', '.join(INVARIANTS)}")
+    return frozenset(names)
 
 
 @main.command()
@@ -413,7 +425,13 @@ def violation_table(violations: list[Violation]) -> Table:
               help="Also replay this reference profile and require equal decisions.")
 @click.option("--max-preemptions", type=int, default=DEFAULT_MAX_PREEMPTIONS, show_default=True,
               help="no-thrash: most preemptions of one request.")
+@click.option("--require", "require", default=None, metavar="IDS",
+              help="Comma-separated invariant ids that must be checked in full (for example "
+                   "block-ids,accounting): a trace that lets the checker judge one only in "
+                   "part or not at all fails.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--max-violations", type=int, default=SHOWN, show_default=True,
+              help="Violations listed in the text after the per-invariant summary.")
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
               help="Also write a JUnit XML report: one testsuite per trace, one testcase "
                    "per invariant id.")
@@ -422,55 +440,45 @@ def violation_table(violations: list[Violation]) -> Table:
               help="The spec's checker, or the vectorized one (same verdicts, for large "
                    "traces); auto picks the vectorized one from 8 MiB on.")
 def check(traces: tuple[Path, ...], strict: bool, profile: str | None, max_preemptions: int,
-          fmt: str, junit_path: Path | None, checker_choice: str) -> None:
-    """Check traces against the spec's MUST and SHOULD invariants (and a profile)."""
+          require: str | None, fmt: str, max_violations: int, junit_path: Path | None,
+          checker_choice: str) -> None:
+    """Check traces against the spec's MUST and SHOULD invariants (and a profile).
+
+    Each trace gets its own verdict. Exit codes, the worst over the traces: 0 every
+    trace is clean, 1 some trace broke an invariant (a SHOULD one only with --strict,
+    or a --require'd invariant could not be checked in full), 2 some trace is malformed
+    input or the options are wrong.
+    """
     if max_preemptions < 0:
         fail(f"--max-preemptions must not be negative, got {max_preemptions}")
+    if max_violations < 0:
+        fail(f"--max-violations must not be negative, got {max_violations}")
     if junit_path is not None and junit_path.is_dir():
         fail(f"{junit_path}: is a directory; expected a file to write")
-    checked: list[CheckedTrace] = []
+    required = parse_required(require)
+    if checker_choice == "vectorized":
+        vectorized_available(profile)
+    verdicts: list[Verdict] = []
     for path in traces:
         started = time.perf_counter()
-        report = check_one(path, profile, max_preemptions, strict, checker_choice)
-        checked.append(CheckedTrace(str(path), report, time.perf_counter() - started))
-    reports = [(path, c.report) for path, c in zip(traces, checked, strict=True)]
+        try:
+            report = check_one(path, profile, max_preemptions, strict, checker_choice,
+                               required)
+            verdict = Verdict(str(path), report, seconds=time.perf_counter() - started)
+        except Unreadable as e:
+            verdict = Verdict(str(path), error=str(e))
+        verdicts.append(verdict)
+        if verdict.error is not None:
+            err.print(Text(f"kvsched: error: {printable(verdict.error)}"))
+        elif fmt == "text":
+            render_text(verdict, out, max_violations)
     if junit_path is not None:
         with atomic_output(junit_path) as stream:
-            stream.write(junit_xml(checked, strict=strict, profile=profile))
-    failed = False
-    results = []
-    for path, report in reports:
-        bad = report.failed
-        failed |= bad
-        results.append({
-            "trace": str(path), "ok": not bad, "steps": report.steps,
-            "requests": report.requests, "scheduled_entries": report.scheduled_entries,
-            "complete": report.complete, "errors": report.errors(),
-            "warnings": report.warnings(), "counts": dict(sorted(report.counts.items())),
-            "violations": [v.as_dict() for v in report.violations],
-            "ignored_keys": sorted(report.unknown_keys),
-        })
-        if fmt == "text":
-            verdict = "[red]FAIL[/red]" if bad else "[green]OK[/green]"
-            out.print(f"{verdict} {path}: {report.steps} steps, {report.requests} requests, "
-                      f"{report.scheduled_entries} scheduled entries, "
-                      f"{'complete' if report.complete else 'no end line'}; "
-                      f"{report.errors()} errors, {report.warnings()} warnings"
-                      + (f", checked against profile {profile}" if profile else ""))
-            if report.violations:
-                out.print(violation_table(report.violations))
-                shown = len(report.violations)
-                total = sum(report.counts.values())
-                if total > shown:
-                    out.print(f"({total - shown} more not shown: "
-                              + ", ".join(f"{k} x{n}" for k, n in sorted(report.counts.items()))
-                              + ")")
-            if report.unknown_keys:
-                out.print("note: ignored unknown keys: " + ", ".join(
-                    f"{k} (line {n})" for k, n in sorted(report.unknown_keys.items())))
+            stream.write(junit_xml(verdicts, strict=strict, profile=profile))
     if fmt == "json":
-        sys.stdout.write(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode() + "\n")
-    sys.exit(1 if failed else 0)
+        sys.stdout.write(json.dumps([v.as_dict() for v in verdicts], indent=2,
+                                    ensure_ascii=True) + "\n")
+    sys.exit(worst(verdicts))
 
 
 # -- metrics and profiles -------------------------------------------------------------

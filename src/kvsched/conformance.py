@@ -23,18 +23,21 @@ __all__ = ["check_profile", "check_reader", "check_records", "checker", "describ
            "describe_state", "profile_replay"]
 
 
-def profile_replay(config: Config, profile: str) -> ProfileReplay:
-    """The named profile's scheduler on `config`, ready to replay a trace."""
-    return ProfileReplay(profile, reference_scheduler(profile, config))
+def profile_replay(config: Config, profile: str, preempted_order: bool = True
+                   ) -> ProfileReplay:
+    """The named profile's scheduler on `config`, ready to replay a trace (whose header
+    says whether its victims are in preemption order)."""
+    return ProfileReplay(profile, reference_scheduler(profile, config), preempted_order)
 
 
 def checker(config: Config, *, profile: str | None = None, strict: bool = False,
-            max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS, keep: int = 20
-            ) -> Checker:
+            max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS, keep: int = 20,
+            required: Iterable[str] = (), preempted_order: bool = True) -> Checker:
     """A checker of one trace under `config`, comparing with `profile` when given; feed
     it the steps, then `end(complete)` gives the whole report."""
-    replay = profile_replay(config, profile) if profile else None
-    return Checker(config, CheckOptions(strict, max_preemptions, keep), replay)
+    replay = profile_replay(config, profile, preempted_order) if profile else None
+    return Checker(config, CheckOptions(strict, max_preemptions, keep, frozenset(required)),
+                   replay)
 
 
 def check_records(config: Config, records: Iterable[StepRecord], complete: bool, *,
@@ -49,7 +52,8 @@ def check_reader(reader: TraceReader, *, profile: str | None = None, strict: boo
                  max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS) -> Report:
     """The whole report of a trace as it streams from `reader` (TraceError if malformed)."""
     return checker(reader.header.config, profile=profile, strict=strict,
-                   max_preemptions=max_preemptions).run_trace(reader)
+                   max_preemptions=max_preemptions,
+                   preempted_order=reader.header.preempted_order).run_trace(reader)
 
 
 def check_profile(config: Config, records: Iterable[StepRecord], profile: str

@@ -9,57 +9,53 @@ named by the id, with the trace path as classname:
 - a SHOULD invariant fails the same way with --strict; without it a broken SHOULD
   invariant passes (as the exit code does) and its violations go to <system-out>,
   marked as warnings;
-- an invariant the trace cannot exercise is <skipped> with the reason: `block-ids`
-  without `new_blocks` from step 0 on, `accounting` without `free_blocks`, and
-  `completion` without the `{"end": true}` line.
+- an invariant the trace let the checker judge only in part or not at all (no block
+  ids, no free counts, no end line: the report's `unchecked`) is <skipped> with the
+  reason, or an <error> when `--require` named it;
+- a trace that cannot be read (malformed input) is one <testcase> named `read` with an
+  <error> giving the reason.
 
-The counts on <testsuite> and <testsuites> (tests, failures, errors, skipped) follow.
+Every string from a trace is escaped (kvsched.verdict.printable): XML 1.0 cannot hold
+most control characters at all. The counts on <testsuite> and <testsuites> (tests,
+failures, errors, skipped) follow.
 """
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from kvsched.spec.checker import Report
 from kvsched.spec.violation import INVARIANTS, PROFILE, SHOULD, Violation
-
-
-@dataclass
-class CheckedTrace:
-    """One checked trace: its name, the checker's report, and how long the check took."""
-
-    name: str
-    report: Report
-    seconds: float = 0.0
+from kvsched.verdict import Verdict, printable
 
 
 def _violation_line(v: Violation) -> str:
     where = f", {v.request}" if v.request else ""
     numbers = f" ({v.numbers()})" if v.numbers() else ""
-    return f"step {v.step}{where}{numbers}: {v.message}"
+    return printable(f"step {v.step}{where}{numbers}: {v.message}")
 
 
-def _not_exercised(invariant: str, trace: CheckedTrace) -> str | None:
-    if invariant == "block-ids" and not trace.report.block_ids:
-        return "the trace carries no new_blocks from step 0 on: block ids are not checked"
-    if invariant == "accounting" and not trace.report.free_blocks:
-        return "the trace reports no free_blocks: the engine's free count is not checked"
-    if invariant == "completion" and not trace.report.complete:
-        return 'the trace has no {"end": true} line: completion is not checked'
-    return None
+def _malformed(verdict: Verdict, name: str) -> ET.Element:
+    suite = ET.Element("testsuite", name=name, tests="1", failures="0", errors="1",
+                       skipped="0", time="0.000")
+    case = ET.SubElement(suite, "testcase", classname=name, name="read", time="0")
+    ET.SubElement(case, "error", message=printable(verdict.error or ""),
+                  type="malformed input")
+    return suite
 
 
-def suite_element(trace: CheckedTrace, *, strict: bool, profile: str | None) -> ET.Element:
-    report = trace.report
-    suite = ET.Element("testsuite", name=trace.name)
-    tests = failures = skipped = 0
+def suite_element(verdict: Verdict, *, strict: bool, profile: str | None) -> ET.Element:
+    name = printable(verdict.name)
+    report = verdict.report
+    if report is None:
+        return _malformed(verdict, name)
+    suite = ET.Element("testsuite", name=name)
+    tests = failures = errors = skipped = 0
     for invariant, level in INVARIANTS.items():
         if level == PROFILE and profile is None:
             continue
         tests += 1
-        case = ET.SubElement(suite, "testcase", classname=trace.name, name=invariant,
+        case = ET.SubElement(suite, "testcase", classname=name, name=invariant,
                              time="0")
         count = report.counts[invariant]
         kept = [v for v in report.violations if v.invariant == invariant]
@@ -67,10 +63,14 @@ def suite_element(trace: CheckedTrace, *, strict: bool, profile: str | None) -> 
         if count > len(kept):
             lines.append(f"({count - len(kept)} more not shown)")
         if count == 0:
-            reason = _not_exercised(invariant, trace)
-            if reason is not None:
+            reason = report.unchecked.get(invariant)
+            if reason is not None and invariant in report.required:
+                errors += 1
+                ET.SubElement(case, "error", message=f"required but not checked in full: "
+                              f"{printable(reason)}", type="coverage")
+            elif reason is not None:
                 skipped += 1
-                ET.SubElement(case, "skipped", message=reason)
+                ET.SubElement(case, "skipped", message=printable(reason))
             continue
         first = kept[0] if kept else None
         summary = (f"{invariant} broken {count} time{'s' if count != 1 else ''}"
@@ -85,19 +85,19 @@ def suite_element(trace: CheckedTrace, *, strict: bool, profile: str | None) -> 
         fail.text = "\n".join(lines) + "\n"
     suite.set("tests", str(tests))
     suite.set("failures", str(failures))
-    suite.set("errors", "0")
+    suite.set("errors", str(errors))
     suite.set("skipped", str(skipped))
-    suite.set("time", f"{trace.seconds:.3f}")
+    suite.set("time", f"{verdict.seconds:.3f}")
     props = ET.Element("properties")
-    for name, value in (("steps", report.steps), ("requests", report.requests),
-                        ("complete", str(report.complete).lower()),
-                        ("profile", profile or ""), ("strict", str(strict).lower())):
-        ET.SubElement(props, "property", name=name, value=str(value))
+    for key, value in (("steps", report.steps), ("requests", report.requests),
+                       ("complete", str(report.complete).lower()),
+                       ("profile", profile or ""), ("strict", str(strict).lower())):
+        ET.SubElement(props, "property", name=key, value=str(value))
     suite.insert(0, props)
     return suite
 
 
-def junit_xml(traces: Sequence[CheckedTrace], *, strict: bool, profile: str | None) -> bytes:
+def junit_xml(traces: Sequence[Verdict], *, strict: bool, profile: str | None) -> bytes:
     """The JUnit XML document (UTF-8, with declaration) for the checked traces."""
     root = ET.Element("testsuites", name="kvsched check")
     totals = dict.fromkeys(("tests", "failures", "errors", "skipped"), 0)

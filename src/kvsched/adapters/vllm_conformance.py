@@ -237,7 +237,8 @@ class Verdict:
 def check_case(case: str, path: Path) -> Verdict:
     with path.open("rb") as stream:
         reader = TraceReader(stream)
-        checker = new_checker(reader.header.config, profile=PROFILE)
+        checker = new_checker(reader.header.config, profile=PROFILE,
+                              preempted_order=reader.header.preempted_order)
         preemptions = rejected = 0
         for rec in reader:
             checker.step(rec)

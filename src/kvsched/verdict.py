@@ -1,0 +1,140 @@
+"""The verdict of `kvsched check` on each trace, as text and as JSON.
+
+Every trace gets its own verdict: its report, or the one-line reason it could not be
+read (malformed input). A verdict says what was checked: the invariants the trace let
+the checker judge only in part or not at all, with the reason, and, with `--require`,
+fails when one of those was required. The text leads with one line per broken
+invariant (how often, where first, whom first), then the first few violations.
+
+Strings from a trace (request ids, unknown keys, file names) are shown with their
+control characters escaped (`printable`), so that a trace cannot move the cursor or
+clear the screen of whoever reads its verdict, nor make the JUnit XML ill-formed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from kvsched.spec.checker import Report
+from kvsched.spec.violation import INVARIANTS, Violation
+
+# Exit codes, the worst of the traces checked.
+CLEAN, FAILED, MALFORMED = 0, 1, 2
+
+# Violations listed by default in the text after the per-invariant summary.
+SHOWN = 10
+
+
+def printable(text: str) -> str:
+    """`text` with control and format characters escaped as \\xNN or \\uNNNN."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escape(ord(ch)) for ch in text)
+
+
+def _escape(code: int) -> str:
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+@dataclass
+class Verdict:
+    """One trace's verdict: its report, or why it could not be read."""
+
+    name: str
+    report: Report | None = None
+    error: str | None = None  # why it is malformed input, one line naming file and line
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        if self.report is None:
+            return MALFORMED
+        return FAILED if self.report.failed else CLEAN
+
+    def as_dict(self) -> dict[str, Any]:
+        r = self.report
+        if r is None:
+            return {"trace": self.name, "ok": False, "malformed": self.error}
+        return {
+            "trace": self.name, "ok": not r.failed, "steps": r.steps,
+            "requests": r.requests, "scheduled_entries": r.scheduled_entries,
+            "complete": r.complete, "errors": r.errors(), "warnings": r.warnings(),
+            "profile": r.profile, "counts": dict(sorted(r.counts.items())),
+            "unchecked": dict(r.unchecked), "required_unchecked": r.missing(),
+            "violations": [v.as_dict() for v in r.violations],
+            "ignored_keys": sorted(r.unknown_keys),
+        }
+
+
+def worst(verdicts: list[Verdict]) -> int:
+    return max((v.exit_code for v in verdicts), default=CLEAN)
+
+
+def summary(report: Report) -> list[tuple[str, str, int, Violation | None]]:
+    """(id, level, count, first kept violation) for each broken invariant, in the order
+    of INVARIANTS."""
+    out = []
+    for inv, level in INVARIANTS.items():
+        n = report.counts[inv]
+        if n:
+            first = next((v for v in report.violations if v.invariant == inv), None)
+            out.append((inv, level, n, first))
+    return out
+
+
+def _where(v: Violation | None) -> str:
+    if v is None:
+        return ""
+    return f"first at step {v.step}" + (f", {printable(v.request)}" if v.request else "")
+
+
+def render_text(verdict: Verdict, console: Console, max_violations: int = SHOWN) -> None:
+    name = printable(verdict.name)
+    r = verdict.report
+    if r is None:
+        console.print(Text.assemble(("ERROR ", "red"), printable(verdict.error or name)))
+        return
+    failed = r.failed
+    console.print(Text.assemble(
+        ("FAIL " if failed else "OK ", "red" if failed else "green"),
+        f"{name}: {r.steps} steps, {r.requests} requests, {r.scheduled_entries} scheduled "
+        f"entries, {'complete' if r.complete else 'no end line'}; {r.errors()} errors, "
+        f"{r.warnings()} warnings" + (f", checked against profile {r.profile}"
+                                      if r.profile else "")))
+    for inv, level, n, first in summary(r):
+        console.print(Text(f"  {level} {inv}: {n} violation{'s' if n != 1 else ''}, "
+                           f"{_where(first)}"))
+    if r.unchecked:
+        for inv, why in r.unchecked.items():
+            tag = "required, " if inv in r.required else ""
+            console.print(Text(f"  not checked in full ({tag}{inv}): {printable(why)}",
+                               style="red" if inv in r.required else "yellow"))
+    else:
+        console.print(Text("  every invariant was checked on every step"))
+    shown = r.violations[:max_violations]
+    if shown:
+        console.print(violation_table(shown))
+        total = sum(r.counts.values())
+        if total > len(shown):
+            console.print(Text(f"({total - len(shown)} more not shown; --max-violations N "
+                               "shows more, --format json lists the first 20 of each id)"))
+    if r.unknown_keys:
+        console.print(Text("note: ignored unknown keys: " + ", ".join(
+            f"{printable(k)} (line {n})" for k, n in sorted(r.unknown_keys.items()))))
+
+
+def violation_table(violations: list[Violation]) -> Table:
+    table = Table(show_lines=False)
+    for col in ("invariant", "level", "step", "request", "numbers", "what happened"):
+        table.add_column(col, overflow="fold")
+    for v in violations:
+        table.add_row(v.invariant, v.level, str(v.step), Text(printable(v.request or "")),
+                      v.numbers(), Text(printable(v.message)))
+    return table
