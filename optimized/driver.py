@@ -169,8 +169,9 @@ class TraceDriver:
         if self.vc is None:
             obj = load_line(raw, line)
             if obj is not BLANK:
-                self.vc = VectorizedChecker(parse_header(obj, line).config,
-                                            self.max_preemptions)
+                header = parse_header(obj, line)
+                self.vc = VectorizedChecker(header.config, self.max_preemptions,
+                                            preempted_order=header.preempted_order)
             return
         if self.complete:
             if load_line(raw, line) is not BLANK:

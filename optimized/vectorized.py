@@ -24,11 +24,11 @@ class VectorizedChecker:
     """
 
     def __init__(self, config: Config, max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS,
-                 keep: int = 20) -> None:
+                 keep: int = 20, preempted_order: bool = True) -> None:
         self.config = config
         self.max_preemptions = max_preemptions
         self.state = Columns(config)
-        self.spec = SpecBridge(self.state, max_preemptions, keep)
+        self.spec = SpecBridge(self.state, max_preemptions, keep, preempted_order)
         self.fast_runs = 0
         self.exact_runs = 0
 

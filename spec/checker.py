@@ -71,9 +71,11 @@ class Report:
         return set(self.counts)
 
 
-def judge(f: StepFacts, state: State, options: CheckOptions, leaked: int) -> list[Violation]:
+def judge(f: StepFacts, state: State, options: CheckOptions, leaked: int,
+          preempted_order: bool = True) -> list[Violation]:
     """Every invariant broken by one step, id by id in the order of INVARIANTS (each id
-    in the order the step applied its actions); `state` is the state after the step."""
+    in the order the step applied its actions); `state` is the state after the step;
+    `preempted_order` is the trace header's (False: victims listed as a set)."""
     cfg = state.config
     return [
         *must.kv_budget(f), *must.cpu_budget(f), *must.token_budget(f, cfg),
@@ -81,7 +83,7 @@ def judge(f: StepFacts, state: State, options: CheckOptions, leaked: int) -> lis
         *must.preempt(f), *must.finish(f, cfg), *must.reject(f, cfg),
         *must.block_ids(f, cfg), *must.accounting(f, leaked),
         *should.no_idle(f, state), *should.no_thrash(f, options.max_preemptions),
-        *should.needed_preemption(f, cfg),
+        *should.needed_preemption(f, cfg, preempted_order),
     ]
 
 
@@ -111,12 +113,14 @@ class Checker:
 
     With a `replay` (a profile's scheduler replaying the trace's inputs, as
     kvsched.conformance builds one), every step's decision is also compared with the
-    profile's, and the first divergence is a `profile` violation.
+    profile's, and the first divergence is a `profile` violation. `preempted_order` is
+    the trace header's: False when the engine lists each step's victims as a set.
     """
 
     def __init__(self, config: Config, options: CheckOptions | None = None,
-                 replay: ProfileReplay | None = None) -> None:
+                 replay: ProfileReplay | None = None, preempted_order: bool = True) -> None:
         self.config = config
+        self.preempted_order = preempted_order
         self.options = options or CheckOptions()
         self.replay = replay
         self.state = State(config)
@@ -139,7 +143,7 @@ class Checker:
         self.report.steps += 1
         self.report.scheduled_entries += len(rec.scheduled)
         self.report.requests += len(f.arrivals)
-        for v in judge(f, self.state, self.options, self.leaked):
+        for v in judge(f, self.state, self.options, self.leaked, self.preempted_order):
             self.flag(v)
         if rec.free_blocks is not None:
             self.leaked = f.free - rec.free_blocks
@@ -178,7 +182,8 @@ class Checker:
 def check_trace(reader: TraceReader, options: CheckOptions | None = None,
                 replay: ProfileReplay | None = None) -> Report:
     """Check a whole trace as it streams from `reader`."""
-    return Checker(reader.header.config, options, replay).run_trace(reader)
+    return Checker(reader.header.config, options, replay,
+                   reader.header.preempted_order).run_trace(reader)
 
 
 def check_steps(config: Config, steps: Iterable[StepRecord], complete: bool,

@@ -89,20 +89,25 @@ def preemption_was_needed(demand: int, free: int, reclaim: int, last_released: i
     return demand > free + reclaim - last_released
 
 
-def needed_preemption(f: StepFacts, config: Config) -> list[Violation]:
+def needed_preemption(f: StepFacts, config: Config, ordered: bool = True
+                      ) -> list[Violation]:
     """needed-preemption: the step could not fit without its last victim v:
     demand + Db_v > B_free + B_reclaim - G_v, where demand is the scheduled set's new
     blocks and Db_v what v's own next chunk needed (v may be the request that could not
     grow and gave itself up). Then no fewer victims would have done. Judged only on steps
-    whose victims were all running and whose demand fit (else a MUST invariant speaks)."""
+    whose victims were all running and whose demand fit (else a MUST invariant speaks).
+    When the trace lists victims as a set (`ordered` False) any of them may have been the
+    last, so the step is told only if it fits without each of them."""
     victims = f.valid_victims
     if not victims or len(victims) != len(f.victims) \
             or f.demand > f.free_before + f.reclaim:
         return []
+    for v in victims if not ordered else victims[-1:]:
+        demand = f.demand + own_chunk_blocks(v.known, v.computed, v.held, config)
+        if preemption_was_needed(demand, f.free_before, f.reclaim, v.released):
+            return []
     last = victims[-1]
     demand = f.demand + own_chunk_blocks(last.known, last.computed, last.held, config)
-    if preemption_was_needed(demand, f.free_before, f.reclaim, last.released):
-        return []
     without_last = f.free_before + f.reclaim - last.released
     return [Violation("needed-preemption", f.step,
                       f"the step preempted, but its {demand} new blocks fit in the "

@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,13 +31,13 @@ from kvsched.adapters.vllm import (
     read_events,
     record_jobs,
     step_record,
-    trace_block_id,
     vllm_settings,
 )
 from kvsched.adapters.vllm_conformance import CASES, check_case, knob_variants, random_case
 from kvsched.conformance import check_profile
+from kvsched.optimized.checker import check_trace_vectorized
 from kvsched.spec.blocks import blocks_for
-from kvsched.spec.checker import check_steps, check_trace
+from kvsched.spec.checker import Report, check_steps, check_trace
 from kvsched.spec.model import Config, Preemption, Rejection
 from kvsched.spec.trace import TraceReader
 from kvsched.workload import WorkItem
@@ -78,7 +78,7 @@ def test_settings_count_the_null_block_and_keep_every_field() -> None:
     assert s["num_blocks"] == 41
     assert (s["max_num_batched_tokens"], s["max_num_seqs"], s["max_model_len"]) == (64, 8, 128)
     assert s["policy"] == "priority" and s["long_prefill_token_threshold"] == 16
-    assert config_from_vllm(effective(s)) == cfg
+    assert config_from_vllm(effective(s)) == replace(cfg, first_block_id=1)  # vLLM's ids
 
 
 @given(st.integers(1, 10**6), st.data())
@@ -128,10 +128,11 @@ def test_config_changes_name_the_field_vllm_set_otherwise() -> None:
 
 # -- events to trace v1 ---------------------------------------------------------------
 
-def test_block_ids_lose_the_null_block() -> None:
-    assert [trace_block_id(b, 0) for b in (1, 2, 40)] == [0, 1, 39]
-    with pytest.raises(AdapterError, match="null block 0"):
-        trace_block_id(0, 0)
+def test_block_ids_are_vllms_own_from_1_after_its_null_block() -> None:
+    built = config_from_vllm(effective(vllm_settings(CONFIG)))
+    assert built.first_block_id == 1 and built.num_gpu_blocks == CONFIG.num_gpu_blocks
+    with pytest.raises(AdapterError, match="null block is 3"):
+        config_from_vllm(effective(vllm_settings(CONFIG)), null_block=3)
 
 
 WORKLOAD = [WorkItem("a", 0, 6, 2, 3), WorkItem("b", 0, 300, 1, 4, priority=2),
@@ -152,14 +153,14 @@ def test_a_step_event_becomes_a_trace_step() -> None:
         3, arrivals=["a", "b"], refused=[{"id": "b", "reason": "too long"}],
         aborted=["c"], preempted=["x", "y"], scheduled=[["a", 6], ["z", 1]],
         new_block_ids={"a": [1, 2], "z": []}, finished=[{"id": "z", "reason": "stop"}],
-        free_blocks=7), BY_ID, 0)
+        free_blocks=7), BY_ID)
     assert [(r.id, r.arrival_step, r.prompt_len, r.priority) for r in rec.arrivals] == [
         ("a", 3, 6, 0), ("b", 3, 300, 2)]
     assert rec.rejected == (Rejection("b", "too long"),)
     assert rec.aborted == ("c",)
     assert rec.preempted == (Preemption("x", "recompute"), Preemption("y", "recompute"))
     assert rec.scheduled == (("a", 6), ("z", 1))  # the engine's batch order
-    assert rec.new_blocks == {"a": (0, 1)}  # shifted; empty lists left out
+    assert rec.new_blocks == {"a": (1, 2)}  # vLLM's own ids; empty lists left out
     assert rec.finished == ("z",) and rec.free_blocks == 7
 
 
@@ -183,15 +184,18 @@ EVENTS: list[dict[str, Any]] = [
 def test_assembled_trace_reads_back_and_checks_clean(tmp_path: Path) -> None:
     job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
     [result] = assemble([job], iter(EVENTS))
-    assert result.complete and result.steps == 3 and result.config == CONFIG
+    assert result.complete and result.steps == 3
+    assert result.config == replace(CONFIG, first_block_id=1)
     assert result.engine == {"name": "vllm", "version": "0.32.0"}
     with job.out.open("rb") as f:
         reader = TraceReader(f)
         assert reader.header.engine["name"] == "vllm"
         records = list(reader)
         assert reader.complete
-    assert check_steps(CONFIG, records, complete=True).counts == {}
-    assert check_profile(CONFIG, records, "vllm-v1") == []
+        assert reader.header.preempted_order is True
+        assert reader.header.config.first_block_id == 1
+    assert check_steps(result.config, records, complete=True).counts == {}
+    assert check_profile(result.config, records, "vllm-v1") == []
     assert not (tmp_path / "t.jsonl.part").exists()
 
 
@@ -363,6 +367,9 @@ MIXED = [WorkItem(f"r{i}", i // 2, 10 + 7 * i % 50, 10 + 5 * i % 40, 60, priorit
 # request that fits alone at first but not once grown (vLLM issue #39734).
 GROWS = [WorkItem("big", 0, 20, 40, 40), WorkItem("small", 1, 8, 4, 4),
          WorkItem("late", 30, 8, 4, 4)]
+# Seven decoders, then an urgent long prompt: vLLM preempts two of them in one step.
+VICTIMS = [WorkItem(f"s{i}", 0, 4, 30, 30, priority=1) for i in range(7)] + [
+    WorkItem("long", 2, 60, 10, 10, priority=0)]
 
 
 @pytest.fixture(scope="module")
@@ -374,6 +381,8 @@ def vllm_traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
                 folder / f"{policy}.jsonl") for policy in ("fcfs", "priority")]
     jobs.append(Job("grows", replace(CONFIG, num_gpu_blocks=10), GROWS,
                     folder / "grows.jsonl", max_steps=80, allow_undersized_cache=True))
+    jobs.append(Job("victims", replace(CONFIG, num_gpu_blocks=32, max_num_batched_tokens=128,
+                                       policy="priority"), VICTIMS, folder / "victims.jsonl"))
     record_jobs(jobs, python)
     yield {job.name: job.out for job in jobs}
 
@@ -421,3 +430,67 @@ def test_vllm_leaves_a_request_that_outgrew_the_cache_waiting_forever(
     divergence = check_profile(replace(CONFIG, num_gpu_blocks=10), records, "vllm-v1")
     assert divergence and divergence[0].step == 0
     assert "the profile rejected big" in divergence[0].message
+
+
+def rewritten(path: Path, out: Path, header: dict[str, Any] | None = None,
+              config: dict[str, Any] | None = None,
+              victims: Callable[[list[Any]], list[Any]] | None = None) -> Path:
+    """`path` with header keys, config fields or each step's victims changed."""
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    lines[0].update(header or {})
+    lines[0]["config"].update(config or {})
+    for line in lines[1:]:
+        if victims is not None and line.get("preempted"):
+            line["preempted"] = victims(line["preempted"])
+    out.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return out
+
+
+def both_checkers(path: Path) -> list[Report]:
+    with path.open("rb") as f:
+        spec = check_trace(TraceReader(f))
+    with path.open("rb") as f:
+        fast = check_trace_vectorized(f)
+    assert (fast.counts, fast.violations, fast.unchecked) == (
+        spec.counts, spec.violations, spec.unchecked)
+    return [spec, fast]
+
+
+@needs_vllm
+def test_vllm_native_block_ids_check_clean_from_first_block_id_1(
+        vllm_traces: dict[str, Path], tmp_path: Path) -> None:
+    path = vllm_traces["fcfs"]
+    with path.open("rb") as f:
+        reader = TraceReader(f)
+        ids = {b for r in reader for got in (r.new_blocks or {}).values() for b in got}
+        config = reader.header.config
+    # vLLM's ids, as in its logs: 1..num_gpu_blocks, the last one included.
+    assert config.first_block_id == 1 and min(ids) >= 1 and max(ids) == config.num_gpu_blocks
+    for report in both_checkers(path):
+        assert report.counts == {} and report.unchecked == {}
+    # Read as 0-based, the same ids run past the cache: block-ids is broken.
+    zero = rewritten(path, tmp_path / "zero.jsonl", config={"first_block_id": 0})
+    for report in both_checkers(zero):
+        assert "block-ids" in report.counts
+        assert any("outside 0..31" in v.message for v in report.violations)
+
+
+@needs_vllm
+def test_victims_reported_as_a_set_match_the_profile_with_preempted_order_false(
+        vllm_traces: dict[str, Path], tmp_path: Path) -> None:
+    path = vllm_traces["victims"]
+    with path.open("rb") as f:
+        records = list(TraceReader(f))
+    several = [r.step for r in records if len(r.preempted) > 1]
+    assert several, "the workload no longer makes vLLM preempt two requests in one step"
+    # As a set reaches a trace writer: in some other order than vLLM preempted them.
+    shuffled = rewritten(path, tmp_path / "set.jsonl", header={"preempted_order": False},
+                         victims=lambda v: list(reversed(v)))
+    for report in both_checkers(shuffled):
+        assert report.counts == {}
+    assert check_case("victims", shuffled).divergence is None
+    # The same order without the header: the profile sees another decision.
+    ordered = rewritten(path, tmp_path / "ordered.jsonl", victims=lambda v: list(reversed(v)))
+    divergence = check_case("victims", ordered).divergence
+    assert divergence is not None and divergence.step == several[0]
+    assert check_case("victims", path).divergence is None  # vLLM's true order, as recorded

@@ -68,7 +68,7 @@ def assert_agree(v: Verdicts) -> None:
         assert v.spec == v.vectorized
         return
     for name in ("counts", "violations", "steps", "scheduled_entries", "requests",
-                 "complete", "unknown_keys"):
+                 "complete", "unknown_keys", "unchecked"):
         assert getattr(v.spec, name) == getattr(v.vectorized, name), (
             f"{name}: spec {getattr(v.spec, name)} vectorized {getattr(v.vectorized, name)}")
 
@@ -121,7 +121,8 @@ def test_seeded_bug_traces_agree(name: str, buggy: bool) -> None:
 # -- traces with planted faults --------------------------------------------------------
 
 FAULTS = ("count", "duplicate", "drop", "finish", "unfinish", "free", "block", "no-blocks",
-          "preempt", "abort", "swap-in", "reject", "unknown-id", "extra-key", "step")
+          "preempt", "abort", "swap-in", "reject", "unknown-id", "extra-key", "step",
+          "lose-ids", "arrive-again")
 
 
 def plant(lines: list[dict[str, Any]], fault: str, pick: st.DataObject) -> None:
@@ -165,6 +166,10 @@ def plant(lines: list[dict[str, Any]], fault: str, pick: st.DataObject) -> None:
         line["scheduled"] = [*scheduled, ["never-arrived", 1]]
     elif fault == "extra-key":
         line["engine_note"] = 1
+    elif fault == "lose-ids":
+        line.pop("new_blocks", None)  # ids come and go: checked against known owners
+    elif fault == "arrive-again":
+        line.setdefault("arrivals", []).append({"id": rid, "prompt_len": 4, "max_tokens": 2})
     elif fault == "step":
         line["step"] += 1
 

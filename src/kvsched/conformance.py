@@ -37,7 +37,7 @@ def checker(config: Config, *, profile: str | None = None, strict: bool = False,
     it the steps, then `end(complete)` gives the whole report."""
     replay = profile_replay(config, profile, preempted_order) if profile else None
     return Checker(config, CheckOptions(strict, max_preemptions, keep, frozenset(required)),
-                   replay)
+                   replay, preempted_order)
 
 
 def check_records(config: Config, records: Iterable[StepRecord], complete: bool, *,

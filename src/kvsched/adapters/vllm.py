@@ -99,8 +99,12 @@ REQUIRED_ENGINE_SETTINGS: dict[str, object] = {
 }
 
 
-def config_from_vllm(effective: Mapping[str, Any]) -> Config:
-    """The kvsched config of a scheduler vLLM really built (the driver reads it back)."""
+def config_from_vllm(effective: Mapping[str, Any], null_block: int = 0) -> Config:
+    """The kvsched config of a scheduler vLLM really built (the driver reads it back).
+    Block ids are vLLM's own: its null block is 0, so they run from 1."""
+    if null_block != 0:
+        raise AdapterError(f"vLLM's null block is {null_block}; the adapter needs block 0 "
+                           "(so that vLLM's own block ids run from 1)")
     for key, wanted in REQUIRED_ENGINE_SETTINGS.items():
         if effective.get(key) != wanted:
             raise AdapterError(f"vLLM built its scheduler with {key}={effective.get(key)!r}; "
@@ -122,31 +126,25 @@ def config_from_vllm(effective: Mapping[str, Any]) -> Config:
         policy=effective["policy"],
         preemption="recompute",
         watermark_blocks=effective["watermark_blocks"],
+        first_block_id=1,
     )
 
 
 def config_changes(asked: Config, built: Config) -> list[str]:
-    """Each field vLLM set otherwise than asked, as 'name: asked X, vLLM uses Y'."""
+    """Each field vLLM set otherwise than asked, as 'name: asked X, vLLM uses Y' (the
+    first block id is vLLM's own, whatever was asked)."""
     return [f"{name}: asked {getattr(asked, name)!r}, vLLM uses {getattr(built, name)!r}"
             for name in asked.__dataclass_fields__
-            if getattr(asked, name) != getattr(built, name)]
+            if name != "first_block_id" and getattr(asked, name) != getattr(built, name)]
 
 
 # -- events to trace v1 ---------------------------------------------------------------
 
-def trace_block_id(raw: int, null_block: int) -> int:
-    """vLLM's block id without its null block: 0..num_gpu_blocks-1."""
-    if raw == null_block:
-        raise AdapterError(f"vLLM handed out its null block {null_block}")
-    return raw - 1 if raw > null_block else raw
-
-
-def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem],
-                null_block: int) -> StepRecord:
-    """One driver step event as a trace step."""
+def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem]) -> StepRecord:
+    """One driver step event as a trace step: vLLM's own block ids (as in its logs),
+    victims in the order vLLM preempted them."""
     step = event["step"]
-    new_blocks = {rid: tuple(trace_block_id(b, null_block) for b in ids)
-                  for rid, ids in event["new_block_ids"].items() if ids}
+    new_blocks = {rid: tuple(ids) for rid, ids in event["new_block_ids"].items() if ids}
     return StepRecord(
         step,
         arrivals=tuple(workload[rid].request(step) for rid in event["arrivals"]),
@@ -161,12 +159,15 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem],
 
 
 def header_extra() -> dict[str, Any]:
-    return {"adapter": {
+    return {"preempted_order": True, "adapter": {
         "name": "kvsched.adapters.vllm",
         "scheduler": "vllm.v1.core.sched.scheduler.Scheduler",
         "prefix_caching": False, "async_scheduling": False,
         "rejected": "refused by vLLM's input processor (prompt_len >= max_model_len); "
                     "the scheduler never saw them",
+        "preempted": "in the order vLLM preempted them: the driver hooks "
+                     "Scheduler._preempt_request (SchedulerOutput.preempted_req_ids is a set)",
+        "block_ids": "vLLM's own; its null block 0 is never handed out",
     }}
 
 
@@ -214,12 +215,11 @@ class _Writer:
     """The trace file of one job, written to PATH.part and renamed when complete."""
 
     def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
-        built = config_from_vllm(header["config"])
+        built = config_from_vllm(header["config"], int(header["null_block"]))
         changes = config_changes(job.config, built)
         if changes:
             raise AdapterError(f"{job.name}: vLLM changed the config: {changes[0]}")
         self.result = Recorded(job, built, {"name": "vllm", "version": str(header["vllm"])})
-        self.null_block = int(header["null_block"])
         self.by_id = {w.id: w for w in job.workload}
         self.tmp = job.out.with_name(job.out.name + ".part")
         try:
@@ -230,7 +230,7 @@ class _Writer:
         self.writer.header(built, self.result.engine, header_extra())
 
     def step(self, event: Mapping[str, Any]) -> StepRecord:
-        rec = step_record(event, self.by_id, self.null_block)
+        rec = step_record(event, self.by_id)
         self.writer.step(rec)
         self.result.steps += 1
         self.result.preemptions += len(rec.preempted)
