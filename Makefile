@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm proofs clean
+.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm proofs mutation clean
 VLLM_VENV ?= .venv-vllm
 
 $(STAMP): pyproject.toml
@@ -54,6 +54,12 @@ bench-full: $(STAMP)
 gpu-check: $(STAMP)
 	$(BIN)/python -m tools.bench_optimized --gpu-check --out docs/benchmarks.md
 
+# Mutation testing of spec/ and reference/ (mutmut; configured in pyproject.toml): every
+# mutant against the tests that cover it, then the score per module (docs/testing.md).
+mutation: $(STAMP)
+	$(BIN)/mutmut run --max-children 2
+	$(BIN)/python -m tools.mutation_score
+
 fuzz-deep: $(STAMP)
 	HYPOTHESIS_PROFILE=deep $(BIN)/python -m pytest -p no:cacheprovider \
 		tests/test_property.py tests/test_stateful.py tests/test_differential.py \
@@ -70,4 +76,4 @@ docs: $(STAMP)
 	mv docs/spec.md.part docs/spec.md
 
 clean:
-	rm -rf $(VENV) $(DEMO) build *.egg-info
+	rm -rf $(VENV) $(DEMO) build *.egg-info mutants

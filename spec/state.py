@@ -377,6 +377,7 @@ class State:
             a = Action(rid, "aborted", state(rid))
             f.aborts.append(a)
             if a.applied:
+                tags.pop(rid, None)  # aborted now: a second abort finds it ended
                 f.released_by_aborts.append((rid, self._end(self.live[rid], Status.ABORTED)))
 
     def after_inputs(self, rec: StepRecord) -> State:

@@ -268,3 +268,13 @@ def test_unordered_victims_are_judged_without_a_last_one() -> None:
     assert not warned(["y", "x"], {})
     assert warned(["x", "y"], {})
     assert not warned(["x", "y"], {"preempted_order": False})
+
+
+@pytest.mark.parametrize("checker", CHECKERS)
+def test_an_id_aborted_twice_in_one_step_is_told_once(checker: str) -> None:
+    # Found by the deep agreement run: the second abort of a request that arrived in the
+    # same step crashed the spec's checker.
+    report = check_with(checker, trace_bytes(
+        {"step": 0, "arrivals": [arrive("a", 1, 1)], "aborted": ["a", "a"]}, end=False))
+    [v] = report.violations
+    assert (v.invariant, v.message) == ("one-state", "a is aborted while aborted")
