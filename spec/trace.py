@@ -25,6 +25,11 @@ from kvsched.spec.model import (
 )
 
 VERSION = 1
+# The longest line a reader takes, in bytes without its newline: a longer one is
+# malformed input, found without reading much more of it (a step of a 65,536-request
+# batch is about 2 MB).
+MAX_LINE_BYTES = 64 * 1024 * 1024
+UTF8_BOM = b"\xef\xbb\xbf"
 STEP_KEYS = frozenset({"step", "arrivals", "aborted", "rejected", "preempted", "swapped_in",
                        "scheduled", "finished", "free_blocks", "new_blocks", "time_ms",
                        "prefix_hits"})
@@ -96,10 +101,18 @@ def kind(value: Any) -> str:
     return "an object"
 
 
+def line_too_long(line: int) -> TraceError:
+    return TraceError(line, f"the line is longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB "
+                            "(the longest line a trace may have)")
+
+
 def load_line(raw: bytes, line: int) -> Any:
     """The JSON value of one line of a trace, or BLANK for a blank line. Strict: a key
     twice in one object, NaN and Infinity (which Python's json writes by default) and
     anything that is not UTF-8 are malformed input, told as a TraceError."""
+    if raw.startswith(UTF8_BOM):
+        raise TraceError(line, "the line starts with a UTF-8 byte order mark (BOM): save the "
+                               "file as UTF-8 without one")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -114,7 +127,10 @@ def load_line(raw: bytes, line: int) -> Any:
     except _NotFinite as e:
         raise TraceError(line, f"{e.name} is not a JSON number (Python's json.dumps writes "
                                "it for a float that is not finite)") from None
-    except ValueError:
+    except ValueError as e:
+        if "Exceeds the limit" in str(e):  # Python's guard against huge integers
+            raise TraceError(line, "a number with more than 4300 digits (the largest count "
+                                   "a trace may hold is 2**40)") from None
         if not raw.endswith(b"\n"):
             raise TraceError(line, "truncated: the last line is incomplete JSON") from None
         raise TraceError(line, "malformed JSON: expected one JSON object per line") from None
@@ -163,8 +179,9 @@ def parse_config(raw: Any, line: int) -> Config:
 def parse_header(obj: Any, line: int = 1) -> Header:
     if not isinstance(obj, dict) or obj.get("kvsched") != "trace":
         raise TraceError(line, 'expected a header object with "kvsched": "trace"')
-    if obj.get("version") != VERSION:
-        raise TraceError(line, f"unsupported trace version {obj.get('version')!r}; "
+    version = obj.get("version")
+    if type(version) is not int or version != VERSION:
+        raise TraceError(line, f"unsupported trace version {version!r}; "
                                f"this reader knows version {VERSION}")
     engine = obj.get("engine", {})
     if not isinstance(engine, dict):
@@ -187,8 +204,10 @@ def parse_arrival(raw: Any, step: int, line: int) -> Request:
     prompt = _int(raw["prompt_len"], line, f"prompt_len of {rid}", 1)
     max_tokens = _int(raw["max_tokens"], line, f"max_tokens of {rid}", 1)
     priority = raw.get("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > MAX_COUNT:
+    if not isinstance(priority, int) or isinstance(priority, bool):
         raise TraceError(line, f"priority of {rid} must be an integer, got {priority!r}")
+    if abs(priority) > MAX_COUNT:
+        raise TraceError(line, f"priority of {rid} is absurdly large ({priority})")
     return Request(rid, prompt, max_tokens, priority, step)
 
 
@@ -220,8 +239,10 @@ def parse_step(obj: Any, line: int) -> StepRecord:
             raise TraceError(line, 'each "scheduled" entry must be [id, tokens]')
         # Zero or negative counts are the engine's fault (token-range), not bad input.
         n = s[1]
-        if not isinstance(n, int) or isinstance(n, bool) or abs(n) > MAX_COUNT:
+        if not isinstance(n, int) or isinstance(n, bool):
             raise TraceError(line, f"scheduled token count must be an integer, got {n!r}")
+        if abs(n) > MAX_COUNT:
+            raise TraceError(line, f"scheduled token count is absurdly large ({n} > 2**40)")
         scheduled.append((_str(s[0], line, "scheduled id"), n))
     free_blocks = obj.get("free_blocks")
     if free_blocks is not None:
@@ -266,10 +287,12 @@ class TraceReader:
     def _next_object(self) -> Any:
         """The next non-blank line's JSON value, or END_OF_FILE."""
         while True:
-            raw = self._stream.readline()
+            raw = self._stream.readline(MAX_LINE_BYTES + 2)
             if not raw:
                 return END_OF_FILE
             self._line += 1
+            if len(raw) - raw.endswith(b"\n") > MAX_LINE_BYTES:
+                raise line_too_long(self._line)
             obj = load_line(raw, self._line)
             if obj is not BLANK:
                 return obj

@@ -343,8 +343,6 @@ def test_a_scheduler_that_crashes_is_told_in_one_line(user_module: Path,
     (["vllm-v1", "user_sched:NOT_CALLABLE"], "NOT_CALLABLE is a int, not callable"),
     (["vllm-v1", "user_sched:not_a_scheduler"],
      "user_sched:not_a_scheduler returned a object, which lacks add_request"),
-    (["vllm-v1", "user_sched:raises"],
-     "user_sched:raises: the factory raised ValueError: swap is not supported"),
     (["vllm-v1", "sarathi", "--max-steps", "0"], "--max-steps must be at least 1"),
 ])
 def test_bad_scheduler_arguments_are_one_line_errors(user_module: Path, args: list[str],
@@ -353,6 +351,19 @@ def test_bad_scheduler_arguments_are_one_line_errors(user_module: Path, args: li
     assert result.returncode == 2, result.stdout
     assert result.stderr.startswith("kvsched: error: ") and message in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_a_factory_that_raises_is_the_schedulers_failure_as_in_fuzz(
+        user_module: Path) -> None:
+    # The user's code failed (exit 1, as a crash mid-run and as kvsched fuzz counts it);
+    # a factory that cannot be found is bad input (exit 2).
+    result = kvsched("diff", "vllm-v1", "user_sched:raises", "--requests", "5",
+                     cwd=user_module)
+    assert result.returncode == 1
+    assert result.stderr == ("kvsched: user_sched:raises: the factory raised ValueError: "
+                             "swap is not supported\n")
+    fuzz = kvsched("fuzz", "user_sched:raises", "--examples", "3", cwd=user_module)
+    assert fuzz.returncode == 1, fuzz.stderr
 
 
 def test_bad_trace_arguments_are_one_line_errors(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -18,14 +19,17 @@ from typing import IO, Any, NoReturn
 
 import click
 import orjson
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from kvsched import __version__
+from kvsched import __version__, inputs
 from kvsched.conformance import checker as new_checker
 from kvsched.generators import ARRIVALS, KINDS, generate, parse_priorities
+from kvsched.inputs import InputError
 from kvsched.junit import junit_xml
+from kvsched.progress import Reporter, reading
 from kvsched.reference import reference_scheduler
 from kvsched.spec.checker import Report
 from kvsched.spec.interface import Scheduler as AnyScheduler
@@ -82,11 +86,21 @@ def atomic_output(path: Path) -> Iterator[IO[bytes]]:
         raise
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
 class Group(click.Group):
     """Click group whose usage errors are one line, like every other bad input."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
+        # SIGTERM unwinds like ^C, so a PATH.part being written is removed.
+        signal.signal(signal.SIGTERM, _terminated)
         try:
             return super().main(*args, **kwargs)
         except click.exceptions.NoArgsIsHelpError as e:
@@ -98,8 +112,11 @@ class Group(click.Group):
         except click.exceptions.Abort:
             err.print("kvsched: aborted")
             sys.exit(130)
-        except (BadInput, TraceError, WorkloadError) as e:
-            err.print(f"kvsched: error: {e}", markup=False)
+        except Terminated:
+            err.print("kvsched: terminated")
+            sys.exit(143)
+        except (BadInput, TraceError, WorkloadError, InputError) as e:
+            err.print(Text(f"kvsched: error: {printable(str(e))}"))
             sys.exit(2)
         except BrokenPipeError:
             sys.exit(1)
@@ -119,6 +136,30 @@ def main() -> None:
     kvsched diff A B            audit a scheduler change: first divergence, violations, metrics
     kvsched fuzz MOD:FACTORY    hypothesis-drawn workloads against your scheduler
     """
+
+
+def progress_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--progress/--no-progress", default=None,
+                        help="Show progress on stderr (default: only on a terminal).")(f)
+
+
+def trace_size(path: str) -> int | None:
+    """The bytes a reader will read from `path`, when its size on disk says so."""
+    file = Path(path)
+    if path in ("", "-") or not file.is_file() or inputs.is_compressed(path):
+        return None
+    return file.stat().st_size
+
+
+def counting(reporter: Reporter, then: Callable[[StepRecord], None] | None
+             ) -> Callable[[StepRecord], None]:
+    """An on_step callback that counts the ended requests, then calls `then`."""
+    def on_step(rec: StepRecord) -> None:
+        if rec.num_ended:
+            reporter.advance(rec.num_ended)
+        if then is not None:
+            then(rec)
+    return on_step
 
 
 # -- simulate -------------------------------------------------------------------------
@@ -156,6 +197,9 @@ def build_config(profile: str, given: dict[str, Any]) -> Config:
             fail(f"--{name.replace('_', '-')} must not be negative, got {value}")
     config = replace(DEFAULT_CONFIG, **chosen)
     config = get_profile(profile).configure(config, frozenset(chosen))
+    if config.preemption != "recompute" and config.num_cpu_blocks == 0:
+        fail(f"--preemption {config.preemption} moves victims to host blocks, but "
+             "--num-cpu-blocks is 0: give host blocks, or --preemption recompute")
     problems = config.problems()
     if problems:
         fail(re.sub(r"config\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"),
@@ -197,6 +241,12 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
                   max_tokens: int | None, rate: float, seed: int) -> list[WorkItem]:
     """The workload file, or a generated workload that fits max_model_len."""
     if workload_path is not None:
+        ctx = click.get_current_context()
+        for name in WORKLOAD_PARAMS[1:]:
+            if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT):
+                flag = next(p.opts[0] for p in ctx.command.params if p.name == name)
+                fail(f"--workload reads the requests from a file; {flag} applies to a "
+                     "generated workload only")
         return read_workload(workload_path)
     if num_requests < 1:
         fail(f"--requests must be at least 1, got {num_requests}")
@@ -229,8 +279,7 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
 @click.option("--no-block-ids", is_flag=True, help="Leave new_blocks out of the trace.")
 @click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-@click.option("--progress/--no-progress", default=None,
-              help="Progress bar (default: on a terminal).")
+@progress_option
 @click.option("--scheduler", "implementation", type=click.Choice(["reference", "optimized"]),
               default="reference", show_default=True,
               help="The reference scheduler, or the optimized torch one (same decisions).")
@@ -277,17 +326,12 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
         engine["device"] = device
     extra = {"knobs": {k: v for k, v in asdict(knobs).items() if k != "cost"}
              | {"cost": asdict(knobs.cost)}}
-    show = progress if progress is not None else err.is_terminal
     steps = 0
     ended = 0
 
     def drive(writer: TraceWriter | None) -> bool:
         nonlocal steps, ended
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-        with Progress("[progress.description]{task.description}", BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(), console=err,
-                      disable=not show, transient=True) as bar:
-            task = bar.add_task("simulating", total=len(workload))
+        with Reporter("simulating", len(workload), err, progress, unit="requests") as bar:
             for rec in run(scheduler, workload, block_ids=not no_block_ids,
                            max_steps=max_steps):
                 if writer is not None:
@@ -296,7 +340,7 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
                 steps += 1
                 if rec.num_ended:
                     ended += rec.num_ended
-                    bar.update(task, completed=ended)
+                    bar.set(ended)
         complete = ended == len(workload)
         if writer is not None and complete:
             writer.end()
@@ -358,28 +402,27 @@ def make_scheduler(implementation: str, device: str, config: Config,
 # From this size on, `--checker auto` checks a trace with the vectorized checker.
 AUTO_VECTORIZED_BYTES = 8 * 1024 * 1024
 
-def open_trace(path: Path) -> IO[bytes]:
-    if path.is_dir():
-        fail(f"{path}: is a directory; expected a trace file")
+def open_trace(path: Path | str) -> IO[bytes]:
+    """A trace file, gzip or zstd (found by its first bytes), or `-` for standard input."""
     try:
-        return path.open("rb")
-    except OSError as e:
-        fail(f"{path}: cannot read ({e.strerror})")
+        return inputs.open_trace(str(path))
+    except InputError as e:
+        fail(str(e))
 
 
 class Unreadable(Exception):
     """A trace that cannot be read as trace v1: its verdict is malformed input."""
 
 
-def check_one(path: Path, profile: str | None, max_preemptions: int, strict: bool = False,
-              checker_choice: str = "spec", required: frozenset[str] = frozenset()
-              ) -> Report:
+def check_one(path: str, profile: str | None, max_preemptions: int, strict: bool = False,
+              checker_choice: str = "spec", required: frozenset[str] = frozenset(),
+              progress: bool | None = False) -> Report:
     """One trace's report; raises Unreadable with the one-line reason."""
     if checker_choice == "auto":
-        big = path.is_file() and path.stat().st_size >= AUTO_VECTORIZED_BYTES
-        checker_choice = "vectorized" if big and profile is None else "spec"
+        checker_choice = "vectorized" if big_trace(path) and profile is None else "spec"
     try:
-        with open_trace(path) as stream:
+        with open_trace(path) as raw, reading(raw, f"checking {printable(path)}",
+                                              trace_size(path), err, progress) as stream:
             if checker_choice == "vectorized":
                 from kvsched.optimized.checker import check_trace_vectorized
                 report = check_trace_vectorized(stream, max_preemptions)
@@ -393,8 +436,18 @@ def check_one(path: Path, profile: str | None, max_preemptions: int, strict: boo
                                ).run_trace(reader)
     except TraceError as e:
         raise Unreadable(f"{path}: {e}") from None
-    except BadInput as e:  # the file itself: missing, a directory, unreadable
+    except (BadInput, InputError) as e:  # the file itself: missing, unreadable, damaged
         raise Unreadable(str(e)) from None
+
+
+def big_trace(path: str) -> bool:
+    """Whether `path` holds AUTO_VECTORIZED_BYTES of trace or more (a compressed file
+    counts as eight times its size)."""
+    file = Path(path)
+    if path in ("", "-") or not file.is_file():
+        return False
+    size = file.stat().st_size * (8 if inputs.is_compressed(path) else 1)
+    return size >= AUTO_VECTORIZED_BYTES
 
 
 def vectorized_available(profile: str | None) -> None:
@@ -419,7 +472,7 @@ def parse_required(text: str | None) -> frozenset[str]:
 
 
 @main.command()
-@click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("traces", nargs=-1, required=True)
 @click.option("--strict", is_flag=True, help="SHOULD warnings fail too (exit 1).")
 @click.option("--profile", type=click.Choice(list(PROFILES)), default=None,
               help="Also replay this reference profile and require equal decisions.")
@@ -439,9 +492,10 @@ def parse_required(text: str | None) -> frozenset[str]:
               default="auto", show_default=True,
               help="The spec's checker, or the vectorized one (same verdicts, for large "
                    "traces); auto picks the vectorized one from 8 MiB on.")
-def check(traces: tuple[Path, ...], strict: bool, profile: str | None, max_preemptions: int,
+@progress_option
+def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemptions: int,
           require: str | None, fmt: str, max_violations: int, junit_path: Path | None,
-          checker_choice: str) -> None:
+          checker_choice: str, progress: bool | None) -> None:
     """Check traces against the spec's MUST and SHOULD invariants (and a profile).
 
     Each trace gets its own verdict. Exit codes, the worst over the traces: 0 every
@@ -463,10 +517,10 @@ def check(traces: tuple[Path, ...], strict: bool, profile: str | None, max_preem
         started = time.perf_counter()
         try:
             report = check_one(path, profile, max_preemptions, strict, checker_choice,
-                               required)
-            verdict = Verdict(str(path), report, seconds=time.perf_counter() - started)
+                               required, progress)
+            verdict = Verdict(path, report, seconds=time.perf_counter() - started)
         except Unreadable as e:
-            verdict = Verdict(str(path), error=str(e))
+            verdict = Verdict(path, error=str(e))
         verdicts.append(verdict)
         if verdict.error is not None:
             err.print(Text(f"kvsched: error: {printable(verdict.error)}"))
@@ -484,12 +538,14 @@ def check(traces: tuple[Path, ...], strict: bool, profile: str | None, max_preem
 # -- metrics and profiles -------------------------------------------------------------
 
 @main.command()
-@click.argument("trace", type=click.Path(path_type=Path))
+@click.argument("trace")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-def metrics(trace: Path, fmt: str) -> None:
+@progress_option
+def metrics(trace: str, fmt: str, progress: bool | None) -> None:
     """Throughput, TTFT and TPOT percentiles, queue lengths, KV use, preemptions."""
     from kvsched.metrics import MetricsCollector
-    with open_trace(trace) as stream:
+    with open_trace(trace) as raw, reading(raw, "reading", trace_size(trace), err,
+                                           progress) as stream:
         try:
             reader = TraceReader(stream)
             collector = MetricsCollector(reader.header.config, series=False)
@@ -615,12 +671,14 @@ def trace_records(path: Path, reader: TraceReader) -> Iterator[StepRecord]:
 @click.option("--max-preemptions", type=int, default=DEFAULT_MAX_PREEMPTIONS, show_default=True,
               help="no-thrash: most preemptions of one request.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@progress_option
 @click.pass_context
 def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | None,
                  generator: str, num_requests: int, arrival: str, priorities: str | None,
                  max_tokens: int | None, rate: float, seed: int, out_a: Path | None,
                  out_b: Path | None, max_steps: int, plot_path: Path | None,
-                 max_preemptions: int, fmt: str, **config_given: Any) -> None:
+                 max_preemptions: int, fmt: str, progress: bool | None,
+                 **config_given: Any) -> None:
     """Audit a scheduler change: where two traces, or two schedulers, first differ.
 
     A and B are two traces of the same workload, or two schedulers, each a profile
@@ -688,6 +746,9 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
             for text in (a, b):
                 path = Path(text)
                 stream = stack.enter_context(open_trace(path))
+                if text == a:  # the two are read in lockstep: A's bytes tell how far
+                    stream = stack.enter_context(reading(
+                        stream, "diffing", trace_size(text), err, progress))
                 try:
                     reader = TraceReader(stream)
                 except TraceError as e:
@@ -703,7 +764,9 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
             workload = load_workload(min(c.max_model_len for c in configs), workload_path,
                                      generator, num_requests, arrival, priorities,
                                      max_tokens, rate, seed)
-            sides = []
+            sides: list[tuple[Stream, TraceWriter | None]] = []
+            reporter = stack.enter_context(Reporter("diffing", len(workload), err, progress,
+                                                    unit="requests"))
             scheduler: Scheduler
             for text, kind, config, keep in zip((a, b), kinds, configs, (out_a, out_b),
                                                 strict=True):
@@ -720,16 +783,23 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
                     except FactoryError as e:
                         fail(str(e))
                     except Exception as e:
-                        fail(f"{text}: the factory raised {type(e).__name__}: "
-                             + (str(e).strip().splitlines() or [""])[0])
+                        # The user's scheduler failed, as when it raises mid-run (and as
+                        # kvsched fuzz counts it): exit 1, not bad input.
+                        err.print(Text(f"kvsched: {printable(text)}: the factory raised "
+                                       f"{type(e).__name__}: " + printable(
+                                           (str(e).strip().splitlines() or [""])[0])))
+                        sys.exit(1)
                 writer = None
                 if keep is not None:
                     writer = TraceWriter(stack.enter_context(atomic_output(keep)),
                                          dumps_line)
                     writer.header(config, engine)
+                on_step: Callable[[StepRecord], None] | None = (
+                    writer.step if writer else None)
+                if not sides:  # A's ended requests tell how far
+                    on_step = counting(reporter, on_step)
                 sides.append((simulated(label, scheduler, workload, engine,
-                                        max_steps=max_steps,
-                                        on_step=writer.step if writer else None), writer))
+                                        max_steps=max_steps, on_step=on_step), writer))
             (sa, writer_a), (sb, writer_b) = sides
         try:
             result = diff_streams(sa, sb, series=plot_path is not None,

@@ -25,6 +25,11 @@ class WorkloadError(ValueError):
     """Malformed workload input; str() is one line naming the place and the problem."""
 
 
+# The latest step a workload may name (an arrival or an abort): the simulation writes a
+# trace line for every step up to it, so a far-off step is refused rather than written.
+MAX_STEP = 10_000_000
+
+
 @dataclass(frozen=True)
 class WorkItem:
     """One request of a workload, with what only the simulation knows."""
@@ -54,6 +59,11 @@ class WorkItem:
         if self.abort is not None and (not isinstance(self.abort, int)
                                        or isinstance(self.abort, bool) or self.abort < 0):
             out.append(f"abort of {self.id!r} must be a step number, got {self.abort!r}")
+        for name in ("arrival", "abort"):
+            v = getattr(self, name)
+            if not out and v is not None and v > MAX_STEP:
+                out.append(f"{name} of {self.id!r} is step {v}, more than {MAX_STEP:,} steps "
+                           "away: a simulation writes one trace line per step, idle or not")
         return out
 
 
