@@ -104,7 +104,8 @@ class TraceDriver:
             for block in blocks_of(stream):
                 self._block(block)
         except LineTooLong:
-            self._flush()  # the lines before it first, as the spec's reader reads them
+            if self.vc is not None:
+                self._flush()  # the lines before it first, as the spec's reader reads them
             raise line_too_long(self.number + 1) from None
         if self.vc is None:
             raise TraceError(1, "empty file: expected a trace header line")

@@ -3,6 +3,7 @@ and nothing half-written left behind."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -72,15 +73,75 @@ CASES: dict[str, tuple[bytes, str]] = {
                     "line 2: \"prefix_hits\": prefix caching is not supported yet"),
     "after end": (lines(HEADER, ARRIVE, {"end": True}, {"step": 1}),
                   'line 4: nothing may follow the {"end": true} line'),
+    "null line": (lines(HEADER, ARRIVE) + b"null\n" + lines({"step": 1}),
+                  "line 3: expected a step object, got null"),
+    "a number for a step": (lines(HEADER, 7), "line 2: expected a step object, got the number 7"),
+    "duplicate key": (lines(HEADER) + b'{"step": 0, "step": 0}\n',
+                      "line 2: the key 'step' appears twice in one object"),
+    "duplicate owner": (lines(HEADER) + b'{"step": 0, "new_blocks": {"r1": [1], "r1": [2]}}\n',
+                        "line 2: the key 'r1' appears twice"),
+    "duplicate arrival field": (lines(HEADER) + b'{"step": 0, "arrivals": [{"id": "a", "id": '
+                                b'"b", "prompt_len": 4, "max_tokens": 1}]}\n',
+                                "line 2: the key 'id' appears twice"),
+    "NaN": (lines(HEADER) + b'{"step": 0, "time_ms": NaN}\n',
+            "line 2: NaN is not a JSON number (Python's json.dumps writes it"),
+    "Infinity": (lines(HEADER) + b'{"step": 0, "free_blocks": Infinity}\n',
+                 "line 2: Infinity is not a JSON number"),
+    "-Infinity": (lines(HEADER) + b'{"step": 0, "time_ms": -Infinity}\n',
+                  "line 2: -Infinity is not a JSON number"),
+    "byte order mark": (b"\xef\xbb\xbf" + lines(HEADER, ARRIVE),
+                        "line 1: the line starts with a UTF-8 byte order mark (BOM)"),
+    "5000-digit integer": (lines(HEADER) + b'{"step": ' + b"9" * 5000 + b"}\n",
+                           "line 2: a number with more than 4300 digits"),
+    "2**64 count": (lines(HEADER, {"step": 0, "scheduled": [["r1", 2**64]]}),
+                    "line 2: scheduled token count is absurdly large (18446744073709551616"),
+    "2**64 priority": (lines(HEADER, {"step": 0, "arrivals": [
+        {"id": "r1", "prompt_len": 5, "max_tokens": 2, "priority": 2**64}]}),
+        "line 2: priority of r1 is absurdly large"),
+    "2**64 block id": (lines(HEADER, {**ARRIVE, "new_blocks": {"r1": [2**64]}}),
+                       "line 2: a block id of r1 is absurdly large"),
+    "version 1.0": (lines({**HEADER, "version": 1.0}), "line 1: unsupported trace version 1.0"),
+    "version as text": (lines({**HEADER, "version": "1"}),
+                        "line 1: unsupported trace version '1'"),
+    "preempted_order not a bool": (lines({**HEADER, "preempted_order": "no"}),
+                                   'line 1: "preempted_order" must be true or false'),
+    "negative first block id": (lines(header_with(first_block_id=-1)),
+                                "line 1: config.first_block_id must not be negative, got -1"),
+    "header is a list": (lines([HEADER]), 'line 1: expected a header object'),
+    "arrival id not a string": (lines(HEADER, {"step": 0, "arrivals": [
+        {"id": 3, "prompt_len": 5, "max_tokens": 2}]}), "line 2: arrival id must be a "
+        "non-empty string, got 3"),
+    "boolean count": (lines(HEADER, {"step": 0, "scheduled": [["r1", True]]}),
+                      "line 2: scheduled token count must be an integer, got True"),
+    "float step": (lines(HEADER, {"step": 0.0}), 'line 2: "step" must be an integer, got 0.0'),
+    "engine not an object": (lines({**HEADER, "engine": "vllm"}),
+                             'line 1: "engine" must be an object'),
+    "rejected without id": (lines(HEADER, {"step": 0, "rejected": [{"reason": "x"}]}),
+                            "line 2: each rejection must be an object"),
+    "truncated gzip": (b"", ""),  # written below: a gzip file cut in the middle
 }
+GZIP_CUT = "truncated gzip"
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_check_refuses_bad_trace_in_one_line(case: str, tmp_path: Path) -> None:
-    data, expected = CASES[case]
+def trace_file(case: str, tmp_path: Path) -> Path:
+    data, _ = CASES[case]
     path = tmp_path / "trace.jsonl"
-    path.write_bytes(data)
-    result = kvsched("check", str(path))
+    if case == GZIP_CUT:
+        packed = gzip.compress(lines(HEADER, *({"step": i} for i in range(2000))))
+        path.write_bytes(packed[:len(packed) // 2])
+    else:
+        path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("checker", ["spec", "vectorized"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_check_refuses_bad_trace_in_one_line(case: str, checker: str, tmp_path: Path) -> None:
+    expected = CASES[case][1]
+    path = trace_file(case, tmp_path)
+    if case == GZIP_CUT:
+        expected = "the gzip data is damaged or cut short"
+    result = kvsched("check", "--checker", checker, str(path))
     assert result.returncode == 2, result
     assert result.stdout == ""
     assert "Traceback" not in result.stderr
@@ -89,11 +150,26 @@ def test_check_refuses_bad_trace_in_one_line(case: str, tmp_path: Path) -> None:
 
 
 def test_check_missing_file_and_directory(tmp_path: Path) -> None:
-    for target, expected in ((tmp_path / "nope.jsonl", "cannot read"),
-                             (tmp_path, "is a directory")):
-        result = kvsched("check", str(target))
+    for target, expected in ((str(tmp_path / "nope.jsonl"), "cannot read"),
+                             (str(tmp_path), "is a directory"),
+                             ("", "an empty file name: give a trace file, or - for standard "
+                                  "input")):
+        result = kvsched("check", target)
         assert result.returncode == 2
         assert expected in result.stderr and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("checker", ["spec", "vectorized"])
+def test_an_endless_line_is_refused_in_bounded_memory(checker: str) -> None:
+    # /dev/zero is one line that never ends: refused once it passes 64 MiB.
+    result = subprocess.run(
+        [sys.executable, "-c", "import resource, sys, runpy; resource.setrlimit("
+         "resource.RLIMIT_AS, (2 << 30, 2 << 30)); sys.argv = ['kvsched', 'check', "
+         f"'--checker', '{checker}', '/dev/zero']; runpy.run_module('kvsched', "
+         "run_name='__main__')"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-500:]
+    assert result.stderr == ("kvsched: error: /dev/zero: line 1: the line is longer than "
+                             "64 MiB (the longest line a trace may have)\n")
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -106,6 +182,25 @@ def test_check_missing_file_and_directory(tmp_path: Path) -> None:
     (["simulate", "--unknown-flag"], "No such option"),
     (["check"], "Missing argument 'TRACES...'"),
     (["check", "x.jsonl", "--profile", "nope"], "Invalid value for '--profile'"),
+    (["check", "x.jsonl", "--require", "blocks"], "--require: unknown invariant 'blocks'"),
+    (["check", "x.jsonl", "--max-violations", "-1"], "--max-violations must not be negative"),
+    (["check", "x.jsonl", "--max-preemptions", "-1"], "--max-preemptions must not be negative"),
+    (["check", "x.jsonl", "--checker", "vectorized", "--profile", "vllm-v1"],
+     "--checker vectorized does not replay profiles"),
+    (["simulate", "--workload", "w.jsonl", "--generator", "uniform"],
+     "--workload reads the requests from a file; --generator applies to a generated "
+     "workload only"),
+    (["simulate", "--workload", "w.jsonl", "--requests", "5"],
+     "--requests applies to a generated workload only"),
+    (["simulate", "--preemption", "swap"],
+     "--preemption swap moves victims to host blocks, but --num-cpu-blocks is 0"),
+    (["simulate", "--preemption", "auto", "--num-cpu-blocks", "0"],
+     "--preemption auto moves victims to host blocks"),
+    (["simulate", "--first-block-id", "-1"], "--first-block-id must not be negative"),
+    (["simulate", "--max-steps", "0"], "--max-steps must be at least 1"),
+    (["simulate", "--rate", "0"], "rate"),
+    (["metrics", ""], "an empty file name"),
+    (["diff", "a.jsonl", "vllm-v1"], "A: a.jsonl: no such trace file"),
 ])
 def test_cli_refuses_bad_arguments_in_one_line(args: list[str], expected: str) -> None:
     result = kvsched(*args)
@@ -137,6 +232,13 @@ def test_bad_workload_leaves_no_trace_behind(tmp_path: Path) -> None:
     ('{"id": "a", "arrival": 0, "prompt_len": 4, "output_len": 2, "max_tokens": 3}\n' * 2,
      "request id 'a' appears twice"),
     ('not json\n', ":1: malformed JSON"),
+    ('{"id": "a", "arrival": 1000000000000, "prompt_len": 4, "output_len": 2, '
+     '"max_tokens": 3}\n', ":1: arrival of 'a' is step 1000000000000, more than 10,000,000 "
+     "steps away"),
+    ('{"id": "a", "arrival": 0, "prompt_len": 4, "output_len": 2, "max_tokens": 3, '
+     '"abort": 99999999999}\n', ":1: abort of 'a' is step 99999999999"),
+    ('{"id": "a", "arrival": 0, "prompt_len": 4, "output_len": 2, "max_tokens": 3, '
+     '"priority": 1e400}\n', ":1:"),
 ])
 def test_bad_workload_file(tmp_path: Path, content: str, expected: str) -> None:
     workload = tmp_path / "w.jsonl"
