@@ -160,3 +160,14 @@ def test_workload_file_with_aborts(tmp_path: Path) -> None:
     steps = [json.loads(line) for line in out.read_text().splitlines()[1:-1]]
     assert steps[3]["aborted"] == ["a"]
     assert kvsched("check", str(out)).returncode == 0
+
+
+def test_metrics_plot_draws_the_trace_over_time(trace: Path, tmp_path: Path) -> None:
+    png = tmp_path / "metrics.png"
+    result = kvsched("metrics", str(trace), "--plot", str(png))
+    assert result.returncode == 0, result.stderr
+    assert f"plot written to {png}" in result.stdout
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and png.stat().st_size > 20_000
+    assert not (tmp_path / "metrics.png.part").exists()
+    again = kvsched("metrics", str(trace), "--plot", str(tmp_path))
+    assert again.returncode == 2 and "is a directory" in again.stderr

@@ -540,20 +540,34 @@ def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemp
 @main.command()
 @click.argument("trace")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
+              help="Draw the trace over time (queues, KV use, preemptions, TTFT and TPOT) "
+                   "as a PNG.")
 @progress_option
-def metrics(trace: str, fmt: str, progress: bool | None) -> None:
+def metrics(trace: str, fmt: str, plot_path: Path | None, progress: bool | None) -> None:
     """Throughput, TTFT and TPOT percentiles, queue lengths, KV use, preemptions."""
     from kvsched.metrics import MetricsCollector
+    from kvsched.plot import PlotUnavailable, metrics_png, require_matplotlib
+    if plot_path is not None:
+        if plot_path.is_dir():
+            fail(f"{plot_path}: is a directory; expected a file to write")
+        try:
+            require_matplotlib()
+        except PlotUnavailable as e:
+            fail(str(e))
     with open_trace(trace) as raw, reading(raw, "reading", trace_size(trace), err,
                                            progress) as stream:
         try:
             reader = TraceReader(stream)
-            collector = MetricsCollector(reader.header.config, series=False)
+            collector = MetricsCollector(reader.header.config, series=plot_path is not None)
             for rec in reader:
                 collector.step(rec)
         except TraceError as e:
             fail(f"{trace}: {e}")
     result = collector.result()
+    if plot_path is not None:
+        with atomic_output(plot_path) as png:
+            png.write(metrics_png(result, f"kvsched metrics: {printable(trace)}"))
     if fmt == "json":
         sys.stdout.write(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2).decode()
                          + "\n")
@@ -564,6 +578,8 @@ def metrics(trace: str, fmt: str, progress: bool | None) -> None:
     for name, value in result.rows():
         table.add_row(name, value)
     out.print(table)
+    if plot_path is not None:
+        out.print(f"plot written to {plot_path}")
 
 
 @main.command()
@@ -700,17 +716,9 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
     """
     from contextlib import ExitStack
 
-    from kvsched.diff import (
-        PlotUnavailable,
-        SideFailed,
-        Stream,
-        diff_streams,
-        plot_png,
-        render_text,
-        require_matplotlib,
-        simulated,
-    )
+    from kvsched.diff import SideFailed, Stream, diff_streams, plot_png, render_text, simulated
     from kvsched.loading import FactoryError, build, load_factory
+    from kvsched.plot import PlotUnavailable, require_matplotlib
     from kvsched.spec.interface import Scheduler
 
     kinds = (diff_side_kind(a, "A"), diff_side_kind(b, "B"))

@@ -37,6 +37,7 @@ from rich.table import Table
 from kvsched.conformance import checker as new_checker
 from kvsched.conformance import describe, describe_state
 from kvsched.metrics import Distribution, Metrics, MetricsCollector
+from kvsched.plot import require_matplotlib
 from kvsched.simulate import run
 from kvsched.spec import should
 from kvsched.spec.checker import Checker, Report
@@ -439,17 +440,6 @@ def render_text(d: Diff, console: Console) -> None:
 
 
 # -- the plot ----------------------------------------------------------------------------
-
-
-class PlotUnavailable(RuntimeError):
-    """matplotlib is not installed."""
-
-
-def require_matplotlib() -> None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise PlotUnavailable("--plot needs matplotlib: pip install 'kvsched[plot]'") from None
 
 
 def plot_png(d: Diff, title: str | None = None) -> bytes:

@@ -101,6 +101,9 @@ class Series:
     preemptions: list[int]
     generated: list[int]  # tokens sampled
     computed: list[int]  # tokens scheduled
+    # Per request, when it happened: (first-sample step, TTFT) and (finish step, TPOT).
+    ttft_at: list[tuple[int, float]] = field(default_factory=list)
+    tpot_at: list[tuple[int, float]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, list[int]]:
         return {"waiting": self.waiting, "running": self.running, "swapped": self.swapped,
@@ -255,6 +258,8 @@ class _Series:
     preemptions: array[int] = field(default_factory=lambda: array("q"))
     generated: array[int] = field(default_factory=lambda: array("q"))
     computed: array[int] = field(default_factory=lambda: array("q"))
+    ttft_step: array[int] = field(default_factory=lambda: array("q"))
+    tpot_step: array[int] = field(default_factory=lambda: array("q"))
 
 
 class MetricsCollector:
@@ -324,6 +329,8 @@ class MetricsCollector:
                 if t.first_step < 0:
                     t.first_step, t.first_clock = s, end
                     self.ttft.append(s - t.arrival_step + 1)
+                    if self.series is not None:
+                        self.series.ttft_step.append(s)
                     if self.timed:
                         self.ttft_ms.append(end - t.arrival_clock)
                 t.last_step, t.last_clock = s, end
@@ -345,6 +352,8 @@ class MetricsCollector:
             outputs = d.outputs
             if outputs >= 2:
                 self.tpot.append((t.last_step - t.first_step) / (outputs - 1))
+                if self.series is not None:
+                    self.series.tpot_step.append(s)
                 if self.timed:
                     self.tpot_ms.append((t.last_clock - t.first_clock) / (outputs - 1))
 
@@ -380,7 +389,10 @@ class MetricsCollector:
             sr = self.series
             series = Series(sr.waiting.tolist(), sr.running.tolist(), sr.swapped.tolist(),
                             sr.kv_blocks.tolist(), sr.preemptions.tolist(),
-                            sr.generated.tolist(), sr.computed.tolist())
+                            sr.generated.tolist(), sr.computed.tolist(),
+                            list(zip(sr.ttft_step.tolist(), self.ttft.tolist(), strict=True)),
+                            list(zip(sr.tpot_step.tolist(), self.tpot.tolist(),
+                                     strict=True)))
         return Metrics(
             num_gpu_blocks=blocks, steps=steps, requests=self.requests,
             finished=self.ended[Status.FINISHED], aborted=self.ended[Status.ABORTED],
