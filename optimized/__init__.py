@@ -1,7 +1,7 @@
 """kvsched.optimized: the reference's decisions on torch tensors, and a vectorized checker.
 
 Imports kvsched.spec (its knobs and profiles included), torch and numpy, never the
-reference package (design.md section 1).
+reference package (docs/architecture.md).
 The scheduler's names load torch on first use only, so that the vectorized checker
 (kvsched.optimized.checker, numpy) can be imported without it.
 """

@@ -1,4 +1,4 @@
-"""The vectorized checker's replay state: the spec checker's bookkeeping (design.md
+"""The vectorized checker's replay state: the spec checker's bookkeeping (docs/spec.md
 section 2: N, C, G, H of each request, free GPU and host blocks, running requests) as
 numpy columns, one row per request the trace has named, live or ended.
 

@@ -3,7 +3,7 @@
 NOTE on the algorithm. The state is a struct of arrays: one column per request slot
 (N tokens known, C computed, G GPU blocks, H host blocks, prompt, max_tokens, priority,
 arrival step, seq, status, preemptions, block-table rows). A step is the reference's
-step (design.md section 2; the reference scheduler has the loop-per-request
+step (docs/spec.md section 2; the reference scheduler has the loop-per-request
 version), computed without a Python loop over requests:
 
 - running pass: each request's chunk is min(N - C, threshold, max_model_len - 1 - C)

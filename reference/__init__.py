@@ -1,6 +1,6 @@
 """kvsched.reference: the plain scheduler that obeys the spec, and its block allocator.
 
-Imports only kvsched.spec and the standard library (design.md section 1). Its knobs and
+Imports only kvsched.spec and the standard library (docs/architecture.md). Its knobs and
 profiles are the spec's (kvsched.spec.knobs, kvsched.spec.profiles); its extension
 points are listed in kvsched.reference.scheduler's docstring.
 """

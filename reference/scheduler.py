@@ -74,7 +74,7 @@ class StepPlan:
 
 
 class ReferenceScheduler:
-    """The plain scheduler of design.md section 4, with knobs."""
+    """The plain scheduler of docs/spec.md section 8 and kvsched.spec.profiles, with knobs."""
 
     def __init__(self, config: Config, knobs: Knobs | None = None) -> None:
         problems = config.problems() + (knobs or Knobs()).problems()
@@ -204,7 +204,7 @@ class ReferenceScheduler:
 
     def reject_arrivals(self) -> list[Rejection]:
         """Reject the arrivals that can never complete, even alone in an empty cache
-        (design.md section 2, rule 2); every arrival is checked once, in its first step."""
+        (docs/spec.md section 2, rule 2); every arrival is checked once, in its first step."""
         out = []
         for r in self.arrived:
             if r.status != Status.WAITING:

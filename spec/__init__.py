@@ -1,6 +1,6 @@
 """kvsched.spec: the law. Model, transition rule, invariants, trace format, checker.
 
-Standard library only (design.md section 1), so that CrossHair can reason about it
+Standard library only (docs/architecture.md), so that CrossHair can reason about it
 and it reads like the maths in docs/spec.md.
 """
 

@@ -1,5 +1,5 @@
-"""Policy knobs (design.md section 4): the choices where engines differ, and the cost
-model of `auto` preemption. Every scheduler (the reference, the optimized one) reads
+"""Policy knobs: the choices where engines differ, and the cost model of `auto`
+preemption. Every scheduler (the reference, the optimized one) reads
 these same values, so a profile means one thing everywhere.
 """
 

@@ -1,4 +1,4 @@
-"""The model of design.md section 2: config, requests, their state, one step's decision.
+"""The model of docs/spec.md section 2: config, requests, their state, one step's decision.
 
 Everything here is a value. The checker and the schedulers keep their own
 mutable bookkeeping; this module only says what the numbers mean.
@@ -154,7 +154,7 @@ class Preemption:
 
 @dataclass(frozen=True)
 class Decision:
-    """What a scheduler decides in one step (phases 2 to 5 of design.md section 2).
+    """What a scheduler decides in one step (phases 2 to 5 of docs/spec.md section 2).
 
     `sampled` lists the scheduled requests whose computed tokens reach their known
     tokens, so sample one token at the end of the step; it is derived, not traced.

@@ -1,4 +1,4 @@
-"""The MUST invariants of design.md section 3: safety rules any engine obeys.
+"""The MUST invariants of docs/spec.md sections 6 to 8: safety rules any engine obeys.
 
 One function per invariant id, named after it. Each reads the facts of one step (what
 the transition rule in state.py did: kvsched.spec.state.StepFacts) and returns the

@@ -1,5 +1,5 @@
-"""Named profiles (design.md section 4): a set of knobs, and the config defaults that go
-with them. A profile is a value; the scheduler that replays one lives with its
+"""Named profiles (docs/spec.md section 8): a set of knobs, and the config defaults that
+go with them. A profile is a value; the scheduler that replays one lives with its
 implementation (kvsched.reference.reference_scheduler).
 """
 

@@ -1,4 +1,4 @@
-"""PROFILE level (design.md section 3): a profile's scheduler replays a trace's inputs,
+"""PROFILE level (docs/spec.md sections 6 to 8): a profile's scheduler replays a trace's inputs,
 and its decisions must equal the trace's, step by step.
 
 What "equal decisions" means is the spec's: `Decision.comparable()` (rejected ids,

@@ -1,4 +1,4 @@
-"""The SHOULD invariants of design.md section 3: liveness, reported as warnings.
+"""The SHOULD invariants of docs/spec.md sections 6 to 8: liveness, reported as warnings.
 
 One function per invariant id, named after it, over the facts of one step (or, for
 completion, the state at the end of a complete trace).

@@ -1,4 +1,4 @@
-"""The transition rule of design.md section 2: how one step of a trace moves the state.
+"""The transition rule of docs/spec.md section 2: how one step of a trace moves the state.
 
 NOTE on the rule. The state is what a trace implies about every live request (status,
 N tokens known, C computed, G GPU and H host blocks, its block ids) and about the

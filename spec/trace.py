@@ -1,4 +1,4 @@
-"""Trace format version 1 (design.md section 5): JSON Lines, read and written as a stream.
+"""Trace format version 1 (docs/trace-format.md): JSON Lines, read and written as a stream.
 
 A reader holds one line at a time; malformed input raises TraceError naming
 the line and what was expected. Unknown keys are ignored (engines may add their

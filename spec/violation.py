@@ -8,7 +8,7 @@ MUST = "MUST"
 SHOULD = "SHOULD"
 PROFILE = "PROFILE"
 
-# The stable invariant ids of design.md section 3, with their level.
+# The stable invariant ids of docs/spec.md sections 6 to 8, with their level.
 INVARIANTS: dict[str, str] = {
     "kv-budget": MUST,
     "cpu-budget": MUST,

@@ -1,4 +1,4 @@
-"""The dependency rules of design.md section 1, checked on the import statements.
+"""The dependency rules of docs/architecture.md, checked on the import statements.
 
 spec/ imports only the standard library; reference/ imports spec and the standard
 library; optimized/ never imports reference; nothing imports the pillars as

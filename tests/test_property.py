@@ -167,7 +167,7 @@ def test_never_completes_agrees_with_running_alone(config: Config, prompt_len: i
                                                   max_tokens: int) -> None:
     """never_completes is the brute force, except that it also counts the last sampled
     token's KV slot, which is never computed. Known gap, kept as the design states it
-    (design.md section 2, rule 2: ceil(min(P + O, max_model_len) / block_size)): a
+    (docs/spec.md section 2, rule 2: ceil(min(P + O, max_model_len) / block_size)): a
     request whose final length L = min(P + O, max_model_len) is one token past a block
     boundary that fills the cache (blocks_for(L - 1) == num_gpu_blocks) is rejected
     although it could complete. It cannot arise under a config vLLM accepts

@@ -1,4 +1,4 @@
-"""Metrics of any trace (design.md section 7), computed as the steps stream by.
+"""Metrics of any trace (docs/cli.md, kvsched metrics), computed as the steps stream by.
 
 NOTE: a trace does not say when a request samples a token, so the collector moves the
 spec's state through the trace with the spec's transition rule (kvsched.spec.state): a
