@@ -235,3 +235,43 @@ def test_trace_format_schema_snippet_prints_what_it_shows(tmp_path: Path) -> Non
     code = code.replace('open("docs/trace-v1.schema.json")',
                         f"open({str(ROOT / 'docs' / 'trace-v1.schema.json')!r})")
     assert run_python(code, tmp_path, str(bad)) == shown
+
+
+SCHEDULER_PAGE = ROOT / "docs" / "scheduler-interface.md"
+
+
+def test_the_minimal_scheduler_of_the_interface_page_is_correct(tmp_path: Path) -> None:
+    from kvsched.conformance import check_records
+    from kvsched.generators import generate
+    from kvsched.simulate import run
+    from kvsched.spec import Scheduler
+
+    code = fenced_after(SCHEDULER_PAGE.read_text(encoding="utf-8"), "## A minimal scheduler",
+                        "python")
+    namespace: dict[str, object] = {}
+    exec(compile(code, str(SCHEDULER_PAGE), "exec"), namespace)
+    make = namespace["OneAtATime"]
+    assert callable(make)
+    configs = [Config(block_size=16, num_gpu_blocks=64, max_num_batched_tokens=256,
+                      max_model_len=512),
+               Config(block_size=4, num_gpu_blocks=40, max_num_batched_tokens=128,
+                      max_model_len=128, chunked_prefill=False)]
+    rejected = 0
+    for config in configs:
+        for seed in range(4):
+            workload = generate("uniform", 15, seed, max_model_len=config.max_model_len * 2)
+            scheduler = make(config)
+            assert isinstance(scheduler, Scheduler)
+            records = list(run(scheduler, workload, max_steps=20_000))
+            report = check_records(config, records, complete=not scheduler.has_unfinished(),
+                                   strict=True)
+            assert report.complete and not report.failed, report.violations[:3]
+            rejected += sum(len(r.rejected) for r in records)
+    assert rejected > 0  # prompts up to twice max_model_len: some can never complete
+    # And through kvsched fuzz, as the page says.
+    (tmp_path / "one_at_a_time.py").write_text(
+        code + "\n\ndef make(config: Config) -> OneAtATime:\n    return OneAtATime(config)\n")
+    result = subprocess.run([sys.executable, "-m", "kvsched", "fuzz", "one_at_a_time:make",
+                             "--examples", "20", "--strict"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
