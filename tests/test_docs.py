@@ -275,3 +275,26 @@ def test_the_minimal_scheduler_of_the_interface_page_is_correct(tmp_path: Path) 
                              "--examples", "20", "--strict"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+CLI_PAGE = ROOT / "docs" / "cli.md"
+
+
+def test_cli_md_quotes_what_the_default_run_prints(tmp_path: Path) -> None:
+    from kvsched.cli import DEFAULT_CONFIG, DEFAULT_RATE, DEFAULT_REQUESTS
+
+    text = CLI_PAGE.read_text(encoding="utf-8")
+    c = DEFAULT_CONFIG
+    assert (f"{DEFAULT_REQUESTS} ShareGPT-like requests arriving as a Poisson process "
+            f"({DEFAULT_RATE} per step) on a {c.num_gpu_blocks}-block") in text
+    assert (f"cache (`block_size` {c.block_size}, `max_num_seqs` {c.max_num_seqs}, "
+            f"`max_num_batched_tokens` {c.max_num_batched_tokens},\n`max_model_len` "
+            f"{c.max_model_len})") in text
+    shown = fenced_after(text, "## `kvsched check TRACE...`", "").splitlines()
+    assert shown[:2] == ["$ kvsched simulate --out trace.jsonl > /dev/null",
+                         "$ kvsched check trace.jsonl"]
+    for args in (["simulate", "--out", "trace.jsonl"], ["check", "trace.jsonl"]):
+        result = subprocess.run([sys.executable, "-m", "kvsched", *args], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == shown[2:], result.stdout

@@ -165,25 +165,41 @@ def counting(reporter: Reporter, then: Callable[[StepRecord], None] | None
 # -- simulate -------------------------------------------------------------------------
 
 def config_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """One option per Config field; unset options keep the profile's or built-in default."""
+    """One option per Config field; unset options keep the profile's or built-in default
+    (shown in --help)."""
+    def default(name: str) -> str:
+        value = getattr(DEFAULT_CONFIG, name)
+        if isinstance(value, bool):
+            value = "on" if value else "off"
+        return f" [default: {value}, unless the profile sets it]"
+
     opts = [
-        click.option("--block-size", type=int, help="Tokens per KV block."),
-        click.option("--num-gpu-blocks", type=int, help="Usable GPU KV blocks."),
-        click.option("--num-cpu-blocks", type=int, help="Host swap blocks (0 = no swap)."),
-        click.option("--max-num-batched-tokens", type=int, help="Token budget per step."),
-        click.option("--max-num-seqs", type=int, help="Most running requests."),
-        click.option("--max-model-len", type=int, help="Longest sequence (prompt + output)."),
+        click.option("--block-size", type=int, help="Tokens per KV block." + default("block_size")),
+        click.option("--num-gpu-blocks", type=int,
+                     help="Usable GPU KV blocks." + default("num_gpu_blocks")),
+        click.option("--num-cpu-blocks", type=int,
+                     help="Host swap blocks (0 = no swap)." + default("num_cpu_blocks")),
+        click.option("--max-num-batched-tokens", type=int,
+                     help="Token budget per step." + default("max_num_batched_tokens")),
+        click.option("--max-num-seqs", type=int,
+                     help="Most running requests." + default("max_num_seqs")),
+        click.option("--max-model-len", type=int,
+                     help="Longest sequence (prompt + output)." + default("max_model_len")),
         click.option("--chunked-prefill/--no-chunked-prefill", default=None,
-                     help="Split prefills across steps."),
+                     help="Split prefills across steps." + default("chunked_prefill")),
         click.option("--long-prefill-token-threshold", type=int,
-                     help="Cap on one prefill chunk when others wait (0 = off)."),
-        click.option("--policy", type=click.Choice(POLICIES), help="Queue order."),
+                     help="Cap on one prefill chunk when others wait (0 = off)."
+                          + default("long_prefill_token_threshold")),
+        click.option("--policy", type=click.Choice(POLICIES),
+                     help="Queue order." + default("policy")),
         click.option("--preemption", type=click.Choice(PREEMPTION_MODES),
-                     help="How victims give up their blocks."),
+                     help="How victims give up their blocks." + default("preemption")),
         click.option("--watermark-blocks", type=int,
-                     help="Blocks kept free at admission while others run."),
+                     help="Blocks kept free at admission while others run."
+                          + default("watermark_blocks")),
         click.option("--first-block-id", type=int,
-                     help="The first GPU block id (vLLM: 1); ids in the trace run from it."),
+                     help="The first GPU block id (vLLM: 1); ids in the trace run from it."
+                          + default("first_block_id")),
     ]
     for opt in reversed(opts):
         f = opt(f)
