@@ -54,6 +54,15 @@ class Reporter:
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.stop()
+        elif self.enabled and exc[0] is None:
+            self._plain()  # a log ends with where the work ended
+
+    def _plain(self) -> None:
+        done = self.done
+        of = f" of {self._amount(self.total)}" if self.total else ""
+        share = f" ({done / self.total:.0%})" if self.total else ""
+        self.console.print(f"{self.what}: {self._amount(done)}{of}{share}", markup=False,
+                           highlight=False)
 
     def advance(self, n: int) -> None:
         self.set(self.done + n)
@@ -68,10 +77,7 @@ class Reporter:
         now = time.monotonic()
         if now - self.last_plain >= PLAIN_EVERY_S:
             self.last_plain = now
-            of = f" of {self._amount(self.total)}" if self.total else ""
-            share = f" ({done / self.total:.0%})" if self.total else ""
-            self.console.print(f"{self.what}: {self._amount(done)}{of}{share}",
-                               markup=False, highlight=False)
+            self._plain()
 
     def _amount(self, n: int | None) -> str:
         if n is None:
@@ -119,5 +125,7 @@ def reading(stream: IO[bytes], what: str, total: int | None, console: Console,
             mode: bool | None) -> Iterator[IO[bytes]]:
     """`stream`, counting the bytes read as progress towards `total`."""
     with Reporter(what, total, console, mode) as reporter:
-        reader: Any = CountingReader(stream, reporter)
+        counting = CountingReader(stream, reporter)
+        reader: Any = counting  # read as the binary stream it wraps
         yield reader
+        reporter.advance(counting.pending)

@@ -1,0 +1,99 @@
+"""Traces as users keep them (compressed, piped), long work that shows progress, and a
+run stopped by SIGTERM that leaves nothing half-written."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from kvsched.optimized.checker import check_trace_vectorized
+from kvsched.spec import TraceReader, check_trace
+
+SMALL = ["--requests", "60", "--num-gpu-blocks", "64", "--max-num-seqs", "8",
+         "--max-model-len", "1024"]
+
+
+def kvsched(*args: str, stdin: bytes | None = None, cwd: Path | None = None
+            ) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "kvsched", *args], input=stdin,
+                          capture_output=True, timeout=300, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("inputs") / "trace.jsonl"
+    assert kvsched("simulate", *SMALL, "--out", str(path)).returncode == 0
+    return path
+
+
+def first_line(result: subprocess.CompletedProcess[bytes]) -> str:
+    return result.stdout.decode().splitlines()[0]
+
+
+@pytest.mark.parametrize("checker", ["spec", "vectorized"])
+def test_compressed_and_piped_traces_get_the_same_verdict(trace: Path, tmp_path: Path,
+                                                          checker: str) -> None:
+    data = trace.read_bytes()
+    gz = tmp_path / "trace.jsonl.gz"
+    gz.write_bytes(gzip.compress(data))
+    zst = tmp_path / "trace.zst"  # found by its first bytes, not by its name
+    zst.write_bytes(zstandard.ZstdCompressor().compress(data))
+    plain = kvsched("check", "--checker", checker, str(trace))
+    assert plain.returncode == 0
+    verdict = first_line(plain).split(": ", 1)[1]
+    for name in (gz, zst):
+        result = kvsched("check", "--checker", checker, str(name))
+        assert result.returncode == 0 and first_line(result) == f"OK {name}: {verdict}"
+    piped = kvsched("check", "--checker", checker, "-", stdin=data)
+    assert piped.returncode == 0 and first_line(piped) == f"OK -: {verdict}"
+    zipped = kvsched("check", "--checker", checker, "-", stdin=gzip.compress(data))
+    assert zipped.returncode == 0 and first_line(zipped) == f"OK -: {verdict}"
+    metrics = kvsched("metrics", "--format", "json", str(zst))
+    assert json.loads(metrics.stdout)["requests"] == 60
+
+
+def test_blank_lines_are_skipped_alike_by_both_checkers(trace: Path) -> None:
+    lines = trace.read_bytes().splitlines(keepends=True)
+    spaced = lines[0] + b"".join(line + b"\n" * 300 + b"  \n" for line in lines[1:])
+    spec = check_trace(TraceReader(io.BytesIO(spaced)))
+    fast = check_trace_vectorized(io.BytesIO(spaced))
+    assert (fast.counts, fast.steps, fast.scheduled_entries) == (spec.counts, spec.steps,
+                                                                  spec.scheduled_entries)
+    assert spec.steps == len(lines) - 2 and not spec.counts
+
+
+def test_progress_is_plain_lines_off_a_terminal_when_asked(trace: Path) -> None:
+    quiet = kvsched("simulate", *SMALL, "--requests", "3000", "--out", "/dev/null")
+    assert quiet.returncode == 0 and quiet.stderr == b""  # no terminal: no progress
+    loud = kvsched("simulate", *SMALL, "--requests", "3000", "--out", "/dev/null",
+                   "--progress")
+    assert loud.returncode == 0
+    assert loud.stderr.endswith(b"simulating: 3,000 requests of 3,000 requests (100%)\n")
+    assert b"\x1b" not in loud.stderr  # lines for a log, not a terminal's bar
+    silent = kvsched("check", "--no-progress", str(trace))
+    assert silent.stderr == b""
+
+
+def test_sigterm_leaves_no_part_file(tmp_path: Path) -> None:
+    out = tmp_path / "big.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "kvsched", "simulate", "--requests",
+                             "100000", "--out", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    part = tmp_path / "big.jsonl.part"
+    deadline = time.monotonic() + 120
+    while not part.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert part.exists(), "the simulation never started writing"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and stderr == b"kvsched: terminated\n"
+    assert list(tmp_path.iterdir()) == []
