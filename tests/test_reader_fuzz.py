@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_scan import parsed, scan_lines
 
@@ -105,6 +105,9 @@ def spec_reading(raw: bytes) -> tuple[str, Any]:
     return "step", rec
 
 
+# A batch is large by design (a block of lines, as the checker reads them).
+@settings(suppress_health_check=[HealthCheck.large_base_example, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
 @given(lines=st.lists(line(), min_size=BATCH if DEEP else 1, max_size=BATCH))
 def test_both_readers_read_every_line_alike(lines: list[bytes]) -> None:
     # One line per line: a newline inside a drawn byte sequence would split it.
