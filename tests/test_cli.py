@@ -171,3 +171,14 @@ def test_metrics_plot_draws_the_trace_over_time(trace: Path, tmp_path: Path) -> 
     assert not (tmp_path / "metrics.png.part").exists()
     again = kvsched("metrics", str(trace), "--plot", str(tmp_path))
     assert again.returncode == 2 and "is a directory" in again.stderr
+
+
+def test_help_lists_exit_codes_and_defaults() -> None:
+    check = " ".join(kvsched("check", "--help").stdout.split())
+    assert "Exit codes, the worst over the traces: 0 every trace is clean, 1 some trace " \
+           "broke an invariant" in check and "2 some trace is malformed input" in check
+    simulate = " ".join(kvsched("simulate", "--help").stdout.split())
+    for option, value in (("--num-gpu-blocks", "1024"), ("--block-size", "16"),
+                          ("--max-model-len", "4096"), ("--requests", "400"),
+                          ("--rate", "0.3")):
+        assert option in simulate and f"[default: {value}" in simulate, option
