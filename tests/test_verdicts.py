@@ -278,3 +278,94 @@ def test_an_id_aborted_twice_in_one_step_is_told_once(checker: str) -> None:
         {"step": 0, "arrivals": [arrive("a", 1, 1)], "aborted": ["a", "a"]}, end=False))
     [v] = report.violations
     assert (v.invariant, v.message) == ("one-state", "a is aborted while aborted")
+
+
+# -- the suspects of a free-count difference, one by one --------------------------------
+
+def facts(**fields: Any) -> Any:
+    from kvsched.spec.state import StepFacts
+    return StepFacts(5, 1, **fields)
+
+
+def victim(rid: str, released: int) -> Any:
+    from kvsched.spec.state import Action, Victim
+    return Victim(Action(rid, "preempted", "running"), "recompute", 8, 8, released, 0, 1,
+                  released)
+
+
+def finish(rid: str, released: int) -> Any:
+    from kvsched.spec.state import Action, Finish
+    return Finish(Action(rid, "finished", "running"), True, released, 1)
+
+
+def chunk(rid: str, blocks: int) -> Any:
+    from kvsched.spec.state import Action, Chunk
+    return Chunk(Action(rid, "scheduled", "running"), 4, 8, 4, 8, blocks, False, None)
+
+
+def handout(rid: str, given: int, expected: int, counted: bool = True) -> Any:
+    from kvsched.spec.state import Handout
+    return Handout(rid, "running", given, expected, counted, ())
+
+
+def blame(missing: int, **fields: Any) -> tuple[str, str | None, str]:
+    from kvsched.spec import must
+    f = facts(free=10, reported_free=10 - missing, **fields)
+    [v] = must.accounting(f, 0)
+    return v.invariant, v.request, v.message
+
+
+def test_a_release_of_nothing_is_no_suspect() -> None:
+    assert blame(2, victims=[victim("v", 0)], finishes=[finish("f", 3)])[:2] == ("finish", "f")
+    assert blame(2, released_by_aborts=[("a", 0)], victims=[victim("v", 3)])[:2] == (
+        "preempt", "v")
+
+
+def test_an_allocation_is_a_suspect_unless_its_ids_prove_it() -> None:
+    chunks = [chunk("c", 1)]
+    assert blame(2, victims=[victim("v", 3)], chunks=chunks)[:2] == ("accounting", None)
+    proven = [handout("c", 1, 1)]
+    assert blame(2, victims=[victim("v", 3)], chunks=chunks, handouts=proven)[:2] == (
+        "preempt", "v")
+    # Ids that did not match Db, or whose count was told as the victim's, prove nothing.
+    for wrong in ([handout("c", 2, 1)], [handout("c", 1, 1, counted=False)]):
+        assert blame(2, victims=[victim("v", 3)], chunks=chunks, handouts=wrong)[:2] == (
+            "accounting", None)
+    # A chunk that needed no block is no suspect.
+    assert blame(2, victims=[victim("v", 3)], chunks=[chunk("c", 0)])[:2] == ("preempt", "v")
+
+
+def test_a_swap_in_without_ids_is_an_allocation_suspect() -> None:
+    from kvsched.spec.state import Action
+    swap = [(Action("s", "swapped in", "swapped"), 2)]
+    inv, who, message = blame(-2, swap_ins=swap)
+    assert (inv, who) == ("accounting", "s")
+    assert "s should have been handed 2 GPU blocks" in message and "2 more free" in message
+    for odd in ([(Action("s", "swapped in", "running"), 2)],  # not applied
+                [(Action("s", "swapped in", "swapped"), 0)]):  # held nothing
+        assert blame(-2, swap_ins=odd) == (
+            "accounting", None, "the engine reports 12 free GPU blocks; the trace implies 10")
+    assert blame(-2, swap_ins=swap, handouts=[handout("s", 2, 2)])[1] is None
+
+
+def test_suspects_are_named_with_their_kind_and_blocks() -> None:
+    inv, who, message = blame(3, victims=[victim("v", 2)], finishes=[finish("f", 2)],
+                              chunks=[chunk("c", 1)])
+    assert (inv, who) == ("accounting", None)
+    assert message == ("the engine reports 7 free GPU blocks; the trace implies 10; 3 fewer "
+                       "free, which any of v's victim (2), f's finish (2), c's allocation "
+                       "(1) could explain")
+
+
+def test_one_kind_that_cannot_explain_it_all_is_not_blamed() -> None:
+    assert blame(5, victims=[victim("v", 2), victim("w", 2)])[:2] == ("accounting", None)
+    inv, who, message = blame(4, victims=[victim("v", 2), victim("w", 2)])
+    assert (inv, who) == ("preempt", None) and "preempting v, w should have released 4" \
+        in message
+    assert blame(2, finishes=[finish("f", 3)]) == (
+        "finish", "f", "finishing f should have released 3 GPU blocks, but the engine "
+        "reports 2 fewer free (a leak)")
+    inv, who, message = blame(1, released_by_aborts=[("a", 2)])
+    assert (inv, who) == ("accounting", "a")
+    assert message == ("aborting a should have released 2 GPU blocks, but the engine "
+                       "reports 1 fewer free")
