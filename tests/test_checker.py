@@ -230,3 +230,81 @@ def test_a_transient_miscount_is_told_once() -> None:
         {"step": 1, "preempted": [{"id": "b", "mode": "recompute"}], "scheduled": [["a", 1]],
          "free_blocks": 5}, end=False)
     assert report.errors() == 1 and report.counts["accounting"] == 1
+
+
+# -- no-idle: who could have run ------------------------------------------------------
+
+def idle_after(*steps: dict[str, Any], **config: Any) -> str | None:
+    """The request no-idle names on the last (idle) step, if any."""
+    found = only(check(*steps, end=False, **config), "no-idle")
+    return found[-1].request if found and found[-1].step == steps[-1]["step"] else None
+
+
+def test_no_idle_counts_a_swapped_requests_host_blocks() -> None:
+    # a (2 blocks) is swapped out; b runs with 6 of 8. Bringing a back needs its 2 host
+    # blocks and 1 for its next token: 3 > the 2 free, so only b could run.
+    steps = [{"step": 0, "arrivals": [arrive("a", 8), arrive("b", 20)],
+              "scheduled": [["a", 8], ["b", 20]]},
+             {"step": 1, "preempted": [{"id": "a", "mode": "swap"}], "scheduled": [["b", 1]]}]
+    assert idle_after(*steps, {"step": 2}, preemption="swap") == "b"
+    assert idle_after(*steps, {"step": 2, "finished": ["b"]}, preemption="swap") == "a"
+
+
+def test_no_idle_asks_for_the_watermark_only_while_something_runs() -> None:
+    steps = [{"step": 0, "arrivals": [arrive("a", 16), arrive("b", 4)],
+              "scheduled": [["a", 16]]}]
+    # a holds 4 of 8 blocks; b needs 1 (4 tokens) plus a watermark of 3 while a runs.
+    assert idle_after(*steps, {"step": 1}, watermark_blocks=3) == "a"  # a runs: 1 fits
+    assert idle_after(*steps, {"step": 1, "preempted": [{"id": "a", "mode": "recompute"}]},
+                      {"step": 2}, watermark_blocks=3) in ("a", "b")
+    assert idle_after(*steps, {"step": 1}, watermark_blocks=4) == "a"
+    only_b = [{"step": 0, "arrivals": [arrive("a", 16, 1), arrive("b", 16)],
+               "scheduled": [["a", 16]], "finished": ["a"]},
+              {"step": 1, "arrivals": [arrive("c", 16)], "scheduled": [["b", 16]]}]
+    # b runs with 4 blocks; c needs 4 + a watermark of 1 > 4 free, and b itself can run.
+    assert idle_after(*only_b, {"step": 2}, watermark_blocks=1) == "b"
+
+
+def test_no_idle_without_chunked_prefill_needs_the_whole_prompt() -> None:
+    steps = [{"step": 0, "arrivals": [arrive("big", 40), arrive("small", 4)]}]
+    # Chunked: 1 token of big fits. Whole: big's 40 tokens need 10 blocks of 8, but
+    # small's 4 tokens fit.
+    assert idle_after(*steps, max_num_batched_tokens=64, max_model_len=64,
+                      num_gpu_blocks=16) == "big"
+    assert idle_after(*steps, chunked_prefill=False, max_num_batched_tokens=64,
+                      max_model_len=64, num_gpu_blocks=9) == "small"
+    assert idle_after(*steps, chunked_prefill=False, max_num_batched_tokens=64,
+                      max_model_len=64, num_gpu_blocks=10) == "big"  # an exact fit runs
+
+
+def test_no_idle_respects_the_sequence_limit() -> None:
+    steps = [{"step": 0, "arrivals": [arrive("a", 4), arrive("b", 4)], "scheduled": [["a", 4]]}]
+    assert idle_after(*steps, {"step": 1}, max_num_seqs=1) == "a"  # a runs; b may not join
+    full = [{"step": 0, "arrivals": [arrive("a", 4), arrive("b", 4)],
+             "scheduled": [["a", 4], ["b", 4]]}, {"step": 1, "arrivals": [arrive("c", 4)]}]
+    assert idle_after(*full, max_num_seqs=2) == "a"
+
+
+def test_every_violation_is_counted_and_the_first_twenty_of_each_id_kept() -> None:
+    steps = [{"step": i, "scheduled": [["ghost", 1]]} for i in range(25)]
+    report = check(*steps, end=False)
+    assert report.counts["one-state"] == 25
+    assert [v.step for v in report.violations] == list(range(20))
+    assert report.steps == 25 and report.scheduled_entries == 25
+
+
+def test_swap_in_restores_host_blocks_and_counts_them_as_demand() -> None:
+    steps = [{"step": 0, "arrivals": [arrive("a", 8)], "scheduled": [["a", 8]],
+              "free_blocks": 6},
+             {"step": 1, "preempted": [{"id": "a", "mode": "swap"}], "free_blocks": 8},
+             {"step": 2, "swapped_in": ["a"], "scheduled": [["a", 1]], "free_blocks": 5},
+             # a has its 3 blocks back; preempted again, its 3 go to host, which has 4.
+             {"step": 3, "preempted": [{"id": "a", "mode": "swap"}], "free_blocks": 8},
+             {"step": 4, "swapped_in": ["a"], "scheduled": [["a", 1]], "free_blocks": 5}]
+    report = check(*steps, end=False, preemption="swap")
+    assert report.errors() == 0  # (the preemptions were not needed: warnings only)
+    # a swaps out 2 blocks, comes back with 3: the second swap-out needs 3 host blocks.
+    host = check(*steps, end=False, preemption="swap", num_cpu_blocks=2)
+    [v] = only(host, "cpu-budget")
+    assert (v.step, v.lhs, v.rhs) == (3, 3, 2)
+    assert host.counts["accounting"] == 0
