@@ -4,12 +4,15 @@ and nothing half-written left behind."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from kvsched.spec import TraceError, TraceReader, check_trace
 
 HEADER = {"kvsched": "trace", "version": 1, "engine": {"name": "t", "version": "0"},
           "config": {"block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 0,
@@ -246,3 +249,12 @@ def test_bad_workload_file(tmp_path: Path, content: str, expected: str) -> None:
     result = kvsched("simulate", "--workload", str(workload))
     assert result.returncode == 2
     assert expected in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+@pytest.mark.parametrize("case", sorted(set(CASES) - {GZIP_CUT}))
+def test_the_spec_reader_words_each_refusal_itself(case: str) -> None:
+    # In-process, the same refusals as the command's: the reader alone says them.
+    data, expected = CASES[case]
+    with pytest.raises(TraceError) as e:
+        check_trace(TraceReader(io.BytesIO(data)))
+    assert str(e.value).startswith(expected) or expected in str(e.value), str(e.value)
