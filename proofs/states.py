@@ -91,6 +91,10 @@ def consistent_request(c: Cfg, r: Req) -> bool:
         return False
     if r.status == WAITING:
         return r.computed == 0
+    if not c.chunked:
+        # Prefills are whole: between steps a running (or swapped) request has computed
+        # all but the token it last sampled.
+        return r.computed == known - 1
     return 1 <= r.computed < known
 
 
