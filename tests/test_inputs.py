@@ -97,3 +97,40 @@ def test_sigterm_leaves_no_part_file(tmp_path: Path) -> None:
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143 and stderr == b"kvsched: terminated\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_check_metrics_and_diff_show_progress_when_asked(trace: Path) -> None:
+    size = trace.stat().st_size / 1e6
+    check = kvsched("check", "--progress", str(trace))
+    assert check.stderr.decode().endswith(
+        f"checking {trace}: {size:,.1f} MB of {size:,.1f} MB (100%)\n")
+    metrics = kvsched("metrics", "--progress", str(trace))
+    assert metrics.stderr.decode().startswith("reading: ")
+    diff = kvsched("diff", "--progress", str(trace), str(trace))
+    assert diff.returncode == 0 and diff.stderr.decode().startswith("diffing: ")
+    for args in (["check", str(trace)], ["metrics", str(trace)], ["diff", str(trace),
+                                                                    str(trace)]):
+        assert kvsched(*args).stderr == b""  # off a terminal, silent unless asked
+
+
+def test_a_verdict_leads_with_one_line_per_broken_invariant(tmp_path: Path) -> None:
+    header = {"kvsched": "trace", "version": 1, "config": {
+        "block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 0,
+        "max_num_batched_tokens": 32, "max_num_seqs": 4, "max_model_len": 32,
+        "chunked_prefill": True, "long_prefill_token_threshold": 0, "policy": "fcfs",
+        "preemption": "recompute", "watermark_blocks": 0}}
+    steps = [{"step": i, "scheduled": [[f"ghost{i}", 1]]} for i in range(30)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in [header, *steps]))
+    text = kvsched("check", "--max-violations", "3", str(path)).stdout.decode()
+    lines = text.splitlines()
+    assert lines[1] == "  MUST one-state: 30 violations, first at step 0, ghost0"
+    assert text.count("is scheduled but never arrived") == 3  # 3 rows of the table
+    assert "(27 more not shown; --max-violations N shows more" in text
+    assert "ghost29" not in text
+
+
+def test_the_docs_stand_alone() -> None:
+    root = Path(__file__).resolve().parent.parent
+    for page in sorted((root / "docs").rglob("*.md")):
+        assert "design.md" not in page.read_text(encoding="utf-8"), page
