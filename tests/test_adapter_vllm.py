@@ -292,7 +292,8 @@ def test_cli_record_vllm_errors_are_one_line_exit_2(tmp_path: Path) -> None:
                                     "output_len": 2, "max_tokens": 3}) + "\n")
     base = ["record", "vllm", "--workload", str(workload), "--out", str(tmp_path / "t.jsonl")]
     missing = kvsched(*base, "--vllm-python", str(tmp_path / "none" / "python"))
-    swap = kvsched(*base, "--preemption", "swap", "--vllm-python", sys.executable)
+    swap = kvsched(*base, "--preemption", "swap", "--num-cpu-blocks", "8", "--vllm-python",
+                   sys.executable)
     for result, words in ((missing, "make conformance-vllm"), (swap, "recompute only")):
         assert result.returncode == 2
         assert result.stderr.startswith("kvsched: error: ") and words in result.stderr
