@@ -1,0 +1,102 @@
+"""The spec's values on their own: a config's problems, a request's, a violation as
+reported, the cost model of `auto` preemption, and the profiles' config defaults."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from kvsched.spec import Config, Request, Violation
+from kvsched.spec.knobs import CostModel, Knobs
+from kvsched.spec.profiles import ConfigDefaults, get_profile
+
+
+@pytest.mark.parametrize("change,problem", [
+    ({"chunked_prefill": 1}, "config.chunked_prefill must be true or false, got 1"),
+    ({"policy": "lifo"}, "config.policy must be one of fcfs, priority, got 'lifo'"),
+    ({"preemption": "drop"}, "config.preemption must be one of recompute, swap, auto, got "
+                             "'drop'"),
+    ({"block_size": 2.0}, "config.block_size must be an integer, got 2.0"),
+    ({"max_num_seqs": True}, "config.max_num_seqs must be an integer, got True"),
+    ({"num_gpu_blocks": 0}, "config.num_gpu_blocks must be at least 1, got 0"),
+    ({"max_model_len": 0}, "config.max_model_len must be at least 1, got 0"),
+    ({"num_cpu_blocks": -1}, "config.num_cpu_blocks must not be negative, got -1"),
+    ({"watermark_blocks": -2}, "config.watermark_blocks must not be negative, got -2"),
+    ({"first_block_id": -1}, "config.first_block_id must not be negative, got -1"),
+    ({"num_cpu_blocks": 2**40 + 1}, "config.num_cpu_blocks is absurdly large "
+                                    "(1099511627777 > 2**40)"),
+    ({"chunked_prefill": False, "max_num_batched_tokens": 100, "max_model_len": 101},
+     "config.max_num_batched_tokens must be at least max_model_len (101) without chunked "
+     "prefill, got 100"),
+    ({"chunked_prefill": False, "long_prefill_token_threshold": 8},
+     "config.long_prefill_token_threshold chunks prefills, so it needs chunked_prefill: "
+     "true"),
+])
+def test_each_config_problem_names_its_field(change: dict[str, Any], problem: str) -> None:
+    config = replace(Config(max_num_batched_tokens=4096), **change)
+    assert config.problems() == [problem]
+
+
+def test_a_valid_config_has_no_problem_and_boundaries_pass() -> None:
+    assert Config().problems() == []
+    assert Config(num_cpu_blocks=2**40, watermark_blocks=0, first_block_id=0,
+                  block_size=1).problems() == []
+    assert Config(chunked_prefill=False, max_num_batched_tokens=4096,
+                  max_model_len=4096).problems() == []
+
+
+@pytest.mark.parametrize("request_,problem", [
+    (Request("", 4, 1), "request id must be a non-empty string"),
+    (Request("a", 0, 1), "prompt_len of 'a' must be at least 1, got 0"),
+    (Request("a", 4, 2**41), "max_tokens of 'a' is absurdly large (2199023255552)"),
+    (Request("a", 4, 1.5), "max_tokens of 'a' must be an integer, got 1.5"),  # type: ignore[arg-type]
+    (Request("a", 4, 1, True), "priority of 'a' must be an integer, got True"),
+    (Request("a", 4, 1, -(2**41)), "priority of 'a' is absurdly large (-2199023255552)"),
+])
+def test_each_request_problem_names_its_field(request_: Request, problem: str) -> None:
+    assert request_.problems() == [problem]
+
+
+def test_a_violation_reports_its_level_numbers_and_fields() -> None:
+    v = Violation("kv-budget", 3, "too many", "r1", 5, "<=", 4)
+    assert v.level == "MUST" and v.numbers() == "5 <= 4"
+    assert v.as_dict() == {"invariant": "kv-budget", "level": "MUST", "step": 3,
+                           "request": "r1", "lhs": 5, "relation": "<=", "rhs": 4,
+                           "message": "too many"}
+    assert Violation("no-idle", 0, "idle").numbers() == ""
+    assert Violation("no-idle", 0, "idle").level == "SHOULD"
+    assert Violation("profile", 0, "differs").level == "PROFILE"
+
+
+def test_the_cost_model_swaps_when_two_crossings_beat_recomputing() -> None:
+    cost = CostModel(bytes_per_block=1_000, host_bandwidth=1e6, prefill_tokens_per_s=100.0)
+    assert cost.swap_seconds(3) == pytest.approx(0.006)  # out and back: 2 x 3 x 1 kB / 1 MB/s
+    assert cost.recompute_seconds(5) == pytest.approx(0.05)
+    assert cost.prefers_swap(3, 5) and not cost.prefers_swap(30, 5)
+    assert not cost.prefers_swap(25, 5)  # equal costs: recompute
+    default = CostModel()
+    assert default.bytes_per_block == 2 * 1024 * 1024 and default.host_bandwidth == 25e9
+    assert default.prefill_tokens_per_s == 10_000.0
+
+
+def test_knob_problems_name_the_bad_victim_rule() -> None:
+    assert Knobs().problems() == []
+    assert Knobs(victim="oldest").problems() == [  # type: ignore[arg-type]
+        "victim must be one of policy, tail, lowest_priority, got 'oldest'"]
+
+
+def test_profile_defaults_apply_to_fields_not_given() -> None:
+    d = ConfigDefaults(preemption="swap", watermark_fraction=0.01, host_blocks_as_gpu=True)
+    config = Config(num_gpu_blocks=250, watermark_blocks=0, num_cpu_blocks=0)
+    assert d.apply(config) == replace(config, preemption="swap", watermark_blocks=2,
+                                      num_cpu_blocks=250)
+    given = frozenset({"preemption", "watermark_blocks", "num_cpu_blocks"})
+    assert d.apply(config, given) == config
+    assert d.describe() == ("preemption=swap, watermark_blocks=1% of num_gpu_blocks, "
+                            "num_cpu_blocks=num_gpu_blocks")
+    assert ConfigDefaults().describe() == "-" and ConfigDefaults().apply(config) == config
+    assert get_profile("vllm-v1").configure(config) == config
+    with pytest.raises(ValueError, match="unknown profile 'nope'; known: vllm-v1"):
+        get_profile("nope")
