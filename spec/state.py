@@ -44,11 +44,6 @@ ALLOWED: dict[str, frozenset[str]] = {
     "finished": frozenset({"waiting", "running", "swapped"}),
 }
 
-# The trace field that names each action, for messages about ids.
-FIELD = {"arrives": "arrivals", "aborted": "aborted", "rejected": "rejected",
-         "preempted": "preempted", "swapped in": "swapped_in", "scheduled": "scheduled",
-         "finished": "finished"}
-
 
 @dataclass(slots=True)
 class LiveRequest:
@@ -145,7 +140,6 @@ class StepFacts:
     handouts: list[Handout] | None = None  # None while block ids are not tracked
     finishes: list[Finish] = field(default_factory=list)
     due: list[LiveRequest] = field(default_factory=list)  # sampled and not finished
-    unknown_new_blocks: list[str] = field(default_factory=list)
     free_before: int = 0  # B_free: after arrivals and aborts
     reclaim: int = 0  # B_reclaim: what the victims released
     demand: int = 0  # sum of Db, swap-ins included
@@ -404,8 +398,6 @@ class State:
         # Batch order (swap-ins, then scheduled), then the rest: the same report every run.
         for rid in dict.fromkeys([*expected, *rec.new_blocks]):
             status = self.status_of(rid)
-            if status == NEVER_ARRIVED:
-                f.unknown_new_blocks.append(rid)
             given = rec.new_blocks.get(rid, ())
             t = self.live.get(rid)
             blocks = []
