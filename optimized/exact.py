@@ -17,7 +17,7 @@ import numpy as np
 
 from kvsched.optimized.columns import CODE_OF, STATUS_OF, Columns
 from kvsched.spec.checker import Checker, CheckOptions, Report
-from kvsched.spec.model import Request, Status
+from kvsched.spec.model import Request, Status, StepRecord
 from kvsched.spec.state import LiveRequest
 from kvsched.spec.trace import STEP_KEYS, TraceError, load_line, parse_step
 
@@ -28,6 +28,7 @@ class SpecBridge:
     def __init__(self, state: Columns, max_preemptions: int, keep: int,
                  preempted_order: bool = True) -> None:
         self.state = state
+        self.alone = state.config.prefix_caching
         # The kernel's needed-preemption test asks about the last victim only; where the
         # victims are a set that is stricter, so a run it passes passes here too.
         self.checker = Checker(state.config, CheckOptions(max_preemptions=max_preemptions,
@@ -56,23 +57,31 @@ class SpecBridge:
         first_new = len(state.ids)
         self.to_exact()
         for line, given in steps:
-            obj = load_line(given, line) if isinstance(given, bytes) else given
-            rec = parse_step(obj, line)
-            if rec.step != expected:
-                raise TraceError(line, f"expected step {expected}, got {rec.step} "
-                                       "(steps are numbered from 0 without gaps)")
-            for key in obj:
-                if key not in STEP_KEYS and key not in unknown_keys:
-                    unknown_keys[key] = line
+            rec = self._parse(line, given, expected, unknown_keys)
             expected += 1
-            fresh = [r for r in rec.arrivals if r.id not in state.index and r.id not in ended]
-            if len({r.id for r in fresh}) == len(fresh):
-                state.register(fresh)
-            else:
-                state.register(list({r.id: r for r in reversed(fresh)}.values())[::-1])
+            if not self.alone:
+                # The arrivals get their columns first (the Checker then moves them).
+                fresh = [r for r in rec.arrivals if r.id not in state.index and r.id not in ended]
+                if len({r.id for r in fresh}) == len(fresh):
+                    state.register(fresh)
+                else:
+                    state.register(list({r.id: r for r in reversed(fresh)}.values())[::-1])
             self.checker.step(rec)
         self.from_exact(np.concatenate((before, np.arange(first_new, len(state.ids)))))
         return expected
+
+    @staticmethod
+    def _parse(line: int, given: Any, expected: int, unknown_keys: dict[str, int]) -> StepRecord:
+        """One line through the spec's parser, as step number `expected`."""
+        obj = load_line(given, line) if isinstance(given, bytes) else given
+        rec = parse_step(obj, line)
+        if rec.step != expected:
+            raise TraceError(line, f"expected step {expected}, got {rec.step} "
+                                   "(steps are numbered from 0 without gaps)")
+        for key in obj:
+            if key not in STEP_KEYS and key not in unknown_keys:
+                unknown_keys[key] = line
+        return rec
 
     def end(self, complete: bool) -> Report:
         self.to_exact()
@@ -80,13 +89,15 @@ class SpecBridge:
 
     def to_exact(self) -> None:
         """Give the spec's Checker the state of the columns."""
+        if self.alone:
+            return
         ex = self.checker
         st = ex.state
         s = self.state
         c = s.cols
         live: dict[str, LiveRequest] = {}
         owned: dict[int, list[int]] = {}
-        st.owner = {}
+        st.holders = {}
         first = s.config.first_block_id
         if s.ids_seen:
             holder = s.holder
@@ -95,7 +106,7 @@ class SpecBridge:
             owners = holder[blocks]
             current = s.holder_gen[blocks] == c["GEN"][owners]
             for b, ri in zip(blocks[current].tolist(), owners[current].tolist(), strict=True):
-                st.owner[b + first] = s.ids[ri]
+                st.holders[b + first] = [s.ids[ri]]
                 owned.setdefault(ri, []).append(b + first)
         count = dict.fromkeys(Status, 0)
         for ri in s.live_indices().tolist():
@@ -117,6 +128,8 @@ class SpecBridge:
     def from_exact(self, before: np.ndarray) -> None:
         """Read the state back into the columns; `before` are the requests that were live
         before, or arrived since."""
+        if self.alone:
+            return
         ex = self.checker
         st = ex.state
         s = self.state
@@ -136,8 +149,8 @@ class SpecBridge:
             c["GEN"][ri] += 1
         s.holder.fill(-1)
         first = s.config.first_block_id
-        for b, rid in st.owner.items():
-            ri = s.index[rid]
+        for b, held in st.holders.items():
+            ri = s.index[held[0]]
             s.holder[b - first] = ri
             s.holder_gen[b - first] = c["GEN"][ri]
         s.free, s.free_host, s.running = st.free, st.free_host, st.running

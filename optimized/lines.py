@@ -72,8 +72,8 @@ def parse_fast(obj: Any, line: int, expected: int, raw: bytes) -> FastStep | Non
     if type(obj) is not dict:
         return None
     step = obj.get("step")
-    if type(step) is not int or step != expected or "prefix_hits" in obj:
-        return None
+    if type(step) is not int or step != expected or "prefix_hits" in obj or "block_keys" in obj:
+        return None  # prefix caching: the spec's parser and Checker
     arrivals: list[Request] = []
     given = obj.get("arrivals", NOTHING)
     if given:

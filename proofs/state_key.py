@@ -80,9 +80,10 @@ def checker_key(c: Checker) -> Hashable:
     """The spec's own view of the state, as the checker replays it."""
     st = c.state
     live = tuple(sorted((rid, t.status.value, t.num_tokens, t.num_computed, t.gpu_blocks,
-                         t.host_blocks, tuple(t.block_ids), t.recomputing)
+                         t.host_blocks, tuple(t.block_ids), t.recomputing, tuple(t.keys))
                         for rid, t in st.live.items()))
     # Whether ids were seen, and from which step some were missing, only say what the
     # report covers: no later verdict depends on them, so they stay out of the key.
     return (live, st.free, st.free_host, st.running, c.leaked,
-            tuple(sorted(st.owner.items())))
+            tuple(sorted((b, tuple(held)) for b, held in st.holders.items())),
+            tuple(sorted(st.cached.items())))

@@ -145,7 +145,7 @@ def build(c: Cfg, reqs: list[Req]) -> tuple[ReferenceScheduler, Checker]:
             s.running.append(e)
             t.gpu_blocks = len(ids)
             t.block_ids = list(ids)
-            checker.state.owner.update((b, rid) for b in ids)
+            checker.state.holders.update((b, [rid]) for b in ids)
         checker.state.live[rid] = t
         checker.state.count[t.status] += 1
     s.running.sort(key=lambda e: e.seq)

@@ -37,6 +37,7 @@ class Config:
     preemption: PreemptionMode = "recompute"
     watermark_blocks: int = 0
     first_block_id: int = 0  # the engine's first block id (vLLM: 1, its block 0 is null)
+    prefix_caching: bool = False  # full blocks are cached by content and may be hit
 
     def problems(self) -> list[str]:
         """Every way this config is malformed, one sentence each naming the field (a
@@ -48,7 +49,7 @@ class Config:
                         "first_block_id")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("chunked_prefill",):
+            if f.name in ("chunked_prefill", "prefix_caching"):
                 if not isinstance(value, bool):
                     out.append(f"config.{f.name} must be true or false, got {value!r}")
                 continue
@@ -79,7 +80,7 @@ class Config:
 
 
 # Config fields a trace header may leave out, with the value that then holds.
-OPTIONAL_CONFIG: dict[str, object] = {"first_block_id": 0}
+OPTIONAL_CONFIG: dict[str, object] = {"first_block_id": 0, "prefix_caching": False}
 
 
 def config_field_names() -> tuple[str, ...]:
@@ -158,7 +159,9 @@ class Decision:
 
     `sampled` lists the scheduled requests whose computed tokens reach their known
     tokens, so sample one token at the end of the step; it is derived, not traced.
-    `new_blocks` is None when the scheduler does not expose block ids.
+    `new_blocks` is None when the scheduler does not expose block ids. `prefix_hits`
+    maps a request admitted with a prefix-cache hit to the cached blocks it took, in
+    table order; its scheduled count is the tokens computed after them.
     """
 
     rejected: tuple[Rejection, ...] = ()
@@ -167,6 +170,7 @@ class Decision:
     scheduled: tuple[tuple[str, int], ...] = ()
     sampled: tuple[str, ...] = ()
     new_blocks: dict[str, tuple[int, ...]] | None = None
+    prefix_hits: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -176,13 +180,15 @@ class Decision:
         """The decision as one value for equality across implementations (rejection
         reasons are prose and differ between engines, so only the ids count). With
         `ordered_victims` False the victims (with their modes) count as a set, for
-        engines that report them so."""
+        engines that report them so. A prefix hit counts by its length: which cached
+        blocks hold the same content is the engine's choice of ids."""
         victims = tuple((p.id, p.mode) for p in self.preempted)
         return (
             tuple(r.id for r in self.rejected),
             victims if ordered_victims else tuple(sorted(victims)),
             self.swapped_in,
             self.scheduled,
+            tuple(sorted((rid, len(ids)) for rid, ids in self.prefix_hits.items())),
         )
 
 
@@ -201,6 +207,10 @@ class StepRecord:
     free_blocks: int | None = None
     new_blocks: dict[str, tuple[int, ...]] | None = None
     time_ms: float | None = None
+    # Prefix caching: each hit's cached blocks, in table order; and the content keys of
+    # requests' full blocks, each list continuing what earlier steps gave for its request.
+    prefix_hits: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    block_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
     line: int = field(default=0, compare=False)
 
     @property
@@ -211,4 +221,4 @@ class StepRecord:
     @property
     def decision(self) -> Decision:
         return Decision(self.rejected, self.preempted, self.swapped_in, self.scheduled,
-                        new_blocks=self.new_blocks)
+                        new_blocks=self.new_blocks, prefix_hits=self.prefix_hits)

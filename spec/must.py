@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kvsched.spec.blocks import never_completes
 from kvsched.spec.model import Config
-from kvsched.spec.state import NEVER_ARRIVED, Action, StepFacts
+from kvsched.spec.state import NEVER_ARRIVED, Action, HitBlock, StepFacts
 from kvsched.spec.violation import Violation
 
 
@@ -59,8 +59,26 @@ def seq_limit(f: StepFacts, config: Config) -> list[Violation]:
 
 def token_range(f: StepFacts, config: Config) -> list[Violation]:
     """token-range: Dn >= 1, C + Dn <= N, C + Dn <= max_model_len; whole prefills
-    without chunked prefill (a prefill is any step with N - C > 1)."""
+    without chunked prefill (a prefill is any step with N - C > 1). A prefix hit is
+    taken only with prefix caching on, by a waiting request at C = 0, and covers at
+    most N - 1 tokens (at least one is computed)."""
     out = []
+    bs = config.block_size
+    for h in f.hits:
+        rid, size = h.action.request, len(h.blocks) * bs
+        if h.refused == "off":
+            out.append(Violation("token-range", f.step, f"{rid} takes a prefix hit but the "
+                                 "trace's config has prefix_caching false", request=rid))
+        elif h.refused == "computed":
+            out.append(Violation("token-range", f.step,
+                                 f"{rid} takes a prefix hit while {h.action.state} with "
+                                 f"C={h.computed}; a hit is taken only at C = 0, on admission",
+                                 request=rid, lhs=h.computed, relation="==", rhs=0))
+        elif h.refused == "long":
+            out.append(Violation("token-range", f.step,
+                                 f"{rid}'s prefix hit of {len(h.blocks)} blocks covers {size} "
+                                 f"tokens of its {h.known}; at most N - 1 may be hit",
+                                 request=rid, lhs=size, relation="<=", rhs=h.known - 1))
     for c in f.chunks:
         if not c.action.applied:
             continue
@@ -103,8 +121,12 @@ def one_state(f: StepFacts) -> list[Violation]:
     scheduled, swapped in, aborted, rejected or finished that never arrived or has ended,
     and nothing is scheduled twice in one step. (A victim that was not running is the
     preempt invariant's.) The action is not applied, and the check goes on."""
-    return [Violation("one-state", f.step, _misplaced(a), request=a.request)
-            for a in f.actions if not a.applied and a.action != "preempted"]
+    out = [Violation("one-state", f.step, _misplaced(a), request=a.request)
+           for a in f.actions if not a.applied and a.action != "preempted"]
+    out += [Violation("one-state", f.step, f"{h.action.request} takes a prefix hit but is "
+                      "not scheduled in this step", request=h.action.request)
+            for h in f.hits if h.refused == "unscheduled"]
+    return out
 
 
 def preempt(f: StepFacts) -> list[Violation]:
@@ -189,6 +211,33 @@ def block_ids(f: StepFacts, config: Config) -> list[Violation]:
                 out.append(Violation("block-ids", f.step,
                                      f"{rid} gets block {b}, which {owner} still holds",
                                      request=rid))
+    for hit in f.hits:
+        if hit.refused is None and hit.tracked:
+            out += _hit_blocks(f.step, hit.action.request, hit.blocks, first, last)
+    return out
+
+
+def _hit_blocks(step: int, rid: str, blocks: tuple[HitBlock, ...], first: int,
+                last: int) -> list[Violation]:
+    """A prefix hit takes, at each table index j, a block cached at index j (full there
+    in some request's table and not handed out since), of the same content when the
+    trace gives content keys."""
+    out = []
+    for b in blocks:
+        if not first <= b.block < last:
+            out.append(Violation("block-ids", step, f"{rid}'s prefix hit takes block "
+                                 f"{b.block}, outside {first}..{last - 1}", request=rid))
+        elif b.cached_at != b.index:
+            where = ("it is not cached (never full, or handed out since)"
+                     if b.cached_at is None else f"it is cached at index {b.cached_at}")
+            out.append(Violation("block-ids", step, f"{rid}'s prefix hit takes block "
+                                 f"{b.block} at table index {b.index}, but {where}",
+                                 request=rid, lhs=b.cached_at, relation="==", rhs=b.index))
+        elif b.key is not None and b.cached_key is not None and b.key != b.cached_key:
+            out.append(Violation("block-ids", step, f"{rid}'s prefix hit takes block "
+                                 f"{b.block} at table index {b.index}, cached with content "
+                                 f"{b.cached_key!r}, where its own content is {b.key!r}",
+                                 request=rid))
     return out
 
 
@@ -212,6 +261,7 @@ def _suspects(f: StepFacts, missing: int) -> list[tuple[str, str, int]]:
             out.append(("restart" if rid in restarted else "allocation", rid, c.new_blocks))
     out += [("allocation", a.request, held) for a, held in f.swap_ins
             if a.applied and held > 0 and a.request not in proven]
+    out += [("prefix hit", h.action.request, h.evictable) for h in f.hits if h.evictable > 0]
     return out
 
 
@@ -257,8 +307,9 @@ def accounting(f: StepFacts, leaked: int) -> list[Violation]:
                               f"after recompute, {ids} restarted with other than C = 0 and "
                               f"no blocks: the engine's free count is off by {missing}",
                               request=one, lhs=-missing, relation="==", rhs=0)]
-        what = (f"aborting {ids} should have released {n} GPU blocks" if kind == "abort"
-                else f"{ids} should have been handed {n} GPU blocks")
+        what = {"abort": f"aborting {ids} should have released {n} GPU blocks",
+                "prefix hit": f"{ids} took {n} evictable cached blocks by prefix hit"}.get(
+                    kind, f"{ids} should have been handed {n} GPU blocks")
         return [Violation("accounting", f.step,
                           f"{what}, but the engine reports {abs(missing)} "
                           f"{'fewer' if missing > 0 else 'more'} free", request=one,

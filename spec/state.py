@@ -10,6 +10,16 @@ G += Db, C += Dn, and a request whose C reaches N samples: N += 1); finishes (re
 everything). An action applies only in a state that allows it (ALLOWED): one that
 does not is recorded, not applied, so the state stays one the spec can describe.
 
+With prefix caching (config prefix_caching) a block may have several holders. A block
+becomes cached, with its table index and (when the trace gives one) its content key,
+in the step whose chunk fills it; it stays cached when its last holder releases it
+(it then counts as free: evictable) until it is handed out again, which drops its
+content. A request admitted at C = 0 may take a hit (`prefix_hits`) of h cached
+blocks at table indices 0..h-1 with h * block_size <= N - 1: then C = h * block_size,
+G = h, and the E hit blocks that had no holder leave the free count (the admission
+costs Db + E). Everything happens in batch order, so a request admitted later in a
+step may hit blocks an earlier one is filling.
+
 `State.apply` returns a `StepFacts`: every number an invariant needs (the demand and
 the free blocks before the step, what the victims and the finishes released, each
 touched request before and after, the block ids handed out and their owners before).
@@ -42,6 +52,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     # A live request always finishes (whether it had sampled is the finish invariant's
     # question); an ended one cannot.
     "finished": frozenset({"waiting", "running", "swapped"}),
+    # A hit is taken at admission, by a request that computes nothing yet (C = 0).
+    "prefix hit": frozenset({"waiting"}),
 }
 
 
@@ -58,6 +70,7 @@ class LiveRequest:
     preemptions: int = 0
     block_ids: list[int] = field(default_factory=list)
     recomputing: bool = False  # a recompute victim whose first new chunk is not yet seen
+    keys: list[str] = field(default_factory=list)  # content keys of its full blocks
 
     def view(self) -> RequestView:
         return RequestView(self.status, self.num_tokens, self.num_computed, self.gpu_blocks,
@@ -118,6 +131,35 @@ class Handout:
 
 
 @dataclass(frozen=True, slots=True)
+class HitBlock:
+    """One block of a prefix hit, at table index `index`: where the cache had it."""
+
+    block: int
+    index: int
+    cached_at: int | None  # the table index it was full at, None when not cached
+    cached_key: str | None  # its content key when cached, if the trace gave one
+    key: str | None  # the hitting request's content key at `index`, if given
+    holder: str | None  # a live request holding it just before
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A prefix hit as the trace gives it, on a request with N known and C computed.
+
+    `refused` says why the state could not take it (it then applies no hit): "off"
+    (prefix caching is off), "unscheduled" (the request is not scheduled this step),
+    "computed" (C > 0 or not waiting) or "long" (past N - 1 tokens)."""
+
+    action: Action
+    known: int
+    computed: int
+    blocks: tuple[HitBlock, ...]
+    evictable: int  # E: hit blocks with no live holder, taken out of the free count
+    refused: str | None = None
+    tracked: bool = True  # block ids known on every step so far: the blocks can be checked
+
+
+@dataclass(frozen=True, slots=True)
 class Finish:
     action: Action
     sampled: bool  # it sampled a token in this step
@@ -138,6 +180,7 @@ class StepFacts:
     swap_ins: list[tuple[Action, int]] = field(default_factory=list)  # with its H
     chunks: list[Chunk] = field(default_factory=list)
     handouts: list[Handout] | None = None  # None while block ids are not tracked
+    hits: list[Hit] = field(default_factory=list)
     finishes: list[Finish] = field(default_factory=list)
     due: list[LiveRequest] = field(default_factory=list)  # sampled and not finished
     free_before: int = 0  # B_free: after arrivals and aborts
@@ -179,7 +222,10 @@ class State:
         self.free = config.num_gpu_blocks
         self.free_host = config.num_cpu_blocks
         self.count = dict.fromkeys(Status, 0)  # live requests in each status
-        self.owner: dict[int, str] = {}  # block id -> the live request known to hold it
+        # block id -> the live requests known to hold it (several only by prefix hits)
+        self.holders: dict[int, list[str]] = {}
+        # block id -> (table index, content key) of a cached block (prefix caching)
+        self.cached: dict[int, tuple[int, str | None]] = {}
         self.ids_seen = False  # some step carried new_blocks
         self.ids_missing_from: int | None = None  # the first step that handed out blocks
         # without ids: their owners are unknown (a request's G exceeds its known ids)
@@ -210,12 +256,28 @@ class State:
         self.count[status] += 1
         t.status = status
 
+    def holder(self, block: int) -> str | None:
+        """A live request known to hold `block`, or None when it is free."""
+        held = self.holders.get(block)
+        return held[0] if held else None
+
+    def _hold(self, block: int, rid: str) -> None:
+        self.holders.setdefault(block, []).append(rid)
+
     def _release_gpu(self, t: LiveRequest) -> int:
-        released = t.gpu_blocks
+        """Release every GPU block `t` holds; return how many became free (a block that
+        another request shares stays held; one without a known id is counted free)."""
+        rid = t.request.id
+        released = t.gpu_blocks - len(t.block_ids)
+        for b in t.block_ids:
+            held = self.holders.get(b, [])
+            if rid in held:
+                held.remove(rid)
+            if not held:
+                self.holders.pop(b, None)
+                released += 1
         self.free += released
         t.gpu_blocks = 0
-        for b in t.block_ids:
-            self.owner.pop(b, None)
         t.block_ids = []
         return released
 
@@ -276,7 +338,8 @@ class State:
             f.reclaim += released
 
         # 4. swap-ins: the host blocks come back to the GPU
-        expected: dict[str, int] = {}
+        handouts = _Handouts(rec)
+        scheduled_ids = {rid for rid, _ in rec.scheduled}
         for rid in rec.swapped_in:
             a = Action(rid, "swapped in", state(rid))
             t = self.live.get(rid) if a.applied else None
@@ -287,22 +350,28 @@ class State:
             self.free -= t.host_blocks
             self.free_host += t.host_blocks
             f.demand += t.host_blocks
-            expected[rid] = t.host_blocks
+            handouts.expect(rid, t.host_blocks)
             t.host_blocks = 0
             self._set_status(t, Status.RUNNING)
             tags[rid] = "swapped in"
+            if rid not in scheduled_ids:
+                self._hand_out(handouts, rid)
 
-        # 5. the scheduled set
+        # 5. the scheduled set, in batch order: each entry's hit, its new blocks, then
+        # the blocks it fills are cached (so a later entry may hit them)
         bs = self.config.block_size
-        told: set[str] = set()
         sampled: list[LiveRequest] = []
+        hits = rec.prefix_hits
         for rid, n in rec.scheduled:
             a = Action(rid, "scheduled", state(rid))
-            tags[rid] = "already scheduled this step"
             t = self.live.get(rid) if a.applied else None
             if t is None:
+                tags[rid] = "already scheduled this step"
                 f.chunks.append(Chunk(a, n, 0, 0, 0, 0, False, None))
                 continue
+            if rid in hits and n >= 1:
+                f.hits.append(self._hit(t, hits[rid], state(rid), f))
+            tags[rid] = "already scheduled this step"
             f.tokens += max(n, 0)
             known, computed = t.num_tokens, t.num_computed
             if n < 1:
@@ -315,7 +384,7 @@ class State:
             f.demand += db
             self.free -= db
             t.gpu_blocks += db
-            expected[rid] = expected.get(rid, 0) + db
+            handouts.expect(rid, db)
             restart: int | None = None
             if t.recomputing:
                 t.recomputing = False
@@ -323,16 +392,29 @@ class State:
                 if rec.new_blocks is not None:
                     restart = len(rec.new_blocks.get(rid, ()))
                     if restart != db:
-                        told.add(rid)
+                        handouts.told.add(rid)
             t.num_computed = min(computed + n, known)
+            self._hand_out(handouts, rid)
+            self._cache_full(t, computed)
             done = t.num_computed == known
             if done:
                 t.num_tokens += 1
                 sampled.append(t)
             f.chunks.append(Chunk(a, n, known, computed, t.request.prompt_len, db, done,
                                   restart))
+        for rid in hits:
+            if rid not in scheduled_ids:
+                f.hits.append(Hit(Action(rid, "prefix hit", state(rid)), 0, 0, (), 0,
+                                  "unscheduled"))
+        for rid in [*handouts.expected, *(rec.new_blocks or ())]:
+            self._hand_out(handouts, rid)
         f.running = self.running
-        f.handouts = self._hand_out(rec, expected, told, f)
+        f.handouts = handouts.done if rec.new_blocks is not None else None
+        if rec.new_blocks is None:
+            if self.ids_missing_from is None and any(handouts.expected.values()):
+                self.ids_missing_from = rec.step
+        else:
+            self.ids_seen = True
         f.free_at_batch = self.free
 
         # 6. finishes
@@ -373,6 +455,10 @@ class State:
             if a.applied:
                 tags.pop(rid, None)  # aborted now: a second abort finds it ended
                 f.released_by_aborts.append((rid, self._end(self.live[rid], Status.ABORTED)))
+        for rid, keys in rec.block_keys.items():
+            t = self.live.get(rid)
+            if t is not None:
+                t.keys.extend(keys)
 
     def after_inputs(self, rec: StepRecord) -> State:
         """A copy of the state once `rec`'s arrivals and aborts are in: the state its
@@ -381,32 +467,83 @@ class State:
         state._inputs(rec, StepFacts(rec.step, rec.line), {})
         return state
 
-    def _hand_out(self, rec: StepRecord, expected: dict[str, int], told: set[str],
-                  f: StepFacts) -> list[Handout] | None:
-        """Record the step's block ids, and who held each block just before. A step
-        without new_blocks in which no request needed a block is the same as {}; one that
-        handed blocks out without ids leaves their owners unknown, so a later step's ids
-        are checked against the owners that are known."""
-        if rec.new_blocks is None:
-            if self.ids_missing_from is None and any(expected.values()):
-                self.ids_missing_from = rec.step
-            return None
-        self.ids_seen = True
+    def _hit(self, t: LiveRequest, blocks: tuple[int, ...], state: str,
+             f: StepFacts) -> Hit:
+        """Take the prefix hit of `blocks` on `t` (at its scheduled entry, before its
+        chunk): C = h * block_size, G = h, and the hit blocks no one holds (E) leave the
+        free count. A hit in a state that cannot take one is recorded, not taken."""
+        rid, bs = t.request.id, self.config.block_size
+        a = Action(rid, "prefix hit", state)
+        known, computed = t.num_tokens, t.num_computed
+        refused = None
+        if not self.config.prefix_caching:
+            refused = "off"
+        elif not a.applied or computed > 0 or t.gpu_blocks > 0:
+            refused = "computed"
+        elif len(blocks) * bs > known - 1:
+            refused = "long"
+        facts = []
+        for j, b in enumerate(blocks):
+            at, key = self.cached.get(b, (None, None))
+            facts.append(HitBlock(b, j, at, key, t.keys[j] if j < len(t.keys) else None,
+                                  self.holder(b)))
+        evictable = 0
+        if refused is None:
+            evictable = len({b for b in blocks if self.holder(b) is None})
+            for b in blocks:
+                self._hold(b, rid)
+            t.block_ids = list(blocks)
+            t.gpu_blocks = len(blocks)
+            t.num_computed = len(blocks) * bs
+            self.free -= evictable
+            f.demand += evictable
+        return Hit(a, known, computed, tuple(facts), evictable, refused,
+                   self.ids_missing_from is None)
+
+    def _cache_full(self, t: LiveRequest, computed: int) -> None:
+        """Cache the blocks of `t` its chunk filled (from C = `computed`), with their
+        table index and content key; only where its table's ids are all known."""
+        if not self.config.prefix_caching or len(t.block_ids) != t.gpu_blocks:
+            return
+        bs = self.config.block_size
+        for j in range(computed // bs, t.num_computed // bs):
+            self.cached[t.block_ids[j]] = (j, t.keys[j] if j < len(t.keys) else None)
+
+    def _hand_out(self, h: _Handouts, rid: str) -> None:
+        """Record `rid`'s block ids of this step once, and who held each just before;
+        a block handed out drops its cached content. Without new_blocks, a step in which
+        no request needed a block is the same as {}; one that handed blocks out without
+        ids leaves their owners unknown, so a later step's ids are checked against the
+        owners that are known."""
+        rec = h.rec
+        if rid in h.seen or rec.new_blocks is None:
+            return
+        h.seen.add(rid)
         first = self.config.first_block_id
         last = first + self.config.num_gpu_blocks
-        out = []
-        # Batch order (swap-ins, then scheduled), then the rest: the same report every run.
-        for rid in dict.fromkeys([*expected, *rec.new_blocks]):
-            status = self.status_of(rid)
-            given = rec.new_blocks.get(rid, ())
-            t = self.live.get(rid)
-            blocks = []
-            for b in given:
-                before = self.owner.get(b)
-                blocks.append((b, before))
-                if t is not None and before is None and first <= b < last:
-                    self.owner[b] = rid
-                    t.block_ids.append(b)
-            out.append(Handout(rid, status, len(given), expected.get(rid, 0),
-                               rid not in told, tuple(blocks)))
-        return out
+        given = rec.new_blocks.get(rid, ())
+        t = self.live.get(rid)
+        blocks = []
+        for b in given:
+            before = self.holder(b)
+            blocks.append((b, before))
+            if t is not None and before is None and first <= b < last:
+                self._hold(b, rid)
+                self.cached.pop(b, None)
+                t.block_ids.append(b)
+        h.done.append(Handout(rid, self.status_of(rid), len(given), h.expected.get(rid, 0),
+                              rid not in h.told, tuple(blocks)))
+
+
+@dataclass
+class _Handouts:
+    """One step's block handouts as they are recorded, in batch order."""
+
+    rec: StepRecord
+    expected: dict[str, int] = field(default_factory=dict)  # Db, plus H on a swap-in
+    told: set[str] = field(default_factory=set)  # counts told as the victim's preempt
+    seen: set[str] = field(default_factory=set)
+    done: list[Handout] = field(default_factory=list)
+
+    def expect(self, rid: str, blocks: int) -> None:
+        self.expected[rid] = self.expected.get(rid, 0) + blocks

@@ -32,7 +32,7 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 UTF8_BOM = b"\xef\xbb\xbf"
 STEP_KEYS = frozenset({"step", "arrivals", "aborted", "rejected", "preempted", "swapped_in",
                        "scheduled", "finished", "free_blocks", "new_blocks", "time_ms",
-                       "prefix_hits"})
+                       "prefix_hits", "block_keys"})
 HEADER_KEYS = frozenset({"kvsched", "version", "engine", "config", "preempted_order"})
 
 
@@ -217,8 +217,6 @@ def parse_step(obj: Any, line: int) -> StepRecord:
     if "step" not in obj:
         raise TraceError(line, 'expected a step object with "step"')
     step = _int(obj["step"], line, '"step"')
-    if "prefix_hits" in obj:
-        raise TraceError(line, '"prefix_hits": prefix caching is not supported yet')
     arrivals = tuple(parse_arrival(a, step, line) for a in _list(obj, "arrivals", line))
     rejected = []
     for r in _list(obj, "rejected", line):
@@ -247,16 +245,17 @@ def parse_step(obj: Any, line: int) -> StepRecord:
     free_blocks = obj.get("free_blocks")
     if free_blocks is not None:
         free_blocks = _int(free_blocks, line, '"free_blocks"')
-    new_blocks = None
-    if "new_blocks" in obj:
-        raw = obj["new_blocks"]
+    new_blocks = _block_map(obj, "new_blocks", line) if "new_blocks" in obj else None
+    hits = _block_map(obj, "prefix_hits", line) if "prefix_hits" in obj else {}
+    keys = {}
+    if "block_keys" in obj:
+        raw = obj["block_keys"]
         if not isinstance(raw, dict):
-            raise TraceError(line, '"new_blocks" must be an object {id: [block ids]}')
-        new_blocks = {}
-        for rid, ids in raw.items():
-            if not isinstance(ids, list):
-                raise TraceError(line, f"new_blocks of {rid} must be a list of block ids")
-            new_blocks[rid] = tuple(_int(b, line, f"a block id of {rid}") for b in ids)
+            raise TraceError(line, '"block_keys" must be an object {id: [content keys]}')
+        for rid, ks in raw.items():
+            if not isinstance(ks, list):
+                raise TraceError(line, f"block_keys of {rid} must be a list of strings")
+            keys[rid] = tuple(_str(k, line, f"a block key of {rid}") for k in ks)
     time_ms = obj.get("time_ms")
     if time_ms is not None and (not isinstance(time_ms, (int, float))
                                 or isinstance(time_ms, bool) or time_ms < 0):
@@ -264,7 +263,20 @@ def parse_step(obj: Any, line: int) -> StepRecord:
     return StepRecord(step, arrivals, _ids(obj, "aborted", line), tuple(rejected),
                       tuple(preempted), _ids(obj, "swapped_in", line), tuple(scheduled),
                       _ids(obj, "finished", line), free_blocks, new_blocks,
-                      None if time_ms is None else float(time_ms), line)
+                      None if time_ms is None else float(time_ms), hits, keys, line=line)
+
+
+def _block_map(obj: dict[str, Any], key: str, line: int) -> dict[str, tuple[int, ...]]:
+    """A step's {id: [block ids]} field (new_blocks, prefix_hits)."""
+    raw = obj[key]
+    if not isinstance(raw, dict):
+        raise TraceError(line, f'"{key}" must be an object {{id: [block ids]}}')
+    out = {}
+    for rid, ids in raw.items():
+        if not isinstance(ids, list):
+            raise TraceError(line, f"{key} of {rid} must be a list of block ids")
+        out[rid] = tuple(_int(b, line, f"a block id of {rid}") for b in ids)
+    return out
 
 
 class TraceReader:
@@ -349,6 +361,10 @@ def step_dict(rec: StepRecord) -> dict[str, Any]:
         out["free_blocks"] = rec.free_blocks
     if rec.new_blocks is not None:
         out["new_blocks"] = {rid: list(ids) for rid, ids in rec.new_blocks.items()}
+    if rec.prefix_hits:
+        out["prefix_hits"] = {rid: list(ids) for rid, ids in rec.prefix_hits.items()}
+    if rec.block_keys:
+        out["block_keys"] = {rid: list(ks) for rid, ks in rec.block_keys.items()}
     if rec.time_ms is not None:
         out["time_ms"] = rec.time_ms
     return out

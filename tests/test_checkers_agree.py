@@ -219,7 +219,8 @@ ARRIVE = b'{"step":0,"arrivals":[{"id":"a","prompt_len":4,"max_tokens":2}],' \
     ARRIVE + b'{"step":1,"scheduled":[["a",1]],"new_blocks":{"a":[1],"a":[]}}\n',
     ARRIVE.replace(b'"free_blocks":7', b'"free_blocks":7,"new_blocks":{"a":[0],"a":[1]}'),
     ARRIVE + b'{"end":true}\n{"step":1}\n',  # something after the end
-    ARRIVE + b'{"step":1,"prefix_hits":{"a":[1]}}\n',
+    ARRIVE + b'{"step":1,"prefix_hits":{"a":[1]}}\n',  # a hit with caching off
+    ARRIVE + b'{"step":1,"prefix_hits":{"a":1}}\n',
     ARRIVE + b'{"step":1,"arrivals":[{"id":"a","prompt_len":4,"max_tokens":2}]}\n',
     ARRIVE + b'{"step":1,"scheduled":[["a",1]]}\n\xff\n',  # not UTF-8
 ])

@@ -156,7 +156,8 @@ MALFORMED: dict[str, bytes] = {
     "a `new_blocks` entry not a list": HEADER + step_line(new_blocks={"r0": 1}),
     "a negative block id": HEADER + step_line(new_blocks={"r0": [-1]}),
     "a bad `time_ms`": HEADER + step_line(time_ms="3ms"),
-    "`prefix_hits`": HEADER + step_line(prefix_hits={"r0": [1]}),
+    "a `prefix_hits` entry not a list": HEADER + step_line(prefix_hits={"r0": 1}),
+    "a block key not a string": HEADER + step_line(block_keys={"r0": [1]}),
     "a line after the end line": HEADER + step_line() + b'{"end": true}\n{"step": 1}\n',
 }
 

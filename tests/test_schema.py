@@ -182,7 +182,8 @@ MALFORMED: list[tuple[str, dict[str, Any]]] = [
     ("negative block id", _step(new_blocks={"r0": [-1]})),
     ("new_blocks a list", _step(new_blocks=[0, 1])),
     ("negative time_ms", _step(time_ms=-1.0)),
-    ("prefix_hits", _step(prefix_hits={"r0": [1]})),
+    ("prefix_hits entry not a list", _step(prefix_hits={"r0": 1})),
+    ("block key not a string", _step(block_keys={"r0": [1]})),
     ("rejection not an object", _step(rejected=["r0"])),
 ]
 

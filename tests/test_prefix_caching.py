@@ -1,0 +1,184 @@
+"""Prefix caching in the spec: hand-written traces of hits, each rule firing where it
+should (docs/spec.md, prefix caching), and both checkers giving the same verdict."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+
+from kvsched.optimized.checker import check_trace_vectorized
+from kvsched.spec.checker import Report, check_trace
+from kvsched.spec.trace import TraceReader
+
+# block_size 4: a 9-token prompt fills blocks 0 and 1 and starts block 2.
+CONFIG = {"block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 0,
+          "max_num_batched_tokens": 32, "max_num_seqs": 4, "max_model_len": 32,
+          "chunked_prefill": True, "long_prefill_token_threshold": 0, "policy": "fcfs",
+          "preemption": "recompute", "watermark_blocks": 0, "prefix_caching": True}
+
+
+def trace(*steps: dict[str, Any], end: bool = False, **config: Any) -> bytes:
+    """A trace of `steps`; complete (with its end line) only when `end`."""
+    lines = [{"kvsched": "trace", "version": 1, "config": {**CONFIG, **config}}, *steps]
+    lines += [{"end": True}] if end else []
+    return "".join(json.dumps(x) + "\n" for x in lines).encode()
+
+
+def check(*steps: dict[str, Any], end: bool = False, **config: Any) -> Report:
+    """The spec's verdict, after asserting the vectorized checker gives the same."""
+    data = trace(*steps, end=end, **config)
+    spec = check_trace(TraceReader(io.BytesIO(data)))
+    fast = check_trace_vectorized(io.BytesIO(data))
+    assert fast.counts == spec.counts
+    assert [v.as_dict() for v in fast.violations] == [v.as_dict() for v in spec.violations]
+    return spec
+
+
+def arrive(rid: str, prompt: int, max_tokens: int = 2) -> dict[str, Any]:
+    return {"id": rid, "prompt_len": prompt, "max_tokens": max_tokens}
+
+
+def ids(report: Report) -> list[str]:
+    return [v.invariant for v in report.violations]
+
+
+# a computes 9 tokens: blocks 0 and 1 are full (cached at table indices 0 and 1).
+A_RUNS = {"step": 0, "arrivals": [arrive("a", 9)], "scheduled": [["a", 9]],
+          "new_blocks": {"a": [0, 1, 2]}, "free_blocks": 5}
+# a decodes one token and finishes (max_tokens 2): blocks 0, 1, 2 are free, 0 and 1 cached.
+A_ENDS = {"step": 1, "scheduled": [["a", 1]], "finished": ["a"], "new_blocks": {},
+          "free_blocks": 8}
+
+
+def test_a_hit_on_a_live_request_s_blocks_shares_them() -> None:
+    # b hits a's two full blocks while a still holds them: E = 0; it computes 2 more
+    # tokens (C 8 -> 10) in a new block. a's finish frees only block 2 (0 and 1 stay b's).
+    report = check(A_RUNS,
+                   {"step": 1, "arrivals": [arrive("b", 10)], "prefix_hits": {"b": [0, 1]},
+                    "scheduled": [["a", 1], ["b", 2]], "finished": ["a"],
+                    "new_blocks": {"b": [3]}, "free_blocks": 5},
+                   {"step": 2, "scheduled": [["b", 1]], "finished": ["b"], "new_blocks": {},
+                    "free_blocks": 8}, end=True)
+    assert report.counts == {} and report.complete
+
+
+def test_a_hit_on_evictable_blocks_takes_them_out_of_the_free_count() -> None:
+    hit = {"step": 2, "arrivals": [arrive("c", 10)], "prefix_hits": {"c": [0, 1]},
+           "scheduled": [["c", 2]], "new_blocks": {"c": [3]}, "free_blocks": 5}
+    assert check(A_RUNS, A_ENDS, hit).counts == {}
+    # An engine that forgets E reports 2 more free blocks: accounting names c's hit.
+    report = check(A_RUNS, A_ENDS, {**hit, "free_blocks": 7})
+    [v] = report.violations
+    assert (v.invariant, v.step, v.request) == ("accounting", 2, "c")
+    assert "took 2 evictable cached blocks by prefix hit" in v.message
+
+
+def test_evictable_blocks_count_in_the_step_invariant() -> None:
+    # Six other blocks are held; the hit's E = 2 plus one new block needs 3 of the 2 free.
+    others = {"step": 2, "arrivals": [arrive("x", 24, 8)], "scheduled": [["x", 24]],
+              "new_blocks": {"x": [3, 4, 5, 6, 7, 2]}, "free_blocks": 2}
+    over = {"step": 3, "arrivals": [arrive("c", 10)], "prefix_hits": {"c": [0, 1]},
+            "scheduled": [["c", 2]], "new_blocks": {"c": [2]}}
+    report = check(A_RUNS, A_ENDS, others, over)
+    kv = [v for v in report.violations if v.invariant == "kv-budget"]
+    assert kv and (kv[0].step, kv[0].lhs, kv[0].rhs) == (3, 3, 2)
+
+
+def test_a_hit_past_n_minus_1_tokens_is_token_range() -> None:
+    # c has 8 tokens: a hit of both blocks would leave nothing to compute.
+    report = check(A_RUNS, A_ENDS,
+                   {"step": 2, "arrivals": [arrive("c", 8)], "prefix_hits": {"c": [0, 1]},
+                    "scheduled": [["c", 1]], "new_blocks": {"c": [3]}})
+    v = report.violations[0]
+    assert (v.invariant, v.request, v.lhs, v.rhs) == ("token-range", "c", 8, 7)
+
+
+def test_a_hit_on_a_block_handed_out_since_is_block_ids() -> None:
+    # d is handed block 0 (it was evictable: its content is dropped); c then hits it.
+    report = check(A_RUNS, A_ENDS,
+                   {"step": 2, "arrivals": [arrive("d", 2, 8)], "scheduled": [["d", 2]],
+                    "new_blocks": {"d": [0]}, "free_blocks": 7},
+                   {"step": 3, "arrivals": [arrive("c", 10)], "prefix_hits": {"c": [0, 1]},
+                    "scheduled": [["d", 1], ["c", 2]], "new_blocks": {"c": [3]}})
+    bad = [v for v in report.violations if v.invariant == "block-ids"]
+    assert bad and bad[0].request == "c" and "block 0 at table index 0" in bad[0].message
+    assert "not cached" in bad[0].message
+
+
+def test_a_hit_at_another_table_index_is_block_ids() -> None:
+    report = check(A_RUNS, A_ENDS,
+                   {"step": 2, "arrivals": [arrive("c", 10)], "prefix_hits": {"c": [1, 0]},
+                    "scheduled": [["c", 2]], "new_blocks": {"c": [3]}, "free_blocks": 5})
+    assert ids(report) == ["block-ids", "block-ids"]
+    assert "cached at index 1" in report.violations[0].message
+
+
+def test_a_hit_needs_caching_on_and_c_zero_and_a_scheduled_entry() -> None:
+    off = check(A_RUNS, A_ENDS,
+                {"step": 2, "arrivals": [arrive("c", 10)], "prefix_hits": {"c": [0, 1]},
+                 "scheduled": [["c", 10]], "new_blocks": {"c": [3, 4, 5]}},
+                prefix_caching=False)
+    assert ids(off)[0] == "token-range" and "prefix_caching false" in off.violations[0].message
+    running = check(A_RUNS, {"step": 1, "prefix_hits": {"a": [0, 1]}, "scheduled": [["a", 1]],
+                             "finished": ["a"], "new_blocks": {}})
+    assert ids(running)[0] == "token-range" and "C=9" in running.violations[0].message
+    unscheduled = check(A_RUNS, A_ENDS, {"step": 2, "arrivals": [arrive("c", 10)],
+                                         "prefix_hits": {"c": [0, 1]}})
+    [v] = [v for v in unscheduled.violations if v.invariant == "one-state"]
+    assert v.request == "c" and "not scheduled in this step" in v.message
+
+
+def test_a_block_filled_earlier_in_the_step_can_be_hit_later_in_it() -> None:
+    # a fills blocks 0 and 1; b, later in the same batch, hits them (vLLM caches blocks
+    # when it hands them out). With b first in the batch, nothing was cached yet.
+    same_step = {"step": 0, "arrivals": [arrive("a", 9), arrive("b", 9)],
+                 "scheduled": [["a", 9], ["b", 1]], "prefix_hits": {"b": [0, 1]},
+                 "new_blocks": {"a": [0, 1, 2], "b": [3]}, "free_blocks": 4}
+    assert check(same_step).counts == {}
+    wrong_order = {**same_step, "scheduled": [["b", 1], ["a", 9]]}
+    assert "block-ids" in ids(check(wrong_order))
+
+
+def test_content_keys_check_that_a_hit_is_on_the_same_content() -> None:
+    keyed = {**A_RUNS, "block_keys": {"a": ["sys/0", "a/1"]}}
+    same = {"step": 2, "arrivals": [arrive("c", 10)], "block_keys": {"c": ["sys/0", "a/1"]},
+            "prefix_hits": {"c": [0, 1]}, "scheduled": [["c", 2]], "new_blocks": {"c": [3]},
+            "free_blocks": 5}
+    assert check(keyed, A_ENDS, same).counts == {}
+    other = {**same, "block_keys": {"c": ["sys/0", "c/1"]}}
+    [v] = check(keyed, A_ENDS, other).violations
+    assert (v.invariant, v.request) == ("block-ids", "c")
+    assert "'a/1', where its own content is 'c/1'" in v.message
+
+
+def test_a_recompute_victim_re_hits_its_own_blocks() -> None:
+    # x needs six blocks of the five free: a is preempted, and its full blocks 0 and 1
+    # stay cached (evictable) while x takes the others and finishes. a's readmission
+    # hits both and recomputes from C = 8 to N = 10, samples its second token, finishes.
+    report = check(A_RUNS,
+                   {"step": 1, "arrivals": [arrive("x", 24, 1)],
+                    "preempted": [{"id": "a", "mode": "recompute"}], "scheduled": [["x", 24]],
+                    "finished": ["x"], "new_blocks": {"x": [3, 4, 5, 6, 7, 2]},
+                    "free_blocks": 8},
+                   {"step": 2, "prefix_hits": {"a": [0, 1]}, "scheduled": [["a", 2]],
+                    "finished": ["a"], "new_blocks": {"a": [3]}, "free_blocks": 8},
+                   end=True)
+    assert report.counts == {} and report.complete
+    # Re-handing block 0 to x drops a's cached content: the same hit is then wrong.
+    taken = check(A_RUNS,
+                  {"step": 1, "arrivals": [arrive("x", 24, 1)],
+                   "preempted": [{"id": "a", "mode": "recompute"}], "scheduled": [["x", 24]],
+                   "finished": ["x"], "new_blocks": {"x": [3, 4, 5, 6, 7, 0]},
+                   "free_blocks": 8},
+                  {"step": 2, "prefix_hits": {"a": [0, 1]}, "scheduled": [["a", 2]],
+                   "finished": ["a"], "new_blocks": {"a": [3]}, "free_blocks": 8})
+    assert ids(taken) == ["block-ids"] and taken.violations[0].step == 2
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_without_hits_a_caching_trace_checks_as_any_other(caching: bool) -> None:
+    report = check(A_RUNS, A_ENDS, prefix_caching=caching)
+    assert report.counts == {} and report.steps == 2
