@@ -89,13 +89,19 @@ def config_field_names() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Request:
-    """What a client asks: P = prompt_len tokens in, at most O = max_tokens out."""
+    """What a client asks: P = prompt_len tokens in, at most O = max_tokens out.
+
+    `prefix` says which shared contents its prompt starts with (kvsched.spec.prefix),
+    so that a scheduler with prefix caching knows its blocks' content keys; a trace
+    gives the keys themselves (`block_keys`) instead.
+    """
 
     id: str
     prompt_len: int
     max_tokens: int
     priority: int = 0
     arrival_step: int = 0
+    prefix: tuple[tuple[str, int], ...] = ()
 
     def problems(self) -> list[str]:
         out: list[str] = []

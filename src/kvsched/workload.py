@@ -5,19 +5,29 @@ A workload file has one JSON object per line:
      "priority": 0}
 with an optional "abort" step (the client cancels then). `output_len` is where the
 model would emit end-of-sequence; it is hidden from the scheduler.
+
+An optional "prefix": {"id": "sys-1", "len": 96} says the prompt starts with the first
+96 tokens of the content "sys-1" (what prefix caching can share). When the id names
+another request of the workload, arriving no later, the content is that request's
+whole sequence, prompt then outputs (a conversation's next turn), and so nests:
+`validate` resolves each request's prefix into the chain of shared contents
+(kvsched.spec.prefix) its scheduler sees as `Request.prefix`. A prefix leaves at least
+one token of the prompt the request's own.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kvsched.spec.model import MAX_COUNT, Request
+from kvsched.spec.prefix import Prefix, nested
 
-FIELDS = ("id", "arrival", "prompt_len", "output_len", "max_tokens", "priority", "abort")
+FIELDS = ("id", "arrival", "prompt_len", "output_len", "max_tokens", "priority", "abort",
+          "prefix")
 REQUIRED = ("id", "arrival", "prompt_len", "output_len", "max_tokens")
 
 
@@ -41,9 +51,12 @@ class WorkItem:
     max_tokens: int
     priority: int = 0
     abort: int | None = None
+    prefix: tuple[str, int] | None = None  # (content id, tokens) the prompt starts with
+    shared: Prefix = ()  # the prefix resolved by `validate`, nested contents included
 
     def request(self, step: int) -> Request:
-        return Request(self.id, self.prompt_len, self.max_tokens, self.priority, step)
+        return Request(self.id, self.prompt_len, self.max_tokens, self.priority, step,
+                       self.shared)
 
     def problems(self) -> list[str]:
         out = []
@@ -59,6 +72,19 @@ class WorkItem:
         if self.abort is not None and (not isinstance(self.abort, int)
                                        or isinstance(self.abort, bool) or self.abort < 0):
             out.append(f"abort of {self.id!r} must be a step number, got {self.abort!r}")
+        if self.prefix is not None:
+            content, length = self.prefix
+            if not isinstance(content, str) or not content:
+                out.append(f"prefix id of {self.id!r} must be a non-empty string, "
+                           f"got {content!r}")
+            elif not isinstance(length, int) or isinstance(length, bool) or length < 1:
+                out.append(f"prefix len of {self.id!r} must be a positive integer, "
+                           f"got {length!r}")
+            elif isinstance(self.prompt_len, int) and length >= self.prompt_len:
+                out.append(f"prefix of {self.id!r} covers {length} tokens of its "
+                           f"{self.prompt_len}-token prompt; at least one must be its own")
+            elif content == self.id:
+                out.append(f"prefix of {self.id!r} names the request itself")
         for name in ("arrival", "abort"):
             v = getattr(self, name)
             if not out and v is not None and v > MAX_STEP:
@@ -68,6 +94,7 @@ class WorkItem:
 
 
 def validate(items: Iterable[WorkItem]) -> list[WorkItem]:
+    """The workload in arrival order, checked, each prefix resolved (`WorkItem.shared`)."""
     out = list(items)
     seen: set[str] = set()
     for item in out:
@@ -77,7 +104,30 @@ def validate(items: Iterable[WorkItem]) -> list[WorkItem]:
         if item.id in seen:
             raise WorkloadError(f"request id {item.id!r} appears twice")
         seen.add(item.id)
-    return sorted(out, key=lambda w: w.arrival)
+    ordered = sorted(out, key=lambda w: w.arrival)
+    resolved: dict[str, WorkItem] = {}
+    for i, item in enumerate(ordered):
+        if item.prefix is not None:
+            ordered[i] = item = replace(item, shared=_resolve(item, resolved, seen))
+        resolved[item.id] = item
+    return ordered
+
+
+def _resolve(item: WorkItem, earlier: dict[str, WorkItem], ids: set[str]) -> Prefix:
+    """`item`'s chain of shared contents: a named request's own chain, then its content."""
+    assert item.prefix is not None
+    content, length = item.prefix
+    source = earlier.get(content)
+    if source is None:
+        if content in ids:
+            raise WorkloadError(f"prefix of {item.id!r} names {content!r}, which arrives "
+                                "after it")
+        return ((content, length),)
+    whole = source.prompt_len + source.output_len
+    if length > whole:
+        raise WorkloadError(f"prefix of {item.id!r} takes {length} tokens of {content!r}, "
+                            f"whose whole sequence is {whole} tokens")
+    return nested(source.shared, content, length)
 
 
 def parse_item(obj: Any, where: str) -> WorkItem:
@@ -92,8 +142,13 @@ def parse_item(obj: Any, where: str) -> WorkItem:
             raise WorkloadError(f"{where}: missing field {key!r}")
     if not isinstance(obj["id"], str) or not obj["id"]:
         raise WorkloadError(f"{where}: id must be a non-empty string")
+    prefix = obj.get("prefix")
+    if prefix is not None:
+        if not isinstance(prefix, dict) or set(prefix) != {"id", "len"}:
+            raise WorkloadError(f'{where}: prefix must be an object {{"id": ..., "len": ...}}')
+        prefix = (prefix["id"], prefix["len"])
     item = WorkItem(obj["id"], obj["arrival"], obj["prompt_len"], obj["output_len"],
-                    obj["max_tokens"], obj.get("priority", 0), obj.get("abort"))
+                    obj["max_tokens"], obj.get("priority", 0), obj.get("abort"), prefix)
     problems = item.problems()
     if problems:
         raise WorkloadError(f"{where}: {problems[0]}")
@@ -126,7 +181,12 @@ def read_workload(path: Path) -> list[WorkItem]:
 
 def item_dict(item: WorkItem) -> dict[str, Any]:
     d = asdict(item)
+    del d["shared"]
     if d["abort"] is None:
         del d["abort"]
+    if item.prefix is None:
+        del d["prefix"]
+    else:
+        d["prefix"] = {"id": item.prefix[0], "len": item.prefix[1]}
     return d
 

@@ -1,0 +1,48 @@
+"""Content keys of KV blocks, for prefix caching (docs/spec.md, prefix caching).
+
+A block's content key names the tokens from the start of its sequence to its end, as
+vLLM's block hashes chain each block's tokens to the previous block's hash: two blocks
+with the same key hold the same KV. A request says what it shares through
+`Request.prefix`: the shared contents its tokens start with, shortest first, each as
+(content id, length in tokens). Block i (tokens i * block_size up to (i + 1) *
+block_size) lies wholly inside every shared content at least (i + 1) * block_size long;
+its key is the shortest one's id and i, so that every request sharing those tokens
+names it the same way. Past them it is the request's own: its id and i (a request
+resumed after recompute hits its own blocks, outputs included).
+
+A conversation nests: its second turn starts with the whole first turn (prompt and
+outputs), which starts with a system prompt: the second turn's prefix is
+(("sys", 96), ("turn-1", 140)), and its block 3 (tokens 48..63) is keyed "sys/3", as
+it is in the first turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+Prefix = tuple[tuple[str, int], ...]
+
+
+def block_key(rid: str, prefix: Prefix, index: int, block_size: int) -> str:
+    """The content key of block `index` of request `rid`.
+
+    pre: index >= 0 and block_size >= 1
+    post: __return__.endswith(f"/{index}")
+    """
+    end = (index + 1) * block_size
+    for content, length in prefix:
+        if length >= end:
+            return f"{content}/{index}"
+    return f"{rid}/{index}"
+
+
+def nested(outer: Prefix, content: str, length: int) -> Prefix:
+    """The prefix of a request that starts with the first `length` tokens of `content`,
+    whose own prefix is `outer`: outer's contents cut to `length`, then `content`."""
+    cut = [(c, min(n, length)) for c, n in outer]
+    return tuple(sorted({*cut, (content, length)}, key=lambda p: (p[1], p[0])))
+
+
+def keys(rid: str, prefix: Prefix, blocks: int, block_size: int) -> Sequence[str]:
+    """The content keys of the first `blocks` blocks of `rid`."""
+    return [block_key(rid, prefix, i, block_size) for i in range(blocks)]
