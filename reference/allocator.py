@@ -1,8 +1,10 @@
-"""A block allocator with real block ids: GPU blocks, host (swap) blocks, block tables."""
+"""A block allocator with real block ids: GPU blocks, host (swap) blocks, block tables,
+and with prefix caching the cache of full blocks by content (vLLM v1's block pool)."""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Literal
 
 Pool = Literal["gpu", "host"]
@@ -14,6 +16,15 @@ class BlockAllocator:
     Freed blocks go to the tail of the free list and allocation takes from the head,
     so the most recently freed block is reused last (as vLLM's free block queue).
 
+    With prefix caching (`caching`), as vLLM v1's BlockPool: a block may have several
+    holders (a hit shares it); a full block is cached under its content key when its
+    tokens are scheduled (`cache`), and stays cached when its last holder frees it, free
+    and evictable, until it is handed out again, which drops its content. Freeing walks
+    a table from its end: blocks without content go to the head of the free list, cached
+    ones to the tail, each group in that walk's order, so cached content is evicted last;
+    a hit on a free cached block takes it out of the free list (`hit`). Of several
+    blocks with the same content, a lookup finds the one cached first.
+
     Extension points: every id leaves a free list through `take` and joins one through
     `put`, and `free_gpu` and `free_cpu` are the counts the scheduler decides by. A
     subclass that overrides them changes where ids come from and where they go (the
@@ -22,12 +33,17 @@ class BlockAllocator:
     """
 
     def __init__(self, num_gpu_blocks: int, num_cpu_blocks: int,
-                 first_gpu_id: int = 0) -> None:
+                 first_gpu_id: int = 0, caching: bool = False) -> None:
         # GPU ids run from the engine's first block id (config.first_block_id).
         gpu = range(first_gpu_id, first_gpu_id + num_gpu_blocks)
         self._free: dict[Pool, deque[int]] = {"gpu": deque(gpu),
                                               "host": deque(range(num_cpu_blocks))}
         self._tables: dict[Pool, dict[str, list[int]]] = {"gpu": {}, "host": {}}
+        self.caching = caching
+        self._holders: dict[int, int] = {}  # GPU block -> how many tables hold it
+        self._content: dict[int, str] = {}  # cached GPU block -> its content key
+        self._cached: dict[str, dict[int, None]] = {}  # content key -> its blocks, in order
+        self._cached_upto: dict[str, int] = {}  # request -> its table's blocks cached
 
     # -- counts ---------------------------------------------------------------------------
 
@@ -93,36 +109,103 @@ class BlockAllocator:
     # -- what the scheduler does with blocks ------------------------------------------
 
     def allocate(self, rid: str, count: int) -> list[int]:
-        """Give `rid` `count` more GPU blocks.
+        """Give `rid` `count` more GPU blocks (each drops any content it had cached).
 
         pre: 0 <= count <= self.free_gpu
         post: len(__return__) == count
         """
         got = self.take("gpu", count)
+        if self.caching:
+            for b in got:
+                self._forget(b)
+                self._holders[b] = 1
         self._tables["gpu"].setdefault(rid, []).extend(got)
         return got
 
-    def release_last(self, rid: str, count: int) -> None:
-        """Undo the last `count` blocks given to `rid` (a victim scheduled earlier this step)."""
-        table = self._tables["gpu"].get(rid, [])
-        self.put("gpu", [table.pop() for _ in range(count)])
-
     def free(self, rid: str) -> int:
         """Release every block `rid` holds, GPU and host; return the GPU blocks released."""
-        gpu = self._tables["gpu"].pop(rid, [])
-        self.put("gpu", gpu[::-1])
+        released = self._release_gpu(rid)
         self.put("host", self._tables["host"].pop(rid, []))
-        return len(gpu)
+        return released
 
     def swap_out(self, rid: str) -> int:
         """Move all of `rid`'s GPU blocks to host blocks; return how many moved.
 
         pre: self.gpu_blocks(rid) <= self.free_cpu
         """
-        gpu = self._tables["gpu"].pop(rid, [])
-        self._tables["host"][rid] = self.take("host", len(gpu))
-        self.put("gpu", gpu[::-1])
-        return len(gpu)
+        moved = self.gpu_blocks(rid)
+        self._tables["host"][rid] = self.take("host", moved)
+        self._release_gpu(rid)
+        return moved
+
+    def _release_gpu(self, rid: str) -> int:
+        """Drop `rid`'s GPU table, walking it from its end; return the blocks now free."""
+        table = self._tables["gpu"].pop(rid, [])
+        self._cached_upto.pop(rid, None)
+        if not self.caching:
+            self.put("gpu", table[::-1])
+            return len(table)
+        uncached: list[int] = []
+        cached: list[int] = []
+        for b in reversed(table):
+            self._holders[b] -= 1
+            if self._holders[b] == 0:
+                del self._holders[b]
+                (cached if b in self._content else uncached).append(b)
+        self._free["gpu"].extendleft(reversed(uncached))
+        self.put("gpu", cached)
+        return len(uncached) + len(cached)
+
+    # -- prefix caching -----------------------------------------------------------------
+
+    def lookup(self, keys: list[str]) -> list[int]:
+        """The longest run of cached blocks holding `keys` from the first: for each key
+        the block cached under it first."""
+        out = []
+        for key in keys:
+            blocks = self._cached.get(key)
+            if not blocks:
+                break
+            out.append(next(iter(blocks)))
+        return out
+
+    def evictable(self, blocks: list[int]) -> int:
+        """How many of `blocks` no table holds (free, and cached): a hit takes them."""
+        return sum(1 for b in blocks if b not in self._holders)
+
+    def hit(self, rid: str, blocks: list[int]) -> None:
+        """Start `rid`'s empty table with the cached `blocks` (a prefix hit); the free ones
+        leave the free list.
+
+        pre: self.gpu_blocks(rid) == 0
+        """
+        for b in blocks:
+            if b not in self._holders:
+                self._free["gpu"].remove(b)
+            self._holders[b] = self._holders.get(b, 0) + 1
+        self._tables["gpu"][rid] = list(blocks)
+        self._cached_upto[rid] = len(blocks)
+
+    def cache(self, rid: str, full: int, key: Callable[[int], str]) -> None:
+        """Cache `rid`'s first `full` blocks (full of scheduled tokens) not cached yet, each
+        under `key(table index)`."""
+        table = self._tables["gpu"].get(rid, [])
+        for i in range(self._cached_upto.get(rid, 0), min(full, len(table))):
+            b = table[i]
+            if b not in self._content:
+                k = key(i)
+                self._content[b] = k
+                self._cached.setdefault(k, {})[b] = None
+        self._cached_upto[rid] = max(full, self._cached_upto.get(rid, 0))
+
+    def _forget(self, b: int) -> None:
+        """Drop the content `b` had cached (it is handed out again)."""
+        key = self._content.pop(b, None)
+        if key is not None:
+            blocks = self._cached[key]
+            del blocks[b]
+            if not blocks:
+                del self._cached[key]
 
     def swap_in(self, rid: str) -> list[int]:
         """Move `rid`'s host blocks back to fresh GPU blocks; return the new GPU ids.
@@ -131,6 +214,4 @@ class BlockAllocator:
         """
         host = self._tables["host"].pop(rid, [])
         self.put("host", host)
-        got = self.take("gpu", len(host))
-        self._tables["gpu"][rid] = list(got)
-        return got
+        return self.allocate(rid, len(host))

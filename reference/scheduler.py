@@ -14,6 +14,16 @@ assigns tokens so that C catches up with N. A step goes:
    fit stops the pass (head-of-line blocking, as vLLM);
 4. computed tokens advance; those that catch up sample a token in `update`.
 
+With prefix caching (config prefix_caching), as vLLM v1: the blocks a chunk fills are
+cached under their content keys when it is scheduled (so a request admitted later in
+the same step may hit them); a waiting request at C = 0 looks up the longest run of
+cached blocks holding its first floor((N - 1) / block_size) content keys and starts
+from them; its admission needs Db + E free blocks, E being the hit blocks no one holds
+(free, evictable), and with the whole-sequence knob blocks for all N tokens less the
+hit, plus E. Which cached blocks survive is the allocator's free-list order (vLLM's).
+A block's content key is the trace's (`add_block_keys`) or, in a simulation, the one
+its request's shared prefix gives it (kvsched.spec.prefix).
+
 Extension points. Each decision above is one public method, and the step is written
 in terms of them, so that a subclass changes one decision by overriding one method (the
 seeded bugs of kvsched.testing.seeded_bugs plant their faults this way, and nothing
@@ -41,7 +51,7 @@ queued again at its end), `sampled` (the last step's catch-ups) and `blocks`.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from kvsched.reference.allocator import BlockAllocator
@@ -58,6 +68,7 @@ from kvsched.spec.model import (
     RequestView,
     Status,
 )
+from kvsched.spec.prefix import block_key
 from kvsched.spec.profiles import Profile, get_profile
 
 
@@ -71,6 +82,7 @@ class StepPlan:
     swapped_in: list[str] = field(default_factory=list)
     scheduled: dict[str, int] = field(default_factory=dict)  # in batch order
     new_blocks: dict[str, list[int]] = field(default_factory=dict)
+    prefix_hits: dict[str, list[int]] = field(default_factory=dict)
 
 
 class ReferenceScheduler:
@@ -91,6 +103,7 @@ class ReferenceScheduler:
         self.victims: list[LiveRequest] = []
         self.sampled: list[LiveRequest] = []
         self.next_seq = 0
+        self.given_keys: dict[str, list[str]] = {}  # content keys a trace gave
 
     # -- the interface ----------------------------------------------------------------
 
@@ -103,7 +116,20 @@ class ReferenceScheduler:
         self.arrived.append(r)
         self.waiting.push(r, front=False)
 
+    def add_block_keys(self, request_id: str, keys: Sequence[str]) -> None:
+        """The content keys of the request's next full blocks, as a trace gives them
+        (`block_keys`); they take the place of those its prefix would give."""
+        self.given_keys.setdefault(request_id, []).extend(keys)
+
+    def content_key(self, r: LiveRequest, index: int) -> str:
+        """The content key of block `index` of `r`."""
+        given = self.given_keys.get(r.request.id, ())
+        if index < len(given):
+            return given[index]
+        return block_key(r.request.id, r.request.prefix, index, self.config.block_size)
+
     def abort_request(self, request_id: str) -> None:
+        self.given_keys.pop(request_id, None)
         r = self.live.pop(request_id)
         if r.status == Status.WAITING:
             self.waiting.remove(r)
@@ -172,7 +198,8 @@ class ReferenceScheduler:
         return Decision(tuple(rejected), tuple(plan.preempted), tuple(plan.swapped_in),
                         tuple(plan.scheduled.items()),
                         tuple(r.request.id for r in self.sampled),
-                        {rid: tuple(ids) for rid, ids in plan.new_blocks.items() if ids})
+                        {rid: tuple(ids) for rid, ids in plan.new_blocks.items() if ids},
+                        {rid: tuple(ids) for rid, ids in plan.prefix_hits.items()})
 
     def update(self, stopped: Collection[str]) -> tuple[str, ...]:
         finished = []
@@ -181,6 +208,7 @@ class ReferenceScheduler:
             if self.finishes(r, r.request.id in stopped):
                 self.running.remove(r)
                 self.blocks.free(r.request.id)
+                self.given_keys.pop(r.request.id, None)
                 r.status = Status.FINISHED
                 del self.live[r.request.id]
                 finished.append(r.request.id)
@@ -192,7 +220,13 @@ class ReferenceScheduler:
     def make_allocator(self) -> BlockAllocator:
         """The block allocator, made once for `self.config`."""
         return BlockAllocator(self.config.num_gpu_blocks, self.config.num_cpu_blocks,
-                              self.config.first_block_id)
+                              self.config.first_block_id, self.config.prefix_caching)
+
+    def cache_filled(self, r: LiveRequest, tokens: int) -> None:
+        """With prefix caching, cache the blocks of `r` that `tokens` scheduled tokens fill."""
+        if self.config.prefix_caching:
+            self.blocks.cache(r.request.id, tokens // self.config.block_size,
+                              lambda i: self.content_key(r, i))
 
     def token_budget(self) -> int:
         """The tokens one step may schedule."""
@@ -321,14 +355,15 @@ class ReferenceScheduler:
                 need = self.blocks_needed(r.num_computed, n, self.blocks.gpu_blocks(rid))
                 if self.can_grow(need):
                     plan.new_blocks[rid] = self.blocks.allocate(rid, need)
+                    self.cache_filled(r, r.num_computed + n)
                     break
                 victim = self.choose_victim()
                 vi = self.running.index(victim)
                 if victim.request.id in plan.scheduled:
-                    # Taken back: its tokens return to the budget, its new blocks to the pool.
+                    # Taken back: its tokens return to the budget (its new blocks go back
+                    # to the pool with the rest of its table when it is preempted).
                     plan.budget += plan.scheduled.pop(victim.request.id)
-                    self.blocks.release_last(victim.request.id,
-                                             len(plan.new_blocks.pop(victim.request.id)))
+                    del plan.new_blocks[victim.request.id]
                 del self.running[vi]
                 if vi < i:
                     i -= 1
@@ -359,6 +394,7 @@ class ReferenceScheduler:
             self.swapped.pop(0)
             ids = self.blocks.swap_in(rid)
             ids += self.blocks.allocate(rid, self.blocks_needed(r.num_computed, n, host))
+            self.cache_filled(r, r.num_computed + n)
             r.status = Status.RUNNING
             self.running.append(r)
             plan.swapped_in.append(rid)
@@ -375,7 +411,10 @@ class ReferenceScheduler:
             if r is None:
                 break
             rid = r.request.id
-            n = r.num_tokens - r.num_computed
+            hits = self.prefix_hit(r)
+            computed = r.num_computed + len(hits) * cfg.block_size
+            taken = self.blocks.evictable(hits)  # E: the free cached blocks it takes
+            n = r.num_tokens - computed
             if 0 < plan.threshold < n:
                 n = plan.threshold
             if not cfg.chunked_prefill and n > plan.budget:
@@ -383,17 +422,30 @@ class ReferenceScheduler:
             n = min(n, plan.budget)
             if self.knobs.reserve_full_sequence:
                 full = min(r.num_tokens, cfg.max_model_len)
-                if self.admission_blocks(full, 0) > self.blocks.free_gpu:
+                if self.admission_blocks(full, len(hits)) + taken > self.blocks.free_gpu:
                     break
-            if self.admission_blocks(r.num_computed + n, 0) > self.blocks.free_gpu:
+            if self.admission_blocks(computed + n, len(hits)) + taken > self.blocks.free_gpu:
                 break
             self.waiting.pop()
+            if hits:
+                self.blocks.hit(rid, hits)
+                plan.prefix_hits[rid] = hits
+                r.num_computed = computed
             plan.new_blocks[rid] = self.blocks.allocate(
-                rid, self.blocks_needed(r.num_computed, n, 0))
+                rid, self.blocks_needed(computed, n, len(hits)))
+            self.cache_filled(r, computed + n)
             r.status = Status.RUNNING
             self.running.append(r)
             plan.scheduled[rid] = n
             plan.budget -= n
+
+    def prefix_hit(self, r: LiveRequest) -> list[int]:
+        """The cached blocks a waiting request would start from: with prefix caching and
+        C = 0, the longest run holding its first floor((N - 1) / block_size) contents."""
+        if not self.config.prefix_caching or r.num_computed > 0:
+            return []
+        most = (r.num_tokens - 1) // self.config.block_size
+        return self.blocks.lookup([self.content_key(r, i) for i in range(most)])
 
     # -- extension points: finishing --------------------------------------------------
 

@@ -11,7 +11,7 @@ block by block, and tested without reading its private state.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Protocol, runtime_checkable
 
 from kvsched.spec.model import Config, Decision, Request, RequestView
@@ -62,6 +62,16 @@ class BlockTables(Protocol):
 
     def free_host_ids(self) -> tuple[int, ...]:
         """The free host block ids, in the order they will be handed out."""
+        ...
+
+
+@runtime_checkable
+class ContentKeys(Protocol):
+    """Optional, for prefix caching: a scheduler that takes the content keys of requests'
+    blocks from a trace (`block_keys`) instead of working them out itself."""
+
+    def add_block_keys(self, request_id: str, keys: Sequence[str]) -> None:
+        """The keys of the request's next full blocks, continuing those given before."""
         ...
 
 

@@ -3,7 +3,10 @@ and its decisions must equal the trace's, step by step.
 
 What "equal decisions" means is the spec's: `Decision.comparable()` (rejected ids,
 victims with their modes in order, swap-ins, the scheduled [id, tokens] pairs in batch
-order), and the same finishes as a set. The tool supplies the replaying scheduler (any
+order, the length of each prefix hit), and the same finishes as a set. With prefix
+caching the trace's content keys (`block_keys`) are input, like its arrivals: a
+scheduler that takes them (kvsched.spec.interface.ContentKeys) works out the hits
+itself and must find the same. The tool supplies the replaying scheduler (any
 kvsched.spec.interface.Scheduler; kvsched.conformance builds the reference with a named
 profile). The first divergence is reported with both decisions and the state that led
 to it; after it the replay stops, since every later step would differ too.
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvsched.spec.interface import Scheduler
+from kvsched.spec.interface import ContentKeys, Scheduler
 from kvsched.spec.model import Decision, RequestView, StepRecord
 from kvsched.spec.violation import Violation
 
@@ -81,6 +84,9 @@ class ProfileReplay:
                 scheduler.add_request(req)
             for rid in rec.aborted:
                 scheduler.abort_request(rid)
+            if rec.block_keys and isinstance(scheduler, ContentKeys):
+                for rid, keys in rec.block_keys.items():
+                    scheduler.add_block_keys(rid, keys)
         except (KeyError, ValueError) as e:
             return Violation("profile", rec.step,
                              f"the profile cannot replay step {rec.step}: {e}")
