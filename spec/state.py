@@ -181,6 +181,7 @@ class StepFacts:
     chunks: list[Chunk] = field(default_factory=list)
     handouts: list[Handout] | None = None  # None while block ids are not tracked
     hits: list[Hit] = field(default_factory=list)
+    evicted: int = 0  # cached blocks handed out again, which drops their content
     finishes: list[Finish] = field(default_factory=list)
     due: list[LiveRequest] = field(default_factory=list)  # sampled and not finished
     free_before: int = 0  # B_free: after arrivals and aborts
@@ -410,6 +411,7 @@ class State:
             self._hand_out(handouts, rid)
         f.running = self.running
         f.handouts = handouts.done if rec.new_blocks is not None else None
+        f.evicted = handouts.evicted
         if rec.new_blocks is None:
             if self.ids_missing_from is None and any(handouts.expected.values()):
                 self.ids_missing_from = rec.step
@@ -529,7 +531,8 @@ class State:
             blocks.append((b, before))
             if t is not None and before is None and first <= b < last:
                 self._hold(b, rid)
-                self.cached.pop(b, None)
+                if self.cached.pop(b, None) is not None:
+                    h.evicted += 1
                 t.block_ids.append(b)
         h.done.append(Handout(rid, self.status_of(rid), len(given), h.expected.get(rid, 0),
                               rid not in h.told, tuple(blocks)))
@@ -544,6 +547,7 @@ class _Handouts:
     told: set[str] = field(default_factory=set)  # counts told as the victim's preempt
     seen: set[str] = field(default_factory=set)
     done: list[Handout] = field(default_factory=list)
+    evicted: int = 0  # cached blocks among the handed out
 
     def expect(self, rid: str, blocks: int) -> None:
         self.expected[rid] = self.expected.get(rid, 0) + blocks
