@@ -40,7 +40,7 @@ from kvsched.spec.blocks import blocks_for
 from kvsched.spec.checker import Report, check_steps, check_trace
 from kvsched.spec.model import Config, Preemption, Rejection
 from kvsched.spec.trace import TraceReader
-from kvsched.workload import WorkItem
+from kvsched.workload import WorkItem, item_dict, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = Config(block_size=4, num_gpu_blocks=40, max_num_batched_tokens=64, max_num_seqs=8,
@@ -111,7 +111,8 @@ def test_an_undersized_cache_is_driven_only_when_allowed() -> None:
 
 
 @pytest.mark.parametrize(("key", "value"), [
-    ("enable_prefix_caching", True), ("async_scheduling", True), ("num_spec_tokens", 2),
+    ("enable_prefix_caching", 1), ("enable_prefix_caching", None),
+    ("async_scheduling", True), ("num_spec_tokens", 2),
     ("scheduler_reserve_full_isl", False), ("long_prefill_token_threshold_adaptive", True),
     ("scheduler_class", "AsyncScheduler"), ("max_num_active_reqs", 4),
     ("max_num_scheduled_tokens", 32),
@@ -119,6 +120,18 @@ def test_an_undersized_cache_is_driven_only_when_allowed() -> None:
 def test_a_scheduler_unlike_v1_is_refused(key: str, value: object) -> None:
     with pytest.raises(AdapterError, match=key):
         config_from_vllm(effective(vllm_settings(CONFIG), **{key: value}))
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_prefix_caching_is_what_vllm_built(on: bool) -> None:
+    asked = replace(CONFIG, prefix_caching=on)
+    settings = vllm_settings(asked)
+    assert settings["enable_prefix_caching"] is on
+    built = config_from_vllm(effective(settings, enable_prefix_caching=on))
+    assert built.prefix_caching is on and config_changes(asked, built) == []
+    other = config_from_vllm(effective(settings, enable_prefix_caching=not on))
+    assert config_changes(asked, other) == [
+        f"prefix_caching: asked {on!r}, vLLM uses {not on!r}"]
 
 
 def test_config_changes_name_the_field_vllm_set_otherwise() -> None:
@@ -222,10 +235,55 @@ def test_a_config_vllm_changed_is_refused(tmp_path: Path) -> None:
 
 def test_driver_block_ids_come_from_new_and_cached_requests() -> None:
     output = SimpleNamespace(
-        scheduled_new_reqs=[SimpleNamespace(req_id="n", block_ids=([3, 4],))],
-        scheduled_cached_reqs=SimpleNamespace(req_ids=["r", "s"],
-                                              new_block_ids=[([9],), None]))
-    assert vllm_driver.new_block_ids(output) == {"n": [3, 4], "r": [9], "s": []}
+        scheduled_new_reqs=[SimpleNamespace(req_id="n", block_ids=([3, 4],),
+                                            num_computed_tokens=0)],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=["r", "s"], new_block_ids=[([9],), None], num_computed_tokens=[7, 8],
+            resumed_req_ids=set()))
+    assert vllm_driver.step_blocks(output, 4) == ({"n": [3, 4], "r": [9], "s": []}, {})
+
+
+def test_driver_splits_an_admitted_table_into_hit_and_fresh_blocks() -> None:
+    # New and resumed requests come with their whole table and their computed tokens
+    # before the step (the hit's); a running one with its new blocks only.
+    output = SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id="n", block_ids=([5, 6, 7],),
+                                            num_computed_tokens=8)],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=["run", "back", "cold"], new_block_ids=[([9],), ([2, 3, 4],), ([8],)],
+            num_computed_tokens=[12, 4, 0], resumed_req_ids={"back", "cold"}))
+    fresh, hits = vllm_driver.step_blocks(output, 4)
+    assert hits == {"n": [5, 6], "back": [2]}
+    assert fresh == {"n": [7], "run": [9], "back": [3, 4], "cold": [8]}
+    odd = SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(
+        req_id="n", block_ids=([5],), num_computed_tokens=3)],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[],
+                                              num_computed_tokens=[], resumed_req_ids=set()))
+    with pytest.raises(vllm_driver.DriverError, match="3 computed tokens, not whole blocks"):
+        vllm_driver.step_blocks(odd, 4)
+
+
+def contents(*items: WorkItem) -> vllm_driver.Contents:
+    return vllm_driver.Contents([item_dict(w) for w in validate(items)])
+
+
+def test_driver_tokens_follow_the_prefix_chain() -> None:
+    c = contents(WorkItem("a", 0, 30, 5, 8, prefix=("sys", 20)),
+                 WorkItem("b", 0, 25, 3, 3, prefix=("sys", 12)),
+                 WorkItem("t2", 1, 50, 4, 4, prefix=("a", 35)),
+                 WorkItem("t3", 2, 70, 2, 2, prefix=("t2", 54)))
+    a, b, t2, t3 = (c.sequence(r) for r in ("a", "b", "t2", "t3"))
+    assert len(a) == 35 and len(t3) == 72
+    assert a[:12] == b[:12] and a[12] != b[12]  # sys's first 12 tokens, then b's own
+    assert t2[:35] == a and t3[:54] == t2 and t3[:20] == a[:20]  # next turns nest
+    # Outputs are the content's tokens after the prompt, end-of-sequence last: a next
+    # turn that holds a's whole sequence holds the tokens a was given.
+    assert [c.output("a", j) for j in range(5)] == a[30:]
+    assert a[-1] == vllm_driver.EOS_TOKEN_ID and c.output("a", 9) == vllm_driver.EOS_TOKEN_ID
+    assert all(vllm_driver.FIRST_TOKEN_ID <= t < vllm_driver.VOCAB_SIZE for t in a[:-1])
+    assert c.prompt("t2") == t2[:50]
+    assert len(set(b[12:])) == len(b) - 12  # its own tokens are not a repeated filler
+    assert contents(WorkItem("a", 0, 30, 5, 8, prefix=("sys", 20))).sequence("a") == a
 
 
 # -- the driver process ---------------------------------------------------------------

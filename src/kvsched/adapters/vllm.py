@@ -13,7 +13,10 @@ Mapping (vLLM source lines in docs/conformance/vllm.md):
 - vLLM's input processor refuses a prompt of max_model_len tokens or more before the
   scheduler sees it: the trace shows that request arriving and rejected in one step;
 - vLLM's engine refuses at start-up a cache that cannot hold one max_model_len
-  sequence; so does this adapter, unless told to allow it (for experiments).
+  sequence; so does this adapter, unless told to allow it (for experiments);
+- prefix caching (vLLM's default) follows Config.prefix_caching: the driver gives each
+  request real token ids from its workload prefix, so vLLM's own block hashes decide
+  the hits; the trace carries them as prefix_hits, and vLLM's hashes as block_keys.
 """
 
 from __future__ import annotations
@@ -84,14 +87,16 @@ def vllm_settings(config: Config, allow_undersized_cache: bool = False) -> dict[
         "long_prefill_token_threshold": config.long_prefill_token_threshold,
         "policy": config.policy,
         "watermark": watermark,
+        "enable_prefix_caching": config.prefix_caching,
     }
 
 
-# What the driver reads back must be this for the trace to be a v1 scheduler's own.
+# What the driver reads back must be this for the trace to be a v1 scheduler's own
+# (a tuple: any of these); enable_prefix_caching becomes Config.prefix_caching.
 REQUIRED_ENGINE_SETTINGS: dict[str, object] = {
     "long_prefill_token_threshold_adaptive": False,
     "scheduler_reserve_full_isl": True,
-    "enable_prefix_caching": False,
+    "enable_prefix_caching": (True, False),
     "async_scheduling": False,
     "num_spec_tokens": 0,
     "num_lookahead_tokens": 0,
@@ -106,9 +111,12 @@ def config_from_vllm(effective: Mapping[str, Any], null_block: int = 0) -> Confi
         raise AdapterError(f"vLLM's null block is {null_block}; the adapter needs block 0 "
                            "(so that vLLM's own block ids run from 1)")
     for key, wanted in REQUIRED_ENGINE_SETTINGS.items():
-        if effective.get(key) != wanted:
-            raise AdapterError(f"vLLM built its scheduler with {key}={effective.get(key)!r}; "
-                               f"the adapter needs {wanted!r}")
+        allowed = wanted if isinstance(wanted, tuple) else (wanted,)
+        got = effective.get(key)
+        # Types too: True == 1, but a count is not a switch.
+        if not any(got == w and type(got) is type(w) for w in allowed):
+            raise AdapterError(f"vLLM built its scheduler with {key}={got!r}; the adapter "
+                               f"needs {' or '.join(repr(w) for w in allowed)}")
     for a, b in (("max_num_scheduled_tokens", "max_num_batched_tokens"),
                  ("max_num_active_reqs", "max_num_running_reqs")):
         if effective[a] != effective[b]:
@@ -127,6 +135,7 @@ def config_from_vllm(effective: Mapping[str, Any], null_block: int = 0) -> Confi
         preemption="recompute",
         watermark_blocks=effective["watermark_blocks"],
         first_block_id=1,
+        prefix_caching=effective["enable_prefix_caching"],
     )
 
 
@@ -145,6 +154,8 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem]) -> S
     victims in the order vLLM preempted them."""
     step = event["step"]
     new_blocks = {rid: tuple(ids) for rid, ids in event["new_block_ids"].items() if ids}
+    hits = {rid: tuple(ids) for rid, ids in event.get("prefix_hits", {}).items() if ids}
+    keys = {rid: tuple(ks) for rid, ks in event.get("block_keys", {}).items() if ks}
     return StepRecord(
         step,
         arrivals=tuple(workload[rid].request(step) for rid in event["arrivals"]),
@@ -155,14 +166,26 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem]) -> S
         finished=tuple(f["id"] for f in event["finished"]),
         free_blocks=event["free_blocks"],
         new_blocks=new_blocks,
+        prefix_hits=hits,
+        block_keys=keys,
     )
 
 
-def header_extra() -> dict[str, Any]:
+def header_extra(prefix_caching: bool) -> dict[str, Any]:
+    caching: dict[str, Any] = {"prefix_caching": prefix_caching}
+    if prefix_caching:
+        caching["prefix_hits"] = (
+            "decided by vLLM's own block hashes of real token ids: each request's tokens "
+            "come from its workload prefix (a shared text, or an earlier request's whole "
+            "sequence), and the fake model samples the outputs a next turn repeats; hits "
+            "read from the SchedulerOutput (an admitted request's table and computed "
+            "tokens)")
+        caching["block_keys"] = ("vLLM's Request.block_hashes (sha256, hex, first 16 "
+                                 "digits)")
     return {"preempted_order": True, "adapter": {
         "name": "kvsched.adapters.vllm",
         "scheduler": "vllm.v1.core.sched.scheduler.Scheduler",
-        "prefix_caching": False, "async_scheduling": False,
+        **caching, "async_scheduling": False,
         "rejected": "refused by vLLM's input processor (prompt_len >= max_model_len); "
                     "the scheduler never saw them",
         "preempted": "in the order vLLM preempted them: the driver hooks "
@@ -227,7 +250,7 @@ class _Writer:
         except OSError as e:
             raise AdapterError(f"{job.out}: cannot write ({e.strerror})") from None
         self.writer = TraceWriter(self.stream)
-        self.writer.header(built, self.result.engine, header_extra())
+        self.writer.header(built, self.result.engine, header_extra(built.prefix_caching))
 
     def step(self, event: Mapping[str, Any]) -> StepRecord:
         rec = step_record(event, self.by_id)

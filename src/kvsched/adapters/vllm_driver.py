@@ -9,7 +9,8 @@ turns them into trace v1. Anything vLLM itself prints goes to standard error.
 
 NOTE on the loop: it is kvsched's simulation loop (src/kvsched/simulate.py) with
 vLLM's scheduler inside, built as vLLM's own tests/v1/core/utils.py builds it (no
-model, no tokenizer, prefix caching off, synchronous scheduling). Each step: add
+model, no tokenizer, synchronous scheduling; prefix caching on unless the job's config
+says "enable_prefix_caching": false). Each step: add
 the arrivals (vLLM's input processor refuses a prompt that leaves no room for an
 output token before the engine sees it; such a request is reported as refused and
 never added), apply the aborts, schedule(), hand back one sampled token for each
@@ -18,17 +19,33 @@ once its hidden output length is reached), and update_from_output(). Priority ti
 break as kvsched's (priority, arrival step, arrival order) because each request's
 arrival_time is its arrival order.
 
+NOTE on tokens: with prefix caching vLLM's own block hashes decide the hits, so every
+request carries real token ids (`Contents`). A request's content is its whole sequence,
+prompt then outputs; its first `prefix.len` tokens are those of the content its
+`prefix` names (a named shared text, or an earlier request's whole sequence: a
+conversation's next turn), the rest are its own. Token p of a content of its own is a
+pseudo-random id in [3, vocab) drawn from (content id, p), except the last, where
+the request's hidden output length puts end-of-sequence. The fake model samples, as
+output j of request r, token P_r + j of r's content, so a next turn holds exactly the
+tokens r was given and hashes as r's blocks did.
+
 Events:
     {"job": name, "vllm": version, "null_block": id, "config": {...}, "free_blocks": n}
     {"step": s, "arrivals": [ids], "refused": [{"id", "reason"}], "aborted": [ids],
      "preempted": [ids], "scheduled": [[id, n]], "new_block_ids": {id: [ids]},
+     "prefix_hits": {id: [ids]}, "block_keys": {id: [hex]},
      "finished": [{"id", "reason"}], "free_blocks": n}
+`new_block_ids` are the blocks handed out fresh; `prefix_hits` the cached blocks an
+admitted request (new, or resumed after recompute) starts its table with; `block_keys`
+continue, per request, vLLM's hashes of its full blocks (Request.block_hashes, hex,
+the first KEY_HEX digits), each written once its tokens are known.
     {"done": name, "complete": bool, "steps": n}
     {"error": "one line"}    (then exit status 3)
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -38,16 +55,20 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, Any
 
-# Token ids the fake model samples: EOS ends a request at its hidden output length.
+# End-of-sequence ends a request at its hidden output length; no other token is below
+# FIRST_TOKEN_ID.
 EOS_TOKEN_ID = 2
-OTHER_TOKEN_ID = 7
-PROMPT_TOKEN_ID = 5
+FIRST_TOKEN_ID = 3
+# A large vocabulary, so that unrelated blocks (one token each with block size 1) do
+# not share contents by chance: vLLM would hit them, kvsched's workload would not.
+VOCAB_SIZE = 1 << 20
+KEY_HEX = 16  # hex digits of vLLM's block hashes written as block keys
 
 # A config.json is all vLLM's ModelConfig reads with skip_tokenizer_init=True.
 MODEL_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
     "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
-    "num_hidden_layers": 1, "vocab_size": 1000, "torch_dtype": "float32",
+    "num_hidden_layers": 1, "vocab_size": VOCAB_SIZE, "torch_dtype": "float32",
     "bos_token_id": 1, "eos_token_id": EOS_TOKEN_ID,
 }
 
@@ -58,6 +79,54 @@ class DriverError(Exception):
 
 def _module(name: str) -> Any:
     return importlib.import_module(name)
+
+
+def token_id(content: str, position: int) -> int:
+    """Token `position` of a content of its own: pseudo-random, the same in every run.
+
+    post: FIRST_TOKEN_ID <= __return__ < VOCAB_SIZE
+    """
+    digest = hashlib.blake2b(f"{content}\0{position}".encode(), digest_size=8).digest()
+    return FIRST_TOKEN_ID + int.from_bytes(digest, "big") % (VOCAB_SIZE - FIRST_TOKEN_ID)
+
+
+class Contents:
+    """The token ids of a job's requests: each one's whole sequence, prompt then
+    outputs, built from the contents its prefix names (see NOTE on tokens)."""
+
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self.items = {w["id"]: w for w in items}
+        self.sequences: dict[str, list[int]] = {}
+
+    def tokens(self, content: str, length: int) -> list[int]:
+        """The first `length` tokens of `content`: a request's, or a named shared text."""
+        if content in self.items:
+            return self.sequence(content)[:length]
+        return [token_id(content, p) for p in range(length)]
+
+    def sequence(self, rid: str) -> list[int]:
+        """Request `rid`'s whole sequence: prompt_len + output_len tokens, the last one
+        end-of-sequence (where the fake model ends it)."""
+        seq = self.sequences.get(rid)
+        if seq is None:
+            w = self.items[rid]
+            prefix = w.get("prefix")
+            seq = self.tokens(prefix["id"], prefix["len"]) if prefix else []
+            seq += [token_id(rid, p) for p in range(len(seq),
+                                                     w["prompt_len"] + w["output_len"])]
+            seq[-1] = EOS_TOKEN_ID
+            self.sequences[rid] = seq
+        return seq
+
+    def prompt(self, rid: str) -> list[int]:
+        return self.sequence(rid)[:self.items[rid]["prompt_len"]]
+
+    def output(self, rid: str, j: int) -> int:
+        """What the fake model samples as output j of `rid`: end-of-sequence at its
+        hidden output length."""
+        seq = self.sequence(rid)
+        at = self.items[rid]["prompt_len"] + j
+        return seq[at] if at < len(seq) else EOS_TOKEN_ID
 
 
 def build_scheduler(cfg: dict[str, Any], model_dir: Path) -> Any:
@@ -85,7 +154,8 @@ def build_scheduler(cfg: dict[str, Any], model_dir: Path) -> Any:
     model_config = vconfig.ModelConfig(model=str(model_dir), skip_tokenizer_init=True,
                                        max_model_len=cfg["max_model_len"], dtype="float32",
                                        seed=0)
-    cache_config = vconfig.CacheConfig(block_size=block_size, enable_prefix_caching=False)
+    cache_config = vconfig.CacheConfig(
+        block_size=block_size, enable_prefix_caching=cfg.get("enable_prefix_caching", True))
     vllm_config = vconfig.VllmConfig(scheduler_config=scheduler_config,
                                      model_config=model_config, cache_config=cache_config)
     spec = kv.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
@@ -139,26 +209,64 @@ def refusal(model_config: Any, prompt_len: int) -> str | None:
     return None
 
 
-def make_request(item: dict[str, Any], order: int) -> Any:
+def block_hasher(scheduler: Any) -> Any:
+    """vLLM's hasher of a request's full blocks, as its engine core sets it up, or None
+    without prefix caching."""
+    if not scheduler.kv_cache_manager.enable_caching:
+        return None
+    utils = _module("vllm.v1.core.kv_cache_utils")
+    hash_fn = _module("vllm.utils.hashing").get_hash_fn_by_name(
+        scheduler.cache_config.prefix_caching_hash_algo)
+    utils.init_none_hash(hash_fn)
+    return utils.get_request_block_hasher(scheduler.block_size, hash_fn)
+
+
+def make_request(item: dict[str, Any], order: int, contents: Contents,
+                 hasher: Any) -> Any:
     params_mod = _module("vllm.sampling_params")
     request_mod = _module("vllm.v1.request")
     params = params_mod.SamplingParams(max_tokens=item["max_tokens"])
     params.update_from_generation_config({}, eos_token_id=EOS_TOKEN_ID)
     return request_mod.Request(
-        request_id=item["id"], prompt_token_ids=[PROMPT_TOKEN_ID] * item["prompt_len"],
+        request_id=item["id"], prompt_token_ids=contents.prompt(item["id"]),
         sampling_params=params, pooling_params=None, arrival_time=float(order),
-        priority=item.get("priority", 0))
+        priority=item.get("priority", 0), block_hasher=hasher)
 
 
-def new_block_ids(output: Any) -> dict[str, list[int]]:
-    """The block ids each scheduled request received this step (one KV cache group)."""
-    out: dict[str, list[int]] = {}
+def step_blocks(output: Any, block_size: int) -> tuple[dict[str, list[int]],
+                                                       dict[str, list[int]]]:
+    """The blocks each scheduled request got this step (one KV cache group): those
+    handed out fresh, and the prefix hits of the admitted ones.
+
+    An admitted request (new, or resumed after recompute) comes with its whole table
+    and its computed tokens before the step, which are its hit's: the table's first
+    num_computed_tokens / block_size blocks are the hit. A running request comes with
+    its new blocks only.
+    """
+    fresh: dict[str, list[int]] = {}
+    hits: dict[str, list[int]] = {}
+
+    def split(rid: str, ids: list[int], computed: int) -> None:
+        if computed % block_size:
+            raise DriverError(f"{rid} was admitted with {computed} computed tokens, not "
+                              f"whole blocks of {block_size}")
+        h = computed // block_size
+        if h:
+            hits[rid] = ids[:h]
+        fresh[rid] = ids[h:]
+
     for new in output.scheduled_new_reqs:
-        out[new.req_id] = list(new.block_ids[0]) if new.block_ids else []
+        split(new.req_id, list(new.block_ids[0]) if new.block_ids else [],
+              new.num_computed_tokens)
     cached = output.scheduled_cached_reqs
-    for rid, ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
-        out[rid] = list(ids[0]) if ids is not None else []
-    return out
+    for rid, ids, computed in zip(cached.req_ids, cached.new_block_ids,
+                                  cached.num_computed_tokens, strict=True):
+        got = list(ids[0]) if ids is not None else []
+        if rid in cached.resumed_req_ids:
+            split(rid, got, computed)
+        else:
+            fresh[rid] = got
+    return fresh, hits
 
 
 def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
@@ -167,6 +275,7 @@ def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
     vllm = _module("vllm")
     scheduler = build_scheduler(job["config"], model_dir)
     pool = scheduler.kv_cache_manager.block_pool
+    hasher = block_hasher(scheduler)
     preempted: list[str] = []
     preempt = scheduler._preempt_request
 
@@ -180,9 +289,10 @@ def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
     emit({"job": job["name"], "vllm": vllm.__version__, "null_block": pool.null_block.block_id,
           "config": effective_config(scheduler), "free_blocks": pool.get_num_free_blocks()})
 
+    contents = Contents(job["requests"])
     pending: list[dict[str, Any]] = sorted(job["requests"], key=lambda w: w["arrival"])
-    by_id = {w["id"]: w for w in pending}
-    live: set[str] = set()
+    live: dict[str, Any] = {}  # the Request objects vLLM holds, by id
+    keys_written: dict[str, int] = {}
     aborts: dict[int, list[str]] = {}
     for w in pending:
         if w.get("abort") is not None:
@@ -204,44 +314,52 @@ def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
             if reason is not None:
                 refused.append({"id": w["id"], "reason": reason})
                 continue
-            scheduler.add_request(make_request(w, nxt))
-            live.add(w["id"])
+            live[w["id"]] = make_request(w, nxt, contents, hasher)
+            keys_written[w["id"]] = 0
+            scheduler.add_request(live[w["id"]])
         aborted: list[str] = []
         for rid in aborts.pop(step, ()):
             if rid in live:
                 scheduler.finish_requests(rid, status.FINISHED_ABORTED)
-                live.discard(rid)
+                del live[rid]
                 aborted.append(rid)
         preempted.clear()
         output = scheduler.schedule()
         if set(preempted) != set(output.preempted_req_ids):
             raise DriverError(f"step {step}: preempted {sorted(preempted)} but the scheduler "
                               f"output says {sorted(output.preempted_req_ids)}")
+        fresh, hits = step_blocks(output, scheduler.block_size)
         scheduled = list(output.num_scheduled_tokens.items())
         sampled: list[list[int]] = []
         for rid, _ in scheduled:
-            request = scheduler.requests[rid]
+            request = live[rid]
             if request.num_computed_tokens < request.num_tokens:
                 sampled.append([])  # a partial prefill chunk samples nothing
-            elif request.num_output_tokens + 1 >= by_id[rid]["output_len"]:
-                sampled.append([EOS_TOKEN_ID])
             else:
-                sampled.append([OTHER_TOKEN_ID])
+                sampled.append([contents.output(rid, request.num_output_tokens)])
         ids = [rid for rid, _ in scheduled]
         runner_output = outputs_mod.ModelRunnerOutput(
             req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
             sampled_token_ids=sampled)
         engine_outputs = scheduler.update_from_output(output, runner_output)
+        # Keys of the blocks whose tokens became known this step (a prompt's at arrival,
+        # a block of outputs once its last token is sampled).
+        keys: dict[str, list[str]] = {}
+        for rid, request in live.items():
+            known = request.block_hashes[keys_written[rid]:]
+            if known:
+                keys[rid] = [bytes(h).hex()[:KEY_HEX] for h in known]
+                keys_written[rid] += len(known)
         finished: list[dict[str, str]] = []
         for batch in engine_outputs.values():
             for out in batch.outputs:
                 if out.finish_reason is not None:
                     finished.append({"id": out.request_id, "reason": str(out.finish_reason)})
-                    live.discard(out.request_id)
+                    live.pop(out.request_id, None)
         emit({"step": step, "arrivals": arrivals, "refused": refused, "aborted": aborted,
               "preempted": list(preempted), "scheduled": [[rid, n] for rid, n in scheduled],
-              "new_block_ids": new_block_ids(output), "finished": finished,
-              "free_blocks": pool.get_num_free_blocks()})
+              "new_block_ids": fresh, "prefix_hits": hits, "block_keys": keys,
+              "finished": finished, "free_blocks": pool.get_num_free_blocks()})
         step += 1
     emit({"done": job["name"], "complete": True, "steps": step})
 
@@ -264,6 +382,9 @@ def main(argv: list[str]) -> int:
     for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
                        ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1")):
         os.environ.setdefault(key, value)
+    # vLLM seeds its first block hash from PYTHONHASHSEED when set, else from a fixed
+    # string (sha256): without it the block keys are the same in every run.
+    os.environ.pop("PYTHONHASHSEED", None)
     try:
         with open(argv[1]) as f:
             jobs = [json.loads(line) for line in f if line.strip()]
