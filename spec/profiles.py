@@ -20,11 +20,13 @@ class ConfigDefaults:
     watermark_fraction: watermark_blocks = int(fraction * num_gpu_blocks), as vLLM V0
         computes its watermark.
     host_blocks_as_gpu: num_cpu_blocks = num_gpu_blocks (as much swap space as cache).
+    prefix_caching: prefix caching on or off.
     """
 
     preemption: PreemptionMode | None = None
     watermark_fraction: float | None = None
     host_blocks_as_gpu: bool = False
+    prefix_caching: bool | None = None
 
     def apply(self, config: Config, given: frozenset[str] = frozenset()) -> Config:
         """`config` with these defaults for every field not in `given`, each computed from
@@ -37,6 +39,8 @@ class ConfigDefaults:
                                                     * config.num_gpu_blocks))
         if self.host_blocks_as_gpu and "num_cpu_blocks" not in given:
             out = replace(out, num_cpu_blocks=config.num_gpu_blocks)
+        if self.prefix_caching is not None and "prefix_caching" not in given:
+            out = replace(out, prefix_caching=self.prefix_caching)
         return out
 
     def describe(self) -> str:
@@ -48,6 +52,8 @@ class ConfigDefaults:
             parts.append(f"watermark_blocks={self.watermark_fraction:.0%} of num_gpu_blocks")
         if self.host_blocks_as_gpu:
             parts.append("num_cpu_blocks=num_gpu_blocks")
+        if self.prefix_caching is not None:
+            parts.append(f"prefix_caching={'on' if self.prefix_caching else 'off'}")
         return ", ".join(parts) or "-"
 
 
@@ -63,6 +69,9 @@ class Profile:
         return self.defaults.apply(config, given)
 
 
+VLLM_V1 = Knobs(victim="policy", admit_after_preempt=False, reserve_full_sequence=True,
+                lift_threshold_when_alone=True)
+
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
@@ -70,9 +79,16 @@ PROFILES: dict[str, Profile] = {
             "vllm-v1",
             "vLLM 0.32's v1 scheduler: running first, preempt the tail (fcfs) or the "
             "lowest priority by recompute, no admission in a step that preempted, "
-            "admission needs the whole sequence to fit, threshold lifted when alone",
-            Knobs(victim="policy", admit_after_preempt=False, reserve_full_sequence=True,
-                  lift_threshold_when_alone=True),
+            "admission needs the whole sequence to fit, threshold lifted when alone, "
+            "prefix caching on (vLLM's default)",
+            VLLM_V1,
+            ConfigDefaults(prefix_caching=True),
+        ),
+        Profile(
+            "vllm-v1-no-prefix-caching",
+            "vllm-v1 with prefix caching off (vLLM's --no-enable-prefix-caching)",
+            VLLM_V1,
+            ConfigDefaults(prefix_caching=False),
         ),
         Profile(
             "vllm-v0-swap",

@@ -97,6 +97,12 @@ def test_profile_defaults_apply_to_fields_not_given() -> None:
     assert d.describe() == ("preemption=swap, watermark_blocks=1% of num_gpu_blocks, "
                             "num_cpu_blocks=num_gpu_blocks")
     assert ConfigDefaults().describe() == "-" and ConfigDefaults().apply(config) == config
-    assert get_profile("vllm-v1").configure(config) == config
+    # vLLM v1 caches prefixes by default; the user's choice wins, as for every field.
+    assert get_profile("vllm-v1").configure(config) == replace(config, prefix_caching=True)
+    assert get_profile("vllm-v1").configure(config, frozenset({"prefix_caching"})) == config
+    off = get_profile("vllm-v1-no-prefix-caching")
+    assert off.configure(replace(config, prefix_caching=True)) == config
+    assert off.knobs == get_profile("vllm-v1").knobs
+    assert off.defaults.describe() == "prefix_caching=off"
     with pytest.raises(ValueError, match="unknown profile 'nope'; known: vllm-v1"):
         get_profile("nope")
