@@ -14,10 +14,14 @@ from kvsched.generators import (
     ARRIVALS,
     BURST_FRACTION,
     CAPPED_FRACTION,
+    DEFAULT_SYSTEM_PROMPTS,
+    DEFAULT_TURNS,
+    GENERATORS,
     KINDS,
     LENGTHS,
     LogNormal,
     generate,
+    parse_lengths,
     parse_priorities,
 )
 from kvsched.workload import WorkItem, validate
@@ -210,7 +214,8 @@ def test_parse_priorities() -> None:
 # -- bad parameters ----------------------------------------------------------------------
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"kind": "sharegtp"}, "unknown workload kind 'sharegtp'; kinds are sharegpt"),
+    ({"kind": "sharegtp"}, "unknown workload kind 'sharegtp'; kinds are sharegpt, alpaca, "
+                           "long-context, uniform, shared-prompts, conversations"),
     ({"arrival": "uniform"}, "unknown arrival process 'uniform'; processes are poisson"),
     ({"n": 0}, "number of requests must be at least 1, got 0"),
     ({"seed": 1.5}, "seed must be an integer"),
@@ -230,6 +235,150 @@ def test_parse_priorities() -> None:
     ({"prompt_range": (1, 2)}, "apply only to kind 'uniform', not 'sharegpt'"),
 ])
 def test_bad_parameters_are_one_line_errors(kwargs: dict[str, object], message: str) -> None:
+    args: dict[str, object] = {"kind": "sharegpt", "n": 10, "seed": 0}
+    args.update(kwargs)
+    kind, n, seed = args.pop("kind"), args.pop("n"), args.pop("seed")
+    with pytest.raises(ValueError, match=message) as info:
+        generate(kind, n, seed, **args)  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)
+
+
+# -- shared prefixes: system prompts and conversations ------------------------------------
+
+def by_id(items: list[WorkItem]) -> dict[str, WorkItem]:
+    return {w.id: w for w in items}
+
+
+@pytest.mark.parametrize("kind", ["shared-prompts", "conversations"])
+def test_shared_prefix_generators_are_deterministic(kind: str) -> None:
+    a = generate(kind, 300, 7, priorities=(1, 1))
+    assert a == generate(kind, 300, 7, priorities=(1, 1))
+    assert a != generate(kind, 300, 8, priorities=(1, 1))
+    assert validate(a) == a and len(a) == 300
+
+
+def test_known_first_requests_pin_the_shared_prefix_streams() -> None:
+    # Same on every machine; a change to the order of draws changes these knowingly.
+    got = [(w.id, w.arrival, w.prompt_len, w.output_len, w.prefix)
+           for w in generate("conversations", 5, 1, system_prompts=(64, 32))]
+    assert got == [("c0-t0", 4, 147, 615, ("sys-0", 64)), ("c1-t0", 85, 85, 738, ("sys-0", 64)),
+                   ("c2-t0", 141, 572, 174, ("sys-1", 32)),
+                   ("c0-t1", 652, 1222, 187, ("c0-t0", 762)),
+                   ("c0-t2", 1056, 1993, 159, ("c0-t1", 1409))]
+
+
+def test_system_prompts_are_picked_by_their_zipf_weights() -> None:
+    items = generate("shared-prompts", 20_000, 3)
+    counts = Counter(w.prefix for w in items)
+    # DEFAULT_SYSTEM_PROMPTS, skew 1: weights 1, 1/2, 1/3, 1/4 of 25/12.
+    lengths = DEFAULT_SYSTEM_PROMPTS
+    for i, length in enumerate(lengths):
+        share = counts[(f"sys-{i}", length)] / len(items)
+        assert share == pytest.approx(1 / (i + 1) / (25 / 12), abs=0.015)
+    assert sum(counts.values()) == len(items)
+    uniform = Counter(w.prefix for w in generate("shared-prompts", 20_000, 3, skew=0))
+    assert all(n / 20_000 == pytest.approx(0.25, abs=0.015) for n in uniform.values())
+
+
+def test_system_prompts_put_a_kind_s_prompt_after_them() -> None:
+    plain = generate("alpaca", 500, 4, max_model_len=BIG)
+    shared = generate("alpaca", 500, 4, max_model_len=BIG, system_prompts=(300, 40))
+    assert [w.id for w in shared] == [w.id for w in plain]
+    for p, s in zip(plain, shared, strict=True):
+        assert s.prefix is not None and s.prefix[0] in ("sys-0", "sys-1")
+        assert s.prompt_len == p.prompt_len + s.prefix[1]
+        assert (s.arrival, s.output_len, s.max_tokens) == (p.arrival, p.output_len,
+                                                           p.max_tokens)
+        assert s.shared == (s.prefix,)
+
+
+def test_a_system_prompt_is_clipped_around_but_never_into() -> None:
+    items = generate("long-context", 300, 5, max_model_len=600, system_prompts=(598,))
+    assert all(w.prompt_len == 599 and w.max_tokens == 1 for w in items)
+    assert all(w.prefix == ("sys-0", 598) for w in items)
+
+
+def test_each_turn_starts_with_the_whole_previous_turn() -> None:
+    items = generate("conversations", 2000, 6, max_model_len=BIG, think_steps=10)
+    ids = by_id(items)
+    turns = [w for w in items if not w.id.endswith("-t0")]
+    assert turns
+    for w in turns:
+        conversation, turn = w.id.rsplit("-t", 1)
+        prev = ids[f"{conversation}-t{int(turn) - 1}"]
+        whole = prev.prompt_len + prev.output_len
+        assert w.prefix == (prev.id, whole) and w.prompt_len > whole
+        assert w.shared == (*prev.shared, (prev.id, whole))
+        # It comes once the previous turn could have ended, a token a step.
+        assert w.arrival >= prev.arrival + prev.output_len
+        assert w.priority == prev.priority
+    firsts = [w for w in items if w.id.endswith("-t0")]
+    assert all(w.prefix is None for w in firsts)
+    # Geometric turns of mean 3; requests still arrive at the rate on average.
+    assert len(items) / len(firsts) == pytest.approx(DEFAULT_TURNS, rel=0.1)
+    starts = sorted(w.arrival for w in firsts)
+    assert len(firsts) / starts[-1] == pytest.approx(0.05 / DEFAULT_TURNS, rel=0.1)
+
+
+def test_think_time_has_its_mean() -> None:
+    items = generate("conversations", 3000, 2, max_model_len=BIG, think_steps=40)
+    ids = by_id(items)
+    pauses = []
+    for w in items:
+        if w.prefix is not None:
+            prev = ids[w.prefix[0]]
+            pauses.append(w.arrival - prev.arrival - prev.output_len)
+    # Floored exponential steps: mean 40 - 1/2 or so.
+    assert statistics.fmean(pauses) == pytest.approx(39.5, rel=0.08)
+    zero = generate("conversations", 300, 2, max_model_len=BIG, think_steps=0)
+    assert all(w.arrival == by_id(zero)[w.prefix[0]].arrival
+               + by_id(zero)[w.prefix[0]].output_len for w in zero if w.prefix is not None)
+
+
+def test_a_conversation_ends_where_its_next_turn_would_not_fit() -> None:
+    m = 700
+    items = generate("conversations", 3000, 9, max_model_len=m, turns=6,
+                     system_prompts=(128,))
+    assert all(w.prompt_len + w.max_tokens <= m for w in items)
+    assert all(w.prompt_len <= m - 1 for w in items)
+    # Long conversations would run past 700 tokens: many end early, so fewer turns.
+    firsts = sum(w.id.endswith("-t0") for w in items)
+    assert len(items) / firsts < 3
+    assert max(w.shared[-1][1] for w in items if w.prefix is not None) < m
+
+
+@given(kind=st.sampled_from(GENERATORS), seed=st.integers(0, 2**16),
+       max_model_len=st.integers(130, 3000), turns=st.sampled_from([None, 1, 2.5]))
+def test_every_generator_fits_max_model_len(kind: str, seed: int, max_model_len: int,
+                                            turns: float | None) -> None:
+    items = generate(kind, 60, seed, max_model_len=max_model_len, turns=turns,
+                     system_prompts=(100, 64))
+    assert len(items) == 60 and validate(items) == items
+    assert all(w.prompt_len + w.max_tokens <= max_model_len for w in items)
+    assert all(1 <= w.output_len <= w.max_tokens for w in items)
+    assert all(w.prefix is None or w.prefix[1] < w.prompt_len for w in items)
+
+
+def test_parse_lengths() -> None:
+    assert parse_lengths("1024,256") == (1024, 256)
+    with pytest.raises(ValueError, match="comma-separated token counts"):
+        parse_lengths("1024;256")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"kind": "alpaca", "skew": 2.0}, "skew weighs the choice of a system prompt: it needs"),
+    ({"kind": "alpaca", "think_steps": 5.0}, "think_steps is the pause between turns"),
+    ({"kind": "shared-prompts", "skew": -1.0}, r"skew must be a finite number >= 0, got -1"),
+    ({"kind": "shared-prompts", "skew": math.nan}, "skew must be a finite number"),
+    ({"kind": "conversations", "turns": 0.5}, r"turns must be a mean number of turns >= 1"),
+    ({"kind": "conversations", "think_steps": -2.0}, "think_steps must be a finite number"),
+    ({"system_prompts": (0,)}, "system prompt lengths must be positive integers, got 0"),
+    ({"system_prompts": (1.5,)}, "system prompt lengths must be positive integers"),
+    ({"system_prompts": (4095,)},
+     "a system prompt of 4095 tokens leaves no room in max_model_len 4096: at most 4094"),
+])
+def test_bad_shared_prefix_parameters_are_one_line_errors(kwargs: dict[str, object],
+                                                          message: str) -> None:
     args: dict[str, object] = {"kind": "sharegpt", "n": 10, "seed": 0}
     args.update(kwargs)
     kind, n, seed = args.pop("kind"), args.pop("n"), args.pop("seed")

@@ -48,6 +48,30 @@ Arrivals, in steps (rate = mean arrivals per step):
 
 Priorities: optional weights w0, w1, ... for priorities 0, 1, ...; None makes every
 request priority 0 (lower value = more urgent).
+
+Shared prefixes (what prefix caching can reuse; kvsched.workload's `prefix` field):
+- system prompts: K shared prompts of given lengths, ids sys-0 .. sys-(K-1); each
+  request (each conversation's first turn) picks prompt i with weight 1 / (i + 1) ** skew
+  (Zipf; skew 0 picks uniformly) and its drawn prompt becomes its own user text after
+  it: prompt_len = system prompt + user text, prefix (sys-i, its length);
+- conversations: with a mean of T turns (T > 1), a conversation goes on after each turn
+  with probability 1 - 1 / T (geometric, mean T turns). Turn j + 1's prompt is the
+  whole of turn j (prompt, then its output_len tokens of output) plus a new user
+  message of the kind's prompt length, with prefix (turn j's id, turn j's prompt +
+  output); the next turn's output has the kind's output length. It arrives once turn j
+  could have ended, decoding a token every step from its arrival (arrival + output_len
+  steps), plus a think time: exponential, mean `think_steps`. A loaded engine is slower
+  than a token a step, so a turn may still run when the next arrives. A conversation
+  ends early where its next prompt would not fit max_model_len. Conversations start by
+  the arrival process at rate / T, so requests still arrive at `rate` on average; their
+  priority is drawn per conversation. Request ids are c<conversation>-t<turn>.
+
+The named generators `shared-prompts` (ShareGPT user text after the system prompts
+DEFAULT_SYSTEM_PROMPTS, skew 1) and `conversations` (ShareGPT turns, mean
+DEFAULT_TURNS turns) are `sharegpt` with those knobs; the knobs apply to every kind.
+The prompt mixes and conversation lengths of real services are not published with
+numbers we could cite: the defaults are our assumptions, chosen so that a default
+simulation shows hits and evictions.
 """
 
 from __future__ import annotations
@@ -62,6 +86,10 @@ from itertools import accumulate
 from kvsched.workload import WorkItem, validate
 
 KINDS: tuple[str, ...] = ("sharegpt", "alpaca", "long-context", "uniform")
+# Named generators: the length kinds, and sharegpt with shared prefixes.
+SHARED_PROMPTS = "shared-prompts"
+CONVERSATIONS = "conversations"
+GENERATORS: tuple[str, ...] = (*KINDS, SHARED_PROMPTS, CONVERSATIONS)
 ARRIVALS: tuple[str, ...] = ("poisson", "bursty", "batch")
 
 DEFAULT_RATE = 0.05  # arrivals per step: about what the default Config serves of sharegpt
@@ -73,6 +101,12 @@ CAPPED_FRACTION = 0.25
 # The bursty process: fraction of time in bursts, and the mean burst length in steps.
 BURST_FRACTION = 0.1
 BURST_STEPS = 10.0
+# Shared prefixes: the system prompts of `shared-prompts` (tokens), their Zipf skew, and
+# the mean turns and think time (steps) of `conversations`.
+DEFAULT_SYSTEM_PROMPTS = (512, 256, 128, 64)
+DEFAULT_SKEW = 1.0
+DEFAULT_TURNS = 3.0
+DEFAULT_THINK_STEPS = 50.0
 
 
 @dataclass(frozen=True)
@@ -197,19 +231,70 @@ def parse_priorities(text: str) -> tuple[float, ...]:
     return weights
 
 
+def _number(name: str, value: object, low: float, what: str) -> float:
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or not math.isfinite(value) or value < low):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return float(value)
+
+
+def _system_prompts(lengths: Sequence[int], max_model_len: int) -> tuple[int, ...]:
+    out = tuple(lengths)
+    for length in out:
+        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+            raise ValueError(f"system prompt lengths must be positive integers, "
+                             f"got {length!r}")
+        if length > max_model_len - 2:
+            raise ValueError(f"a system prompt of {length} tokens leaves no room in "
+                             f"max_model_len {max_model_len}: at most {max_model_len - 2} "
+                             "(one token of user text and one of output)")
+    return out
+
+
+def _system_prompt_draw(lengths: tuple[int, ...], skew: float, seed: int
+                        ) -> Callable[[], tuple[str, int] | None]:
+    """Each call picks system prompt i with weight 1 / (i + 1) ** skew: (id, length)."""
+    if not lengths:
+        return lambda: None
+    cumulative = list(accumulate(1 / (i + 1) ** skew for i in range(len(lengths))))
+    total, last = cumulative[-1], len(lengths) - 1
+    rng = _stream(seed, "system-prompts")
+
+    def pick() -> tuple[str, int]:
+        i = min(bisect_right(cumulative, rng.random() * total), last)
+        return f"sys-{i}", lengths[i]
+
+    return pick
+
+
+def parse_lengths(text: str) -> tuple[int, ...]:
+    """'1024,256' -> (1024, 256): system prompt lengths as the CLI takes them."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"system prompts must be comma-separated token counts like "
+                         f"1024,256, got {text!r}") from None
+
+
 def generate(kind: str, n: int, seed: int, *, arrival: str = "poisson",
              rate: float = DEFAULT_RATE, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
              priorities: Sequence[float] | None = None, max_tokens: int | None = None,
              prompt_range: tuple[int, int] | None = None,
-             output_range: tuple[int, int] | None = None) -> list[WorkItem]:
-    """A workload of n requests with ids r0, r1, ... in arrival order.
+             output_range: tuple[int, int] | None = None,
+             system_prompts: Sequence[int] | None = None, skew: float | None = None,
+             turns: float | None = None,
+             think_steps: float | None = None) -> list[WorkItem]:
+    """A workload of n requests: ids r0, r1, ... in arrival order, or c<k>-t<j> for
+    conversations (turns > 1). `system_prompts` and `turns` default to the named
+    generator's (none and 1 for the length kinds); `skew` applies only with system
+    prompts, `think_steps` only with turns > 1.
 
     post: len(__return__) == n
     post: all(w.prompt_len + w.max_tokens <= max_model_len for w in __return__)
     post: all(1 <= w.output_len <= w.max_tokens for w in __return__)
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown workload kind {kind!r}; kinds are {', '.join(KINDS)}")
+    if kind not in GENERATORS:
+        raise ValueError(f"unknown workload kind {kind!r}; kinds are {', '.join(GENERATORS)}")
     if arrival not in ARRIVALS:
         raise ValueError(f"unknown arrival process {arrival!r}; processes are "
                          f"{', '.join(ARRIVALS)}")
@@ -227,20 +312,56 @@ def generate(kind: str, n: int, seed: int, *, arrival: str = "poisson",
     if max_tokens is not None and (not isinstance(max_tokens, int)
                                    or isinstance(max_tokens, bool) or max_tokens < 1):
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens!r}")
-    pairs = lengths(kind, n, seed, prompt_range, output_range)
-    steps = arrival_steps(arrival, n, float(rate), seed)
+    if system_prompts is None:
+        system_prompts = DEFAULT_SYSTEM_PROMPTS if kind == SHARED_PROMPTS else ()
+    if turns is None:
+        turns = DEFAULT_TURNS if kind == CONVERSATIONS else 1.0
+    shared = _system_prompts(system_prompts, max_model_len)
+    turns = _number("turns", turns, 1, "a mean number of turns >= 1")
+    if skew is not None and not shared:
+        raise ValueError("skew weighs the choice of a system prompt: it needs system prompts")
+    if think_steps is not None and turns == 1:
+        raise ValueError("think_steps is the pause between turns: it needs turns > 1")
+    skew = _number("skew", DEFAULT_SKEW if skew is None else skew, 0,
+                   "a finite number >= 0")
+    think_steps = _number("think_steps", DEFAULT_THINK_STEPS if think_steps is None
+                          else think_steps, 0, "a finite number of steps >= 0")
+    base = kind if kind in KINDS else "sharegpt"
+    pairs = lengths(base, n, seed, prompt_range, output_range)
+    starts = arrival_steps(arrival, n, float(rate) / turns, seed)
     priority = _priority_draw(priorities, seed)
     slack = _max_tokens_slack(seed)
+    system_prompt = _system_prompt_draw(shared, skew, seed)
+    goes_on = _stream(seed, "turns").random
+    think = _stream(seed, "think").expovariate
     last_prompt = max_model_len - 1
-    items = []
-    for i, ((prompt, output), step) in enumerate(zip(pairs, steps, strict=True)):
-        if prompt > last_prompt:
-            prompt = last_prompt
+    items: list[WorkItem] = []
+    prev: WorkItem | None = None  # the last turn of the current conversation
+    conversation = turn = 0
+    for prompt, output in pairs:
+        prefix: tuple[str, int] | None = None
+        if prev is not None and turns > 1 and goes_on() >= 1 / turns \
+                and prev.prompt_len + prev.output_len + prompt <= last_prompt:
+            whole = prev.prompt_len + prev.output_len
+            prompt += whole
+            prefix = (prev.id, whole)
+            pause = int(think(1 / think_steps)) if think_steps > 0 else 0
+            step, level, turn = prev.arrival + prev.output_len + pause, prev.priority, turn + 1
+        else:
+            step, level, turn = next(starts), priority(), 0
+            conversation += 1 if prev is not None else 0
+            prefix = system_prompt()
+            if prefix is not None:
+                prompt += prefix[1]
+            if prompt > last_prompt:
+                prompt = last_prompt
         room = max_model_len - prompt
         asked = output + slack(output) if max_tokens is None else max_tokens
         cap = asked if asked < room else room
-        items.append(WorkItem(f"r{i}", step, prompt, output if output < cap else cap, cap,
-                              priority()))
+        rid = f"c{conversation}-t{turn}" if turns > 1 else f"r{len(items)}"
+        prev = WorkItem(rid, step, prompt, output if output < cap else cap, cap, level,
+                        prefix=prefix)
+        items.append(prev)
     return validate(items)
 
 
