@@ -143,7 +143,7 @@ def test_metrics_text_and_json(trace: Path) -> None:
 def test_profiles_lists_every_profile() -> None:
     result = kvsched("profiles")
     assert result.returncode == 0
-    for name in ("vllm-v1", "vllm-v0-swap", "sarathi"):
+    for name in ("vllm-v1", "vllm-v1-no-prefix-caching", "vllm-v0-swap", "sarathi"):
         assert name in result.stdout
 
 
@@ -182,3 +182,94 @@ def test_help_lists_exit_codes_and_defaults() -> None:
                           ("--max-model-len", "4096"), ("--requests", "400"),
                           ("--rate", "0.3")):
         assert option in simulate and f"[default: {value}" in simulate, option
+
+
+# -- prefix caching ------------------------------------------------------------------------
+
+SHARED = [*SMALL, "--generator", "shared-prompts", "--system-prompts", "256,128"]
+
+
+@pytest.mark.parametrize(("args", "caching"), [
+    ([], True),  # vllm-v1, the default profile, caches as vLLM does
+    (["--no-prefix-caching"], False),
+    (["--profile", "vllm-v1-no-prefix-caching"], False),
+    (["--profile", "vllm-v1-no-prefix-caching", "--prefix-caching"], True),
+    (["--profile", "sarathi"], False),
+])
+def test_the_profile_or_the_option_turns_prefix_caching_on(tmp_path: Path, args: list[str],
+                                                           caching: bool) -> None:
+    out = tmp_path / "t.jsonl"
+    result = kvsched("simulate", *SHARED, *args, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0]["config"]["prefix_caching"] is caching
+    assert any("prefix_hits" in step for step in lines[1:-1]) is caching
+    assert ("prefix cache hit rate" in result.stdout) is caching
+
+
+def test_metrics_of_a_caching_trace_count_its_hits(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    assert kvsched("simulate", *SHARED, "--out", str(out)).returncode == 0
+    assert kvsched("check", str(out)).returncode == 0
+    steps = [json.loads(line) for line in out.read_text().splitlines()[1:-1]]
+    hits = [len(blocks) for step in steps for blocks in step.get("prefix_hits", {}).values()]
+    data = json.loads(kvsched("metrics", "--format", "json", str(out)).stdout)
+    cache = data["prefix_cache"]
+    assert cache["admissions_hit"] == len(hits) > 0
+    assert cache["hit_tokens"] == 16 * sum(hits)
+    assert cache["hit_rate"] == cache["hit_tokens"] / cache["queried_tokens"]
+    assert cache["requests"] == 40 and 0 < cache["requests_hit"] <= 40
+    text = kvsched("metrics", str(out)).stdout
+    assert f"prefill tokens saved │ {cache['hit_tokens']}" in " ".join(text.split())
+
+
+def test_metrics_of_a_trace_without_caching_leave_the_cache_out(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    assert kvsched("simulate", *SHARED, "--no-prefix-caching", "--out", str(out)
+                   ).returncode == 0
+    assert json.loads(kvsched("metrics", "--format", "json", str(out)).stdout)[
+        "prefix_cache"] is None
+    assert "prefix cache" not in kvsched("metrics", str(out)).stdout
+
+
+def test_simulate_help_shows_the_shared_prefix_generators_and_caching() -> None:
+    simulate = " ".join(kvsched("simulate", "--help").stdout.split())
+    for text in ("shared-prompts", "conversations", "--prefix-caching / --no-prefix-caching",
+                 "--system-prompts", "--skew", "--turns", "--think-steps",
+                 "[default: 512,256,128,64 for shared-prompts, none otherwise]",
+                 "[default: 3 for conversations, 1 otherwise]"):
+        assert text in simulate, text
+    assert "vllm-v1-no-prefix-caching" in kvsched("profiles").stdout
+
+
+def test_conversations_simulate_and_check_clean(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    result = kvsched("simulate", *SMALL, "--generator", "conversations", "--turns", "4",
+                     "--think-steps", "5", "--out", str(out), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["violations"] == {} and summary["complete"]
+    assert summary["metrics"]["prefix_cache"]["requests"] == 40
+    arrivals = [a["id"] for line in out.read_text().splitlines()[1:-1]
+                for a in json.loads(line).get("arrivals", [])]
+    assert any(rid.endswith("-t1") for rid in arrivals)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--workload", "w.jsonl", "--turns", "2"],
+     "--workload reads the requests from a file; --turns applies to a generated workload"),
+    ([*SMALL, "--skew", "2"],
+     "skew weighs the choice of a system prompt: it needs system prompts"),
+    ([*SMALL, "--generator", "shared-prompts", "--system-prompts", "1024,x"],
+     "system prompts must be comma-separated token counts like 1024,256, got '1024,x'"),
+    ([*SMALL, "--generator", "shared-prompts", "--system-prompts", "1023"],
+     "a system prompt of 1023 tokens leaves no room in max_model_len 1024"),
+    ([*SMALL, "--generator", "conversations", "--turns", "0"], "turns must be a mean number"),
+    ([*SMALL, "--scheduler", "optimized"],
+     "--scheduler optimized does not cache prefixes: add --no-prefix-caching"),
+])
+def test_bad_shared_prefix_options_are_one_line(args: list[str], message: str) -> None:
+    result = kvsched("simulate", *args)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"kvsched: error: {message}")
+    assert result.stderr.count("\n") == 1

@@ -26,7 +26,17 @@ from rich.text import Text
 
 from kvsched import __version__, inputs
 from kvsched.conformance import checker as new_checker
-from kvsched.generators import ARRIVALS, KINDS, generate, parse_priorities
+from kvsched.generators import (
+    ARRIVALS,
+    DEFAULT_SKEW,
+    DEFAULT_SYSTEM_PROMPTS,
+    DEFAULT_THINK_STEPS,
+    DEFAULT_TURNS,
+    GENERATORS,
+    generate,
+    parse_lengths,
+    parse_priorities,
+)
 from kvsched.inputs import InputError
 from kvsched.junit import junit_xml
 from kvsched.progress import Reporter, reading
@@ -200,6 +210,10 @@ def config_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--first-block-id", type=int,
                      help="The first GPU block id (vLLM: 1); ids in the trace run from it."
                           + default("first_block_id")),
+        click.option("--prefix-caching/--no-prefix-caching", default=None,
+                     help="Cache full KV blocks by content, so that a request starting with "
+                          "the same tokens hits them (profile vllm-v1 turns it on, as vLLM "
+                          "does)." + default("prefix_caching")),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -229,7 +243,11 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--workload", "workload_path", type=click.Path(path_type=Path),
                      help="Workload JSONL file (default: a generated one)."),
         click.option("--generator", default="sharegpt", show_default=True,
-                     type=click.Choice(KINDS), help="Generated workload: length distribution."),
+                     type=click.Choice(GENERATORS),
+                     help="Generated workload: a length distribution, or shared-prompts "
+                          "(sharegpt after shared system prompts) or conversations "
+                          "(sharegpt multi-turn chats, each turn's prompt the whole previous "
+                          "turn plus a new message)."),
         click.option("--requests", "num_requests", type=int, default=DEFAULT_REQUESTS,
                      show_default=True, help="Number of generated requests."),
         click.option("--arrival", default="poisson", show_default=True,
@@ -242,6 +260,22 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--rate", type=float, default=DEFAULT_RATE, show_default=True,
                      help="Mean arrivals per step."),
         click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--system-prompts", default=None, metavar="LENS",
+                     help="Generated workload: shared system prompts of these token counts "
+                          "(e.g. 1024,256) that each request (or conversation) starts with, "
+                          "picked by a Zipf skew [default: "
+                          + ",".join(map(str, DEFAULT_SYSTEM_PROMPTS))
+                          + " for shared-prompts, none otherwise]."),
+        click.option("--skew", type=float, default=None,
+                     help="Zipf exponent of the system prompt choice: prompt i has weight "
+                          f"1/(i+1)^skew; 0 picks uniformly [default: {DEFAULT_SKEW:g}]."),
+        click.option("--turns", type=float, default=None,
+                     help="Mean turns per conversation (geometric); each turn's prompt is "
+                          f"the whole previous turn plus a new message [default: "
+                          f"{DEFAULT_TURNS:g} for conversations, 1 otherwise]."),
+        click.option("--think-steps", type=float, default=None,
+                     help="Mean steps (exponential) between a turn's earliest end and the "
+                          f"next turn's arrival [default: {DEFAULT_THINK_STEPS:g}]."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -249,12 +283,16 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 WORKLOAD_PARAMS = ("workload_path", "generator", "num_requests", "arrival", "priorities",
-                   "max_tokens", "rate", "seed")
+                   "max_tokens", "rate", "seed", "system_prompts", "skew", "turns",
+                   "think_steps")
 
 
 def load_workload(max_model_len: int, workload_path: Path | None, generator: str,
                   num_requests: int, arrival: str, priorities: str | None,
-                  max_tokens: int | None, rate: float, seed: int) -> list[WorkItem]:
+                  max_tokens: int | None, rate: float, seed: int,
+                  system_prompts: str | None = None, skew: float | None = None,
+                  turns: float | None = None,
+                  think_steps: float | None = None) -> list[WorkItem]:
     """The workload file, or a generated workload that fits max_model_len."""
     if workload_path is not None:
         ctx = click.get_current_context()
@@ -268,8 +306,11 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
         fail(f"--requests must be at least 1, got {num_requests}")
     try:
         mix = parse_priorities(priorities) if priorities is not None else None
+        shared = parse_lengths(system_prompts) if system_prompts is not None else None
         return generate(generator, num_requests, seed, arrival=arrival, rate=rate,
-                        max_model_len=max_model_len, priorities=mix, max_tokens=max_tokens)
+                        max_model_len=max_model_len, priorities=mix, max_tokens=max_tokens,
+                        system_prompts=shared, skew=skew, turns=turns,
+                        think_steps=think_steps)
     except ValueError as e:
         fail(str(e))
 
@@ -306,7 +347,8 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
              swap_bytes_per_block: int | None, host_bandwidth: float | None,
              prefill_tokens_per_s: float | None, workload_path: Path | None, generator: str,
              num_requests: int, arrival: str, priorities: str | None,
-             max_tokens: int | None, rate: float, seed: int,
+             max_tokens: int | None, rate: float, seed: int, system_prompts: str | None,
+             skew: float | None, turns: float | None, think_steps: float | None,
              out_path: Path | None, no_block_ids: bool, max_steps: int | None, fmt: str,
              progress: bool | None, implementation: str, device: str,
              **config_given: Any) -> None:
@@ -332,7 +374,8 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
     if max_steps is not None and max_steps < 1:
         fail(f"--max-steps must be at least 1, got {max_steps}")
     workload = load_workload(config.max_model_len, workload_path, generator, num_requests,
-                             arrival, priorities, max_tokens, rate, seed)
+                             arrival, priorities, max_tokens, rate, seed, system_prompts,
+                             skew, turns, think_steps)
 
     scheduler = make_scheduler(implementation, device, config, knobs)
     checker = new_checker(config)
@@ -401,6 +444,9 @@ def make_scheduler(implementation: str, device: str, config: Config,
             fail("--device applies to --scheduler optimized only")
         from kvsched.reference.scheduler import ReferenceScheduler
         return ReferenceScheduler(config, knobs)
+    if config.prefix_caching:
+        fail("--scheduler optimized does not cache prefixes: add --no-prefix-caching (the "
+             "vllm-v1 profile turns caching on)")
     try:
         import torch
 
@@ -602,7 +648,8 @@ def metrics(trace: str, fmt: str, plot_path: Path | None, progress: bool | None)
 def profiles() -> None:
     """List the named reference profiles and their knobs."""
     table = Table(title="kvsched profiles")
-    for col in ("profile", "knobs", "config defaults", "what it models"):
+    table.add_column("profile", no_wrap=True)  # a name is copied whole, never folded
+    for col in ("knobs", "config defaults", "what it models"):
         table.add_column(col, overflow="fold")
     for p in PROFILES.values():
         knobs = ", ".join(f"{f.name}={getattr(p.knobs, f.name)}" for f in fields(Knobs)
@@ -707,7 +754,9 @@ def trace_records(path: Path, reader: TraceReader) -> Iterator[StepRecord]:
 @click.pass_context
 def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | None,
                  generator: str, num_requests: int, arrival: str, priorities: str | None,
-                 max_tokens: int | None, rate: float, seed: int, out_a: Path | None,
+                 max_tokens: int | None, rate: float, seed: int, system_prompts: str | None,
+                 skew: float | None, turns: float | None, think_steps: float | None,
+                 out_a: Path | None,
                  out_b: Path | None, max_steps: int, plot_path: Path | None,
                  max_preemptions: int, fmt: str, progress: bool | None,
                  **config_given: Any) -> None:
@@ -787,7 +836,8 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
                                                                         strict=True)]
             workload = load_workload(min(c.max_model_len for c in configs), workload_path,
                                      generator, num_requests, arrival, priorities,
-                                     max_tokens, rate, seed)
+                                     max_tokens, rate, seed, system_prompts, skew, turns,
+                                     think_steps)
             sides: list[tuple[Stream, TraceWriter | None]] = []
             reporter = stack.enter_context(Reporter("diffing", len(workload), err, progress,
                                                     unit="requests"))
