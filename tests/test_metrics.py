@@ -10,11 +10,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvsched.generators import KINDS, generate
-from kvsched.metrics import Distribution, Metrics, metrics_of, metrics_of_trace, percentile
+from kvsched.generators import GENERATORS, generate
+from kvsched.metrics import (
+    Distribution,
+    Metrics,
+    PrefixCache,
+    metrics_of,
+    metrics_of_trace,
+    percentile,
+)
 from kvsched.reference import reference_scheduler
 from kvsched.simulate import run
 from kvsched.spec import Config, Preemption, Rejection, Request, StepRecord, check_steps
+from kvsched.spec.checker import check_trace
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import TraceReader, TraceWriter
 from kvsched.workload import WorkItem, validate
@@ -223,6 +231,11 @@ SIM = Config(block_size=16, num_gpu_blocks=48, max_num_batched_tokens=256, max_n
              max_model_len=512)
 
 
+def saved(m: Metrics) -> int:
+    """Prefill tokens the prefix cache saved: 0 without caching."""
+    return m.prefix_cache.hit_tokens if m.prefix_cache is not None else 0
+
+
 def simulate(workload: list[WorkItem], profile: str = "vllm-v1",
              config: Config = SIM) -> tuple[Config, list[StepRecord]]:
     p = get_profile(profile)
@@ -243,9 +256,10 @@ def test_simulation_totals(profile: str) -> None:
     served = [w for w in workload if w.id not in rejected]
     assert m.generated_tokens == sum(min(w.output_len, w.max_tokens) for w in served)
     assert m.computed_tokens == sum(n for rec in recs for _, n in rec.scheduled)
-    # Each request ends with C = P + outputs - 1; recompute victims computed C again.
-    assert m.computed_tokens == sum(w.prompt_len + w.output_len - 1 for w in served) \
-        + m.recomputed_tokens
+    # Each request ends with C = P + outputs - 1; recompute victims computed C again,
+    # but for what they (or any request) hit in the prefix cache.
+    assert m.computed_tokens + saved(m) == sum(w.prompt_len + w.output_len - 1
+                                               for w in served) + m.recomputed_tokens
     assert m.ttft.count == m.latency.count == m.finished
     assert m.tpot.count == sum(w.output_len >= 2 for w in served)
     assert sum(len(rec.preempted) for rec in recs) == sum(m.preemptions.values())
@@ -297,20 +311,123 @@ def test_simulation_with_aborts() -> None:
     assert m.ttft.count == 3 and m.tpot.count == 2
 
 
-@given(kind=st.sampled_from(KINDS), seed=st.integers(0, 2**16),
+@given(kind=st.sampled_from(GENERATORS), seed=st.integers(0, 2**16),
        blocks=st.integers(8, 40), chunked=st.booleans(),
        profile=st.sampled_from(["vllm-v1", "vllm-v0-swap", "sarathi"]))
 def test_token_identity_on_any_simulation(kind: str, seed: int, blocks: int, chunked: bool,
                                           profile: str) -> None:
     config = Config(block_size=8, num_gpu_blocks=blocks, max_num_batched_tokens=256,
                     max_num_seqs=6, max_model_len=256, chunked_prefill=chunked)
-    workload = generate(kind, 25, seed, rate=0.3, max_model_len=256)
+    workload = generate(kind, 25, seed, rate=0.3, max_model_len=256,
+                        system_prompts=(64, 32) if kind == "shared-prompts" else None)
     cfg, recs = simulate(workload, profile, config)
     m: Metrics = metrics_of(cfg, recs, series=False)
     rejected = {r.id for rec in recs for r in rec.rejected}
     served = [w for w in workload if w.id not in rejected]
     assert m.finished == len(served) and m.rejected == len(rejected)
     assert m.generated_tokens == sum(w.output_len for w in served)
-    assert m.computed_tokens == sum(w.prompt_len + w.output_len - 1 for w in served) \
-        + m.recomputed_tokens
+    assert m.computed_tokens + saved(m) == sum(w.prompt_len + w.output_len - 1
+                                               for w in served) + m.recomputed_tokens
     assert m.kv_blocks_peak <= cfg.num_gpu_blocks
+
+
+# -- prefix caching ---------------------------------------------------------------------
+
+CACHING = {"block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 0,
+           "max_num_batched_tokens": 32, "max_num_seqs": 4, "max_model_len": 32,
+           "chunked_prefill": True, "long_prefill_token_threshold": 0, "policy": "fcfs",
+           "preemption": "recompute", "watermark_blocks": 0, "prefix_caching": True}
+
+
+def caching_trace(caching: bool = True) -> TraceReader:
+    """Block size 4, 8 blocks; a full block is cached when filled.
+
+    step 0: a (P 9) computes 9 tokens in blocks 0 1 2 and samples; 0, 1 cached.
+    step 1: a preempted (recompute; 0, 1 stay cached, evictable); x (P 24) takes 3-7 and
+            2 (not cached: a's block 2 was not full), finishes; 3-7, 2 cached.
+    step 2: a re-admitted with N 10: hits 0, 1 (8 tokens), computes 2, takes block 3
+            (cached by x: an eviction), samples its second token and finishes.
+    step 3: c (P 10) hits 0, 1 (evictable again), takes block 4 (an eviction), finishes.
+    """
+    def arrive(rid: str, prompt: int, max_tokens: int) -> dict[str, object]:
+        return {"id": rid, "prompt_len": prompt, "max_tokens": max_tokens}
+
+    steps = [
+        {"step": 0, "arrivals": [arrive("a", 9, 2)], "scheduled": [["a", 9]],
+         "new_blocks": {"a": [0, 1, 2]}, "free_blocks": 5},
+        {"step": 1, "arrivals": [arrive("x", 24, 1)],
+         "preempted": [{"id": "a", "mode": "recompute"}], "scheduled": [["x", 24]],
+         "finished": ["x"], "new_blocks": {"x": [3, 4, 5, 6, 7, 2]}, "free_blocks": 8},
+        {"step": 2, "prefix_hits": {"a": [0, 1]}, "scheduled": [["a", 2]], "finished": ["a"],
+         "new_blocks": {"a": [3]}, "free_blocks": 8},
+        {"step": 3, "arrivals": [arrive("c", 10, 1)], "prefix_hits": {"c": [0, 1]},
+         "scheduled": [["c", 2]], "finished": ["c"], "new_blocks": {"c": [4]},
+         "free_blocks": 8},
+    ]
+    header = {"kvsched": "trace", "version": 1,
+              "config": {**CACHING, "prefix_caching": caching}}
+    lines = [header, *steps, {"end": True}]
+    return TraceReader(io.BytesIO("".join(json.dumps(x) + "\n" for x in lines).encode()))
+
+
+def test_caching_trace_is_a_legal_trace() -> None:
+    assert check_trace(caching_trace()).counts == {}
+
+
+def test_prefix_cache_counts_of_the_caching_trace() -> None:
+    m = metrics_of_trace(caching_trace())
+    assert m.prefix_cache == PrefixCache(
+        admissions=4,  # a, x, a again, c
+        admissions_hit=2,
+        queried_tokens=9 + 24 + 10 + 10,  # a's second admission knows 9 + 1 tokens
+        hit_tokens=8 + 8,
+        requests=3, requests_hit=2,
+        evictions=2)  # blocks 3 and 4, cached by x, handed to a and c
+    assert m.prefix_cache.hit_rate == 16 / 53
+    assert m.prefix_cache.request_hit_rate == 2 / 3
+    # Hit tokens are not computed: 9 + 24 + 2 + 2, of which prompts 9 + 24 + 1 + 2.
+    assert (m.computed_tokens, m.prompt_tokens, m.recomputed_tokens) == (37, 36, 9)
+    # Every request's tokens up to its last sample, and what the victim lost, are
+    # computed or hit.
+    assert m.computed_tokens + m.prefix_cache.hit_tokens == (9 + 2 - 1) + 24 + (10 + 1 - 1) \
+        + m.recomputed_tokens
+
+
+def test_prefix_cache_rows_and_json() -> None:
+    m = metrics_of_trace(caching_trace())
+    rows = dict(m.rows())
+    assert len(rows) == len(m.rows())
+    assert rows["prefix cache hit rate"] == "30.2% (16 of 53 tokens at admission)"
+    assert rows["prefill tokens saved"] == "16"
+    assert rows["requests with a hit"] == "2 of 3 (66.7%); 2 of 4 admissions"
+    assert rows["prefix cache evictions"] == "2 blocks"
+    d = json.loads(json.dumps(m.as_dict()))["prefix_cache"]
+    assert d == {"hit_rate": 16 / 53, "hit_tokens": 16, "queried_tokens": 53,
+                 "admissions": 4, "admissions_hit": 2, "requests": 3, "requests_hit": 2,
+                 "request_hit_rate": 2 / 3, "evictions": 2}
+
+
+def test_without_caching_there_is_no_prefix_cache_and_no_row() -> None:
+    # The same steps under prefix_caching false: the hits are refused (check reports
+    # them), and nothing of the cache is shown.
+    m = metrics_of_trace(caching_trace(caching=False))
+    assert m.prefix_cache is None and m.as_dict()["prefix_cache"] is None
+    assert not any(name.startswith("prefix") for name, _ in m.rows())
+    assert metrics_of(CFG, hand_trace()).prefix_cache is None
+
+
+def test_simulated_shared_prompts_hit_and_every_token_is_computed_or_hit() -> None:
+    workload = generate("shared-prompts", 120, 1, rate=0.5, max_model_len=SIM.max_model_len,
+                        system_prompts=(192, 96))
+    cfg, recs = simulate(workload, "vllm-v1")
+    assert cfg.prefix_caching
+    m = metrics_of(cfg, recs)
+    assert m.prefix_cache is not None and m.prefix_cache.hit_tokens > 0
+    assert m.prefix_cache.hit_tokens == cfg.block_size * sum(
+        len(b) for rec in recs for b in rec.prefix_hits.values())
+    assert m.prefix_cache.requests == len(workload) - m.rejected
+    served = [w for w in workload if w.id not in {r.id for rec in recs for r in rec.rejected}]
+    assert m.computed_tokens + m.prefix_cache.hit_tokens == sum(
+        w.prompt_len + w.output_len - 1 for w in served) + m.recomputed_tokens
+    off_cfg, off = simulate(workload, "vllm-v1-no-prefix-caching")
+    assert metrics_of(off_cfg, off).computed_tokens > m.computed_tokens

@@ -22,7 +22,16 @@ Units and definitions:
   derived from the arithmetic above, or from the engine's `free_blocks` (after the step)
   plus the finished requests' blocks when the trace reports it;
 - queue lengths = waiting, running and swapped requests after the step;
-- recomputed tokens = the C each recompute victim had when preempted.
+- recomputed tokens = the C each recompute victim had when preempted;
+- prefix cache (only for a trace whose config has prefix_caching; vLLM's counters):
+  an admission is a scheduled request that was waiting (new, or resumed after a
+  recompute preemption) and so could take a hit; its query is the N tokens it knows
+  then (prompt, and the outputs a resumed one replays), and its hit the tokens of its
+  `prefix_hits` blocks (h * block_size). Hit rate = hit tokens / queried tokens, as
+  vLLM's prefix cache hit rate (hits / queries); the hit tokens are prefill tokens
+  saved (computed tokens count only what was computed). Requests hit = requests with a
+  hit at some admission / requests admitted at least once. Evictions = cached blocks
+  handed out again, which drops their content.
 
 Memory: the spec's state (one small record per live request and one entry per ended
 id) and one timeline per live request. Percentiles are exact: the TTFT, TPOT and latency
@@ -37,7 +46,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvsched.spec.model import Config, Status, StepRecord
@@ -112,6 +121,45 @@ class Series:
 
 
 @dataclass(frozen=True)
+class PrefixCache:
+    """Prefix caching's counters over a trace; see the module docstring."""
+
+    admissions: int  # waiting requests scheduled: each could take a hit
+    admissions_hit: int
+    queried_tokens: int  # sum of N at those admissions
+    hit_tokens: int  # prefill tokens saved
+    requests: int  # requests admitted at least once
+    requests_hit: int  # requests with a hit at some admission
+    evictions: int  # cached blocks handed out again
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    @property
+    def request_hit_rate(self) -> float:
+        return self.requests_hit / self.requests if self.requests else 0.0
+
+    def rows(self) -> list[tuple[str, str]]:
+        return [
+            ("prefix cache hit rate", f"{self.hit_rate:.1%} ({self.hit_tokens} of "
+                                      f"{self.queried_tokens} tokens at admission)"),
+            ("prefill tokens saved", f"{self.hit_tokens}"),
+            ("requests with a hit", f"{self.requests_hit} of {self.requests} "
+                                    f"({self.request_hit_rate:.1%}); {self.admissions_hit} "
+                                    f"of {self.admissions} admissions"),
+            ("prefix cache evictions", f"{self.evictions} blocks"),
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"hit_rate": self.hit_rate, "hit_tokens": self.hit_tokens,
+                "queried_tokens": self.queried_tokens, "admissions": self.admissions,
+                "admissions_hit": self.admissions_hit, "requests": self.requests,
+                "requests_hit": self.requests_hit, "request_hit_rate": self.request_hit_rate,
+                "evictions": self.evictions}
+
+
+@dataclass(frozen=True)
 class Metrics:
     """Everything measured on one trace; see the module docstring for the definitions."""
 
@@ -143,6 +191,7 @@ class Metrics:
     preemptions: dict[str, int]
     swap_ins: int
     recomputed_tokens: int
+    prefix_cache: PrefixCache | None = None  # None when the trace does not cache prefixes
     series: Series | None = None
 
     @property
@@ -200,6 +249,8 @@ class Metrics:
                             + f"), {self.swap_ins} swap-ins"),
             ("recomputed tokens", f"{self.recomputed_tokens}"),
         ]
+        if self.prefix_cache is not None:
+            out += self.prefix_cache.rows()
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -225,6 +276,7 @@ class Metrics:
                    "use_peak": self.kv_use_peak, "blocks_peak": self.kv_blocks_peak},
             "preemptions": dict(self.preemptions), "swap_ins": self.swap_ins,
             "recomputed_tokens": self.recomputed_tokens,
+            "prefix_cache": None if self.prefix_cache is None else self.prefix_cache.as_dict(),
         }
         if self.series is not None:
             out["series"] = self.series.as_dict()
@@ -247,6 +299,8 @@ class _Timeline:
     first_clock: float = 0.0
     last_step: int = -1
     last_clock: float = 0.0
+    admitted: bool = False
+    hit: bool = False
 
 
 @dataclass
@@ -290,6 +344,7 @@ class MetricsCollector:
         self.preemptions = {"recompute": 0, "swap": 0}
         self.swap_ins = 0
         self.recomputed = 0
+        self.cache = dict.fromkeys((f.name for f in fields(PrefixCache)), 0)
         self.sums = {"waiting": 0, "running": 0, "swapped": 0, "kv": 0}
         self.peaks = {"waiting": 0, "running": 0, "swapped": 0, "kv": 0}
         self.series = _Series() if series else None
@@ -314,6 +369,8 @@ class MetricsCollector:
             if victim.mode == "recompute":
                 self.recomputed += victim.computed
         self.swap_ins += sum(1 for a, _ in f.swap_ins if a.applied)
+        if self.config.prefix_caching:
+            self._cache(f)
         generated = 0
         computed = 0
         for c in f.chunks:
@@ -379,6 +436,30 @@ class MetricsCollector:
             sr.generated.append(generated)
             sr.computed.append(computed)
 
+    def _cache(self, f: StepFacts) -> None:
+        """Count the step's admissions, hits and evictions (PrefixCache)."""
+        cache, times = self.cache, self.times
+        hit = {h.action.request: len(h.blocks) * self.config.block_size for h in f.hits
+               if h.refused is None}
+        for c in f.chunks:
+            if not c.action.applied or c.tokens < 1 or c.action.state != "waiting":
+                continue
+            rid = c.action.request
+            t = times[rid]
+            tokens = hit.get(rid, 0)
+            cache["admissions"] += 1
+            cache["queried_tokens"] += c.known
+            if not t.admitted:
+                t.admitted = True
+                cache["requests"] += 1
+            if tokens:
+                cache["admissions_hit"] += 1
+                cache["hit_tokens"] += tokens
+                if not t.hit:
+                    t.hit = True
+                    cache["requests_hit"] += 1
+        cache["evictions"] += f.evicted
+
     def result(self) -> Metrics:
         steps = self.steps
         mean = {k: (v / steps if steps else 0.0) for k, v in self.sums.items()}
@@ -408,7 +489,9 @@ class MetricsCollector:
             swapped_mean=mean["swapped"], swapped_max=self.peaks["swapped"],
             kv_use_mean=mean["kv"] / blocks, kv_use_peak=self.peaks["kv"] / blocks,
             kv_blocks_peak=self.peaks["kv"], preemptions=dict(self.preemptions),
-            swap_ins=self.swap_ins, recomputed_tokens=self.recomputed, series=series)
+            swap_ins=self.swap_ins, recomputed_tokens=self.recomputed,
+            prefix_cache=PrefixCache(**self.cache) if self.config.prefix_caching else None,
+            series=series)
 
 
 def metrics_of(config: Config, records: Iterable[StepRecord], *,
