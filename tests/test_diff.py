@@ -276,7 +276,8 @@ def raises(config):
 NOT_CALLABLE = 3
 '''
 
-TIGHT = ["--block-size", "4", "--num-gpu-blocks", "8", "--max-num-batched-tokens", "64",
+TIGHT = ["--no-prefix-caching", "--block-size", "4", "--num-gpu-blocks", "8",
+         "--max-num-batched-tokens", "64",
          "--max-num-seqs", "4", "--max-model-len", "64"]
 
 
@@ -409,13 +410,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("command", [
     "diff vllm-v1 audit_change:admit_after_preempt --requests 300",
-    "diff vllm-v1 audit_change:over_admits --requests 100 --num-gpu-blocks 64",
+    "diff vllm-v1 audit_change:over_admits --requests 100 --num-gpu-blocks 64 "
+    "--no-prefix-caching",
 ])
 def test_audit_md_quotes_what_the_command_prints(command: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "docs"), "COLUMNS": "80"}
     result = subprocess.run([sys.executable, "-m", "kvsched", *command.split()],
                             capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 1 and result.stdout, result.stderr
     printed = "\n".join(line.rstrip() for line in result.stdout.splitlines())
     page = (ROOT / "docs" / "audit.md").read_text(encoding="utf-8")
     assert f"$ PYTHONPATH=docs kvsched {command}" in page
@@ -435,3 +437,36 @@ def test_plot_without_matplotlib_is_a_one_line_error_before_anything_runs(
     assert result.stderr == ("kvsched: error: --plot needs matplotlib: pip install "
                              "'kvsched[plot]'\n")
     assert not png.exists()
+
+
+def test_prefix_cache_deltas_when_either_side_caches() -> None:
+    from kvsched.generators import generate
+
+    config = Config(block_size=16, num_gpu_blocks=64, max_num_batched_tokens=256,
+                    max_num_seqs=8, max_model_len=512)
+    items = generate("shared-prompts", 60, 2, rate=0.5, max_model_len=512,
+                     system_prompts=(128, 64))
+    sides = []
+    for name in ("vllm-v1", "vllm-v1-no-prefix-caching"):
+        p = get_profile(name)
+        sides.append(simulated(name, reference_scheduler(p, p.configure(config)), items, {}))
+    d = diff_streams(*sides)
+    assert d.config_differences == ("prefix_caching: True | False",)
+    ma, mb = d.a.metrics, d.b.metrics
+    assert ma.prefix_cache is not None and mb.prefix_cache is None
+    rows = {m.name: m for m in d.metric_deltas()}
+    saved = rows["prefill tokens saved"]
+    assert (saved.a, saved.b) == (ma.prefix_cache.hit_tokens, 0) and saved.a > 0
+    assert saved.delta == -saved.a and saved.relative == -1.0
+    assert rows["prefix cache hit rate"].a == ma.prefix_cache.hit_rate
+    assert rows["prefix cache hit rate"].cells()[1] == "0.0%"
+    assert rows["prefix cache evictions"].b == 0
+    assert {"prefix_cache": None}.items() <= mb.as_dict().items()
+    # The tokens B computes beyond A's are the ones A's cache saved (and recomputes).
+    assert mb.computed_tokens - mb.recomputed_tokens == \
+        ma.computed_tokens + ma.prefix_cache.hit_tokens - ma.recomputed_tokens
+    # Neither side caching: no prefix cache rows at all.
+    off = get_profile("vllm-v1-no-prefix-caching")
+    plain = diff_streams(*(simulated(x, reference_scheduler(off, off.configure(config)),
+                                     items, {}) for x in "ab"))
+    assert not any(m.name.startswith("prefix") for m in plain.metric_deltas())

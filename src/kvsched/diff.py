@@ -36,7 +36,7 @@ from rich.table import Table
 
 from kvsched.conformance import checker as new_checker
 from kvsched.conformance import describe, describe_state
-from kvsched.metrics import Distribution, Metrics, MetricsCollector
+from kvsched.metrics import Distribution, Metrics, MetricsCollector, PrefixCache
 from kvsched.plot import require_matplotlib
 from kvsched.simulate import run
 from kvsched.spec import should
@@ -178,7 +178,9 @@ class Diff:
 
 
 def metric_deltas(a: Metrics, b: Metrics) -> list[MetricDelta]:
-    """Throughput, TTFT and TPOT p50 and p99, preemptions, recomputed tokens, KV use."""
+    """Throughput, TTFT and TPOT p50 and p99, preemptions, recomputed tokens, KV use; and
+    prefix caching's hit rate, prefill tokens saved and evictions when either side caches
+    (a side that does not has saved nothing: zeros)."""
     rows = [
         MetricDelta("steps", a.steps, b.steps),
         MetricDelta("finished requests", a.finished, b.finished),
@@ -205,7 +207,17 @@ def metric_deltas(a: Metrics, b: Metrics) -> list[MetricDelta]:
         MetricDelta("KV use mean", a.kv_use_mean, b.kv_use_mean, percent=True),
         MetricDelta("KV use peak", a.kv_use_peak, b.kv_use_peak, percent=True),
     ]
+    if a.prefix_cache is not None or b.prefix_cache is not None:
+        ca, cb = (m.prefix_cache or NO_CACHE for m in (a, b))
+        rows += [
+            MetricDelta("prefix cache hit rate", ca.hit_rate, cb.hit_rate, percent=True),
+            MetricDelta("prefill tokens saved", ca.hit_tokens, cb.hit_tokens),
+            MetricDelta("prefix cache evictions", ca.evictions, cb.evictions),
+        ]
     return rows
+
+
+NO_CACHE = PrefixCache(0, 0, 0, 0, 0, 0, 0)
 
 
 def _quantile(d: Distribution | None, q: str) -> float | None:
