@@ -22,7 +22,8 @@ Units and definitions:
   derived from the arithmetic above, or from the engine's `free_blocks` (after the step)
   plus the finished requests' blocks when the trace reports it;
 - queue lengths = waiting, running and swapped requests after the step;
-- recomputed tokens = the C each recompute victim had when preempted;
+- recomputed tokens = the C each recompute victim had when preempted (with prefix
+  caching it may hit some of them again when it comes back: those are hit tokens);
 - prefix cache (only for a trace whose config has prefix_caching; vLLM's counters):
   an admission is a scheduled request that was waiting (new, or resumed after a
   recompute preemption) and so could take a hit; its query is the N tokens it knows
