@@ -23,7 +23,7 @@ from kvsched.spec import Config, Report, StepRecord, TraceError, TraceReader, ch
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import TraceWriter
-from kvsched.strategies import configs, knobs, profiles, workloads
+from kvsched.strategies import configs, knobs, profiles, resolve, workloads
 from kvsched.testing.seeded_bugs import SEEDED_BUGS
 
 MAX_STEPS = 300
@@ -84,10 +84,7 @@ def simulate(config: Config, scheduler: Any, items: Any, block_ids: bool = True
 def test_correct_traces_agree_and_take_the_fast_path(config: Config, setup: str | Knobs,
                                                      data: st.DataObject, run_steps: int,
                                                      block_ids: bool) -> None:
-    if isinstance(setup, str):
-        profile = get_profile(setup)
-        config = profile.configure(config)
-        setup = profile.knobs
+    config, setup = resolve(config, setup)
     items = data.draw(workloads(config), label="workload")
     records, complete = simulate(config, ReferenceScheduler(config, setup), items, block_ids)
     v = both(trace_bytes(config, records, complete), run_steps)
@@ -180,10 +177,7 @@ def plant(lines: list[dict[str, Any]], fault: str, pick: st.DataObject) -> None:
 def test_traces_with_planted_faults_agree(config: Config, setup: str | Knobs,
                                           data: st.DataObject, faults: list[str],
                                           run_steps: int) -> None:
-    if isinstance(setup, str):
-        profile = get_profile(setup)
-        config = profile.configure(config)
-        setup = profile.knobs
+    config, setup = resolve(config, setup)
     items = data.draw(workloads(config), label="workload")
     records, complete = simulate(config, ReferenceScheduler(config, setup), items)
     lines = [orjson.loads(x) for x in trace_bytes(config, records, complete).splitlines()]

@@ -18,7 +18,7 @@ from kvsched.spec import Config
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import step_dict as reference_step_dict
-from kvsched.strategies import configs, knobs, profiles, workloads
+from kvsched.strategies import configs, knobs, profiles, resolve, workloads
 from kvsched.workload import WorkItem
 
 torch.set_num_threads(1)  # small tensors: intra-op threads only add waiting
@@ -53,12 +53,9 @@ def traces(config: Config, setup: Knobs, items: list[WorkItem], device: str,
 def test_the_fast_loop_writes_the_reference_trace(device: str, config: Config,
                                                   setup: str | Knobs, data: st.DataObject,
                                                   block_ids: bool) -> None:
-    if isinstance(setup, str):
-        profile = get_profile(setup)
-        config = profile.configure(config)
-        setup = profile.knobs
+    config, knobs = resolve(config, setup)
     items = data.draw(workloads(config), label="workload")
-    reference, fast = traces(config, setup, items, device, block_ids)
+    reference, fast = traces(config, knobs, items, device, block_ids)
     for step, (a, b) in enumerate(zip(reference, fast, strict=False)):
         assert a == b, f"step {step}:\n  reference {a.decode()}\n  optimized {b.decode()}"
     assert len(reference) == len(fast)

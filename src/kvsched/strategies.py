@@ -30,7 +30,7 @@ __all__ = ["configs", "knobs", "output_lens", "profiles", "prompt_lens", "worklo
 
 @st.composite
 def configs(draw: st.DrawFn, *, max_gpu_blocks: int = 16, max_model_len: int = 64,
-            chunked_prefill: bool | None = None) -> Config:
+            chunked_prefill: bool | None = None, prefix_caching: bool = False) -> Config:
     """A well-formed Config (no `problems()`) with small, tight numbers.
 
     Mostly a cache just big enough for one max_model_len sequence (vLLM refuses a
@@ -65,6 +65,7 @@ def configs(draw: st.DrawFn, *, max_gpu_blocks: int = 16, max_model_len: int = 6
         policy=draw(st.sampled_from(POLICIES)),
         preemption=draw(st.sampled_from(PREEMPTION_MODES)),
         watermark_blocks=draw(st.integers(0, min(3, num_gpu_blocks - 1))),
+        prefix_caching=prefix_caching,
     )
     assert not config.problems(), config.problems()
     return config
@@ -93,10 +94,11 @@ def policies() -> st.SearchStrategy[str | Knobs]:
 
 def resolve(config: Config, policy: str | Knobs) -> tuple[Config, Knobs]:
     """The config and knobs a drawn policy stands for: a profile sets its config
-    defaults and its knobs; bare knobs leave the config as drawn."""
+    defaults (but prefix caching, which stays as drawn) and its knobs; bare knobs leave
+    the config as drawn."""
     if isinstance(policy, str):
         profile = get_profile(policy)
-        return profile.configure(config), profile.knobs
+        return profile.configure(config, frozenset({"prefix_caching"})), profile.knobs
     return config, policy
 
 

@@ -329,10 +329,11 @@ def planted(cls: type[ReferenceScheduler], profile: str) -> Callable[[Config], S
 
 
 def tight_config(profile: str = "vllm-v1", **fields: Any) -> Config:
-    """A small cache (8 blocks of 4 tokens) so that faults show within a few dozen steps."""
+    """A small cache (8 blocks of 4 tokens) so that faults show within a few dozen steps;
+    prefix caching off unless asked for (the faults are planted in the plain model)."""
     base = Config(block_size=4, num_gpu_blocks=8, max_num_batched_tokens=64, max_num_seqs=4,
                   max_model_len=64)
-    given = frozenset(fields)
+    given = frozenset(fields) | {"prefix_caching"}
     return get_profile(profile).configure(replace(base, **fields), given)
 
 
