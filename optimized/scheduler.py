@@ -139,6 +139,9 @@ class OptimizedScheduler:
         problems = config.problems() + chosen.problems()
         if problems:
             raise ValueError(problems[0])
+        if config.prefix_caching:
+            raise ValueError("the optimized scheduler does not model prefix caching yet: "
+                             "use the reference scheduler, or prefix_caching false")
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device cuda: torch.cuda.is_available() is False here")
