@@ -116,10 +116,13 @@ class ReferenceScheduler:
         self.arrived.append(r)
         self.waiting.push(r, front=False)
 
-    def add_block_keys(self, request_id: str, keys: Sequence[str]) -> None:
-        """The content keys of the request's next full blocks, as a trace gives them
-        (`block_keys`); they take the place of those its prefix would give."""
-        self.given_keys.setdefault(request_id, []).extend(keys)
+    def add_block_keys(self, request_id: str, keys: Sequence[str],
+                       start: int | None = None) -> None:
+        """Content keys of the request's blocks from table index `start` on (by default
+        the next ones), as a trace gives them (`block_keys`); they take the place of
+        those its prefix would give, and of any given from `start` before."""
+        given = self.given_keys.setdefault(request_id, [])
+        given[len(given) if start is None else start:] = keys
 
     def content_key(self, r: LiveRequest, index: int) -> str:
         """The content key of block `index` of `r`."""

@@ -70,8 +70,10 @@ class ContentKeys(Protocol):
     """Optional, for prefix caching: a scheduler that takes the content keys of requests'
     blocks from a trace (`block_keys`) instead of working them out itself."""
 
-    def add_block_keys(self, request_id: str, keys: Sequence[str]) -> None:
-        """The keys of the request's next full blocks, continuing those given before."""
+    def add_block_keys(self, request_id: str, keys: Sequence[str],
+                       start: int | None = None) -> None:
+        """The keys of the request's blocks from table index `start` on, replacing every
+        key given from there; by default the next ones, continuing those given before."""
         ...
 
 

@@ -6,7 +6,11 @@ victims with their modes in order, swap-ins, the scheduled [id, tokens] pairs in
 order, the length of each prefix hit), and the same finishes as a set. With prefix
 caching the trace's content keys (`block_keys`) are input, like its arrivals: a
 scheduler that takes them (kvsched.spec.interface.ContentKeys) works out the hits
-itself and must find the same. The tool supplies the replaying scheduler (any
+itself and must find the same. A trace without keys has its hits taken as given: a
+request's hit blocks are given the contents the trace implies (kvsched.spec.state's
+`content`: the request that filled a block, and the index), so the profile's scheduler
+finds the same hits exactly when it still has those blocks cached: its eviction order
+is still tested. The tool supplies the replaying scheduler (any
 kvsched.spec.interface.Scheduler; kvsched.conformance builds the reference with a named
 profile). The first divergence is reported with both decisions and the state that led
 to it; after it the replay stops, since every later step would differ too.
@@ -18,11 +22,13 @@ from collections.abc import Iterable
 
 from kvsched.spec.interface import ContentKeys, Scheduler
 from kvsched.spec.model import Decision, RequestView, StepRecord
+from kvsched.spec.state import State
 from kvsched.spec.violation import Violation
 
 
 def describe(decision: Decision, finished: Iterable[str] = ()) -> str:
-    """A decision in one line: rejected, preempted (mode), swapped in, scheduled id:n."""
+    """A decision in one line: rejected, preempted (mode), swapped in, scheduled id:n
+    (with the length of a prefix hit)."""
     parts = []
     if decision.rejected:
         parts.append("rejected " + ", ".join(r.id for r in decision.rejected))
@@ -30,8 +36,10 @@ def describe(decision: Decision, finished: Iterable[str] = ()) -> str:
         parts.append("preempted " + ", ".join(f"{p.id} ({p.mode})" for p in decision.preempted))
     if decision.swapped_in:
         parts.append("swapped in " + ", ".join(decision.swapped_in))
-    parts.append("scheduled " + (", ".join(f"{rid}:{n}" for rid, n in decision.scheduled)
-                                 or "nothing"))
+    hits = decision.prefix_hits
+    parts.append("scheduled " + (", ".join(
+        f"{rid}:{n}" + (f" (hit {len(hits[rid])} blocks)" if rid in hits else "")
+        for rid, n in decision.scheduled) or "nothing"))
     fin = list(finished)
     if fin:
         parts.append("finished " + ", ".join(fin))
@@ -69,6 +77,10 @@ class ProfileReplay:
         self.scheduler = scheduler
         self.preempted_order = preempted_order
         self.divergence: Violation | None = None
+        # With prefix caching: the trace's state, for the contents of hits without keys.
+        config = scheduler.config
+        self.state = State(config) if config.prefix_caching else None
+        self.keyed: set[str] = set()  # requests whose keys the trace gives
 
     def step(self, rec: StepRecord) -> Violation | None:
         """The divergence at this step, if it is the first; nothing after that."""
@@ -77,6 +89,21 @@ class ProfileReplay:
         self.divergence = self._compare(rec)
         return self.divergence
 
+    def _content_keys(self, rec: StepRecord, scheduler: ContentKeys) -> None:
+        """Give the scheduler the trace's content keys, or for a hit without them the
+        contents the trace implies."""
+        for rid, keys in rec.block_keys.items():
+            self.keyed.add(rid)
+            scheduler.add_block_keys(rid, keys)
+        if self.state is None:
+            return
+        self.state.apply(rec)
+        for rid, blocks in rec.prefix_hits.items():
+            implied = [self.state.content.get(b) for b in blocks]
+            known = [k for k in implied if k is not None]
+            if rid not in self.keyed and len(known) == len(implied):
+                scheduler.add_block_keys(rid, known, start=0)
+
     def _compare(self, rec: StepRecord) -> Violation | None:
         scheduler, profile = self.scheduler, self.profile
         try:
@@ -84,9 +111,8 @@ class ProfileReplay:
                 scheduler.add_request(req)
             for rid in rec.aborted:
                 scheduler.abort_request(rid)
-            if rec.block_keys and isinstance(scheduler, ContentKeys):
-                for rid, keys in rec.block_keys.items():
-                    scheduler.add_block_keys(rid, keys)
+            if isinstance(scheduler, ContentKeys):
+                self._content_keys(rec, scheduler)
         except (KeyError, ValueError) as e:
             return Violation("profile", rec.step,
                              f"the profile cannot replay step {rec.step}: {e}")

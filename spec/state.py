@@ -227,6 +227,9 @@ class State:
         self.holders: dict[int, list[str]] = {}
         # block id -> (table index, content key) of a cached block (prefix caching)
         self.cached: dict[int, tuple[int, str | None]] = {}
+        # cached block -> its content: the trace's key, else (filler id, table index),
+        # what a profile replay takes as the content of a trace without keys
+        self.content: dict[int, str] = {}
         self.ids_seen = False  # some step carried new_blocks
         self.ids_missing_from: int | None = None  # the first step that handed out blocks
         # without ids: their owners are unknown (a request's G exceeds its known ids)
@@ -509,7 +512,9 @@ class State:
             return
         bs = self.config.block_size
         for j in range(computed // bs, t.num_computed // bs):
-            self.cached[t.block_ids[j]] = (j, t.keys[j] if j < len(t.keys) else None)
+            key = t.keys[j] if j < len(t.keys) else None
+            self.cached[t.block_ids[j]] = (j, key)
+            self.content[t.block_ids[j]] = key if key is not None else f"{t.request.id}/{j}"
 
     def _hand_out(self, h: _Handouts, rid: str) -> None:
         """Record `rid`'s block ids of this step once, and who held each just before;
@@ -531,6 +536,7 @@ class State:
             blocks.append((b, before))
             if t is not None and before is None and first <= b < last:
                 self._hold(b, rid)
+                self.content.pop(b, None)
                 if self.cached.pop(b, None) is not None:
                     h.evicted += 1
                 t.block_ids.append(b)

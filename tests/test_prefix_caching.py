@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from kvsched.conformance import checker
+from kvsched.generators import SHARED_PROMPTS, generate
 from kvsched.optimized.checker import check_trace_vectorized
+from kvsched.reference import reference_scheduler
+from kvsched.reference.allocator import BlockAllocator
+from kvsched.simulate import run
 from kvsched.spec.checker import Report, check_trace
-from kvsched.spec.trace import TraceReader
+from kvsched.spec.model import Config
+from kvsched.spec.trace import TraceReader, TraceWriter
+from kvsched.workload import WorkItem, validate
 
 # block_size 4: a 9-token prompt fills blocks 0 and 1 and starts block 2.
 CONFIG = {"block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 0,
@@ -182,3 +190,96 @@ def test_a_recompute_victim_re_hits_its_own_blocks() -> None:
 def test_without_hits_a_caching_trace_checks_as_any_other(caching: bool) -> None:
     report = check(A_RUNS, A_ENDS, prefix_caching=caching)
     assert report.counts == {} and report.steps == 2
+
+
+# -- the reference scheduler with prefix caching, and the replay ------------------------
+
+def simulated(config: Config, items: list[WorkItem]) -> tuple[bytes, int, int]:
+    """The reference's trace of `items` under vllm-v1, with its hits and preemptions."""
+    buf = io.BytesIO()
+    writer = TraceWriter(buf)
+    writer.header(config)
+    hits = preemptions = 0
+    for rec in run(reference_scheduler("vllm-v1", config), items):
+        hits += len(rec.prefix_hits)
+        preemptions += len(rec.preempted)
+        writer.step(rec)
+    writer.end()
+    return buf.getvalue(), hits, preemptions
+
+
+def without_keys(data: bytes) -> bytes:
+    lines = [json.loads(line) for line in data.splitlines()]
+    for line in lines:
+        line.pop("block_keys", None)
+    return "".join(json.dumps(x) + "\n" for x in lines).encode()
+
+
+def under_profile(data: bytes) -> Report:
+    reader = TraceReader(io.BytesIO(data))
+    c = checker(reader.header.config, profile="vllm-v1",
+                preempted_order=reader.header.preempted_order)
+    return c.run_trace(reader)
+
+
+CACHING = Config(block_size=16, num_gpu_blocks=24, max_num_batched_tokens=128,
+                 max_num_seqs=8, max_model_len=512, prefix_caching=True)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("chunked", [True, False])
+def test_the_reference_hits_shared_prompts_and_its_trace_replays_exactly(
+        policy: str, chunked: bool) -> None:
+    config = replace(CACHING, policy=policy, chunked_prefill=chunked,
+                     max_num_batched_tokens=128 if chunked else 512)
+    items = generate(SHARED_PROMPTS, 60, seed=3, max_model_len=512, rate=2.0,
+                     system_prompts=(96, 48), priorities=(1, 1, 1))
+    data, hits, preemptions = simulated(config, items)
+    assert hits > 20 and preemptions > 0  # a tight cache: victims come back and re-hit
+    report = under_profile(data)
+    assert report.counts == {} and report.complete, report.violations[:1]
+    # Without content keys the replay takes the trace's hits as given: still exact.
+    assert under_profile(without_keys(data)).counts == {}
+
+
+def test_a_conversation_s_next_turn_hits_the_previous_turn_s_computed_blocks() -> None:
+    # t1 is 40 prompt tokens (32 of a system prompt) and 24 outputs: 64 tokens, but the
+    # last output is sampled, never computed, so block 3 is never full of computed KV
+    # (as in vLLM). t2 starts with all 64: it hits blocks 0..2.
+    items = validate([WorkItem("t1", 0, 40, 24, 24, prefix=("sys", 32)),
+                      WorkItem("t2", 70, 100, 4, 4, prefix=("t1", 64))])
+    data, _, _ = simulated(CACHING, items)
+    steps = [json.loads(line) for line in data.splitlines()[1:-1]]
+    [t2] = [s["prefix_hits"]["t2"] for s in steps if "t2" in s.get("prefix_hits", {})]
+    t1 = [b for s in steps for b in s.get("new_blocks", {}).get("t1", [])]
+    assert t2 == t1[:3]
+    assert under_profile(data).counts == {}
+
+
+def test_a_hit_the_profile_would_take_and_the_engine_did_not_is_a_divergence() -> None:
+    keyed = {**A_RUNS, "block_keys": {"a": ["s/0", "s/1"]}}
+    no_hit = {"step": 2, "arrivals": [arrive("c", 10)], "block_keys": {"c": ["s/0", "s/1"]},
+              "scheduled": [["c", 10]], "new_blocks": {"c": [3, 4, 5]}, "free_blocks": 5}
+    assert check(keyed, A_ENDS, no_hit).counts == {}  # no hit is never unsafe
+    report = under_profile(trace(keyed, A_ENDS, no_hit))
+    [v] = report.violations
+    assert v.invariant == "profile" and v.step == 2
+    assert "the profile scheduled c:2 (hit 2 blocks)" in v.message
+
+
+def test_the_allocator_frees_as_vllm_s_block_pool() -> None:
+    blocks = BlockAllocator(6, 0, caching=True)
+    table = blocks.allocate("a", 3)  # [0, 1, 2]
+    blocks.cache("a", 2, lambda i: f"k{i}")  # blocks 0 and 1 full and cached
+    blocks.free("a")
+    # Walking a's table from its end: uncached 2 to the head, cached 1 then 0 to the tail.
+    assert table == [0, 1, 2] and blocks.free_gpu_ids() == (2, 3, 4, 5, 1, 0)
+    assert blocks.lookup(["k0", "k1", "k2"]) == [0, 1] and blocks.evictable([0, 1]) == 2
+    blocks.hit("b", [0, 1])
+    assert blocks.free_gpu_ids() == (2, 3, 4, 5) and blocks.block_table("b") == (0, 1)
+    blocks.allocate("c", 4)  # takes 2, 3, 4, 5
+    blocks.free("b")
+    # Handing out a block drops its content; b's cached blocks stay findable.
+    assert blocks.lookup(["k0", "k1"]) == [0, 1] and blocks.free_gpu_ids() == (1, 0)
+    blocks.allocate("d", 1)  # block 1: its content k1 is dropped
+    assert blocks.lookup(["k0", "k1"]) == [0]
