@@ -17,7 +17,7 @@ from kvsched.reference import reference_scheduler
 from kvsched.reference.allocator import BlockAllocator
 from kvsched.simulate import run
 from kvsched.spec.checker import Report, check_trace
-from kvsched.spec.model import Config
+from kvsched.spec.model import Config, Policy
 from kvsched.spec.trace import TraceReader, TraceWriter
 from kvsched.workload import WorkItem, validate
 
@@ -229,7 +229,7 @@ CACHING = Config(block_size=16, num_gpu_blocks=24, max_num_batched_tokens=128,
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("chunked", [True, False])
 def test_the_reference_hits_shared_prompts_and_its_trace_replays_exactly(
-        policy: str, chunked: bool) -> None:
+        policy: Policy, chunked: bool) -> None:
     config = replace(CACHING, policy=policy, chunked_prefill=chunked,
                      max_num_batched_tokens=128 if chunked else 512)
     items = generate(SHARED_PROMPTS, 60, seed=3, max_model_len=512, rate=2.0,
