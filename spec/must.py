@@ -15,10 +15,11 @@ from kvsched.spec.violation import Violation
 
 
 def kv_budget(f: StepFacts) -> list[Violation]:
-    """kv-budget: sum over r in S of Db_r (swap-ins included) <= B_free + B_reclaim.
+    """kv-budget: sum over r in S of Db_r (swap-ins included, and E_r, the evictable
+    blocks a prefix hit takes) <= B_free + B_reclaim.
 
-    B_free is the free GPU blocks before the step, B_reclaim what its preemptions
-    released. With it, free GPU blocks never go negative.
+    B_free is the free GPU blocks before the step (evictable cached ones included),
+    B_reclaim what its preemptions released. With it, free GPU blocks never go negative.
     """
     if f.demand <= f.free_before + f.reclaim:
         return []

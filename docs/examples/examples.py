@@ -43,6 +43,16 @@ SWAP_WITH_IDS: tuple[Line, Line] = (
 
 SWAP = {"num_gpu_blocks": 4, "num_cpu_blocks": 4, "preemption": "swap"}
 
+# Prefix caching: r0 computes a 9-token prompt (blocks 0 and 1 full and cached, block 2
+# partly), decodes one token and finishes, leaving 0 and 1 cached and free (evictable).
+CACHING = {"prefix_caching": True}
+R0_CACHES: tuple[Line, Line] = (
+    {"step": 0, "arrivals": [arrival("r0", 9, 2)], "scheduled": [["r0", 9]],
+     "new_blocks": {"r0": [0, 1, 2]}, "free_blocks": 5},
+    {"step": 1, "scheduled": [["r0", 1]], "finished": ["r0"], "new_blocks": {},
+     "free_blocks": 8},
+)
+
 EXAMPLES: dict[str, Example] = {
     # -- section 4: bad input --
     "unknown-id": Example([
@@ -195,6 +205,29 @@ EXAMPLES: dict[str, Example] = {
         {"step": 2, "arrivals": [arrival("r2", 4)], "preempted": [recompute("r1")],
          "scheduled": [["r2", 4]]},
     ], config={"num_gpu_blocks": 4}),
+    # -- section 2: prefix caching --
+    "prefix-hit": Example([
+        *R0_CACHES,
+        {"step": 2, "arrivals": [arrival("r1", 10, 2)], "prefix_hits": {"r1": [0, 1]},
+         "scheduled": [["r1", 2]], "new_blocks": {"r1": [3]}, "free_blocks": 5},
+    ], config=CACHING),
+    "prefix-hit-long": Example([
+        *R0_CACHES,
+        {"step": 2, "arrivals": [arrival("r1", 8, 2)], "prefix_hits": {"r1": [0, 1]},
+         "scheduled": [["r1", 1]], "new_blocks": {"r1": [3]}},
+    ], config=CACHING),
+    "prefix-hit-evicted": Example([
+        *R0_CACHES,
+        {"step": 2, "arrivals": [arrival("r2", 2, 8)], "scheduled": [["r2", 2]],
+         "new_blocks": {"r2": [0]}, "free_blocks": 7},
+        {"step": 3, "arrivals": [arrival("r1", 10, 2)], "prefix_hits": {"r1": [0, 1]},
+         "scheduled": [["r2", 1], ["r1", 2]], "new_blocks": {"r1": [3]}, "free_blocks": 5},
+    ], config=CACHING),
+    "prefix-hit-free-count": Example([
+        *R0_CACHES,
+        {"step": 2, "arrivals": [arrival("r1", 10, 2)], "prefix_hits": {"r1": [0, 1]},
+         "scheduled": [["r1", 2]], "new_blocks": {"r1": [3]}, "free_blocks": 7},
+    ], config=CACHING),
     # -- section 8: PROFILE --
     "profile": Example([
         {"step": 0, "arrivals": [arrival("r0", 8), arrival("r1", 8)],
