@@ -360,6 +360,7 @@ class State:
             tags[rid] = "swapped in"
             if rid not in scheduled_ids:
                 self._hand_out(handouts, rid)
+                self._cache_full(t, 0)  # its restored blocks hold their content again
 
         # 5. the scheduled set, in batch order: each entry's hit, its new blocks, then
         # the blocks it fills are cached (so a later entry may hit them)
@@ -399,7 +400,8 @@ class State:
                         handouts.told.add(rid)
             t.num_computed = min(computed + n, known)
             self._hand_out(handouts, rid)
-            self._cache_full(t, computed)
+            # A swap-in's table is all new: its restored blocks are cached again too.
+            self._cache_full(t, 0 if a.state == "swapped in" else computed)
             done = t.num_computed == known
             if done:
                 t.num_tokens += 1

@@ -9,16 +9,21 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsched.conformance import checker
 from kvsched.generators import SHARED_PROMPTS, generate
 from kvsched.optimized.checker import check_trace_vectorized
 from kvsched.reference import reference_scheduler
 from kvsched.reference.allocator import BlockAllocator
+from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.simulate import run
 from kvsched.spec.checker import Report, check_trace
+from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Policy
 from kvsched.spec.trace import TraceReader, TraceWriter
+from kvsched.strategies import configs, knobs, profiles, resolve, workloads
 from kvsched.workload import WorkItem, validate
 
 # block_size 4: a 9-token prompt fills blocks 0 and 1 and starts block 2.
@@ -215,9 +220,9 @@ def without_keys(data: bytes) -> bytes:
     return "".join(json.dumps(x) + "\n" for x in lines).encode()
 
 
-def under_profile(data: bytes) -> Report:
+def under_profile(data: bytes, profile: str = "vllm-v1") -> Report:
     reader = TraceReader(io.BytesIO(data))
-    c = checker(reader.header.config, profile="vllm-v1",
+    c = checker(reader.header.config, profile=profile,
                 preempted_order=reader.header.preempted_order)
     return c.run_trace(reader)
 
@@ -283,3 +288,24 @@ def test_the_allocator_frees_as_vllm_s_block_pool() -> None:
     assert blocks.lookup(["k0", "k1"]) == [0, 1] and blocks.free_gpu_ids() == (1, 0)
     blocks.allocate("d", 1)  # block 1: its content k1 is dropped
     assert blocks.lookup(["k0", "k1"]) == [0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(config=configs(prefix_caching=True), setup=st.one_of(profiles(), knobs()),
+       data=st.data())
+def test_reference_traces_with_shared_prefixes_are_clean_and_the_checkers_agree(
+        config: Config, setup: str | Knobs, data: st.DataObject) -> None:
+    config, knobs_ = resolve(config, setup)
+    items = data.draw(workloads(config, shared=True), label="workload")
+    buf = io.BytesIO()
+    writer = TraceWriter(buf)
+    writer.header(config)
+    for rec in run(ReferenceScheduler(config, knobs_), items, max_steps=300):
+        writer.step(rec)
+    writer.end()
+    data_ = buf.getvalue()
+    spec = check_trace(TraceReader(io.BytesIO(data_)))
+    assert not [v for v in spec.violations if v.level == "MUST"], spec.violations[:2]
+    assert check_trace_vectorized(io.BytesIO(data_)).counts == spec.counts
+    if isinstance(setup, str):
+        assert under_profile(data_, setup).counts == spec.counts, "the replay diverges"

@@ -18,6 +18,8 @@ Needs the "hypothesis" extra (pip install kvsched[hypothesis]).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import strategies as st
 
 from kvsched.spec.knobs import VICTIMS, Knobs
@@ -104,13 +106,16 @@ def resolve(config: Config, policy: str | Knobs) -> tuple[Config, Knobs]:
 
 @st.composite
 def workloads(draw: st.DrawFn, config: Config, *, min_requests: int = 1,
-              max_requests: int = 8, max_arrival: int = 6) -> list[WorkItem]:
+              max_requests: int = 8, max_arrival: int = 6,
+              shared: bool = False) -> list[WorkItem]:
     """A validated workload for `config`: ids r0, r1, ... arriving over a few steps.
 
     Prompts run up to a little past max_model_len and past the cache, so some
     requests must be rejected; outputs end at EOS (output_len) before or after
     max_tokens; priorities are small and may tie; about one request in six is
-    aborted a few steps after it arrives (possibly in its arrival step).
+    aborted a few steps after it arrives (possibly in its arrival step). With
+    `shared`, most prompts start with one of two shared prefixes (prefix caching),
+    or with the whole of an earlier request (a conversation's next turn).
     """
     n = draw(st.integers(min_requests, max_requests))
     spread = draw(st.integers(0, max_arrival))  # 0: a burst, all in step 0
@@ -128,7 +133,24 @@ def workloads(draw: st.DrawFn, config: Config, *, min_requests: int = 1,
             priority=draw(st.integers(-2, 2)),
             abort=abort,
         ))
+        if shared and items[-1].prompt_len > 1:
+            items[-1] = draw(_sharing(items[-1], items[:-1]))
     return validate(items)
+
+
+@st.composite
+def _sharing(draw: st.DrawFn, item: WorkItem, earlier: list[WorkItem]) -> WorkItem:
+    """`item` starting with a shared prefix: s0 or s1, or an earlier request's whole
+    sequence (it then arrives no sooner), or nothing."""
+    turns = [w for w in earlier if w.prompt_len + w.output_len < item.prompt_len]
+    source = draw(st.sampled_from(["s0", "s1", "", *(w.id for w in turns[-2:])]))
+    if not source:
+        return item
+    if source in ("s0", "s1"):
+        return replace(item, prefix=(source, draw(st.integers(1, item.prompt_len - 1))))
+    before = next(w for w in turns if w.id == source)
+    return replace(item, prefix=(source, before.prompt_len + before.output_len),
+                   arrival=max(item.arrival, before.arrival))
 
 
 def prompt_lens(config: Config) -> st.SearchStrategy[int]:
