@@ -65,46 +65,21 @@ def machine() -> str:
             f"{platform.system()} {platform.release()}")
 
 
-def bench_reference(requests: int, rate: float, trace: Path) -> Timing:
-    workload = generate("sharegpt", requests, seed=0, arrival="poisson", rate=rate,
-                        max_model_len=BENCH_CONFIG.max_model_len)
-    scheduler = reference_scheduler("vllm-v1", BENCH_CONFIG)
-    steps = entries = 0
-    with trace.open("wb") as stream:
-        writer = TraceWriter(stream, lambda o: orjson.dumps(o) + b"\n")
-        writer.header(BENCH_CONFIG)
-        start = time.perf_counter()
-        for rec in run(scheduler, workload):
-            writer.step(rec)
-            steps += 1
-            entries += len(rec.scheduled)
-        seconds = time.perf_counter() - start
-        writer.end()
-    return Timing(seconds, steps, entries)
-
-
-def bench_checker(trace: Path, vectorized: bool = False) -> tuple[Timing, int]:
-    with trace.open("rb") as stream:
-        start = time.perf_counter()
-        report = (check_trace_vectorized(stream) if vectorized
-                  else check_trace(TraceReader(stream)))
-        seconds = time.perf_counter() - start
-    return Timing(seconds, report.steps, report.scheduled_entries), report.errors()
-
-
 @dataclass(frozen=True)
-class PrefixRun:
-    caching: bool
+class Simulation:
+    """One simulation by the reference: its timing, and its prefix-cache hits."""
+
     sim: Timing
     hits: int
     hit_tokens: int
     prompt_tokens: int
 
 
-def bench_prefix(requests: int, rate: float, trace: Path, caching: bool) -> PrefixRun:
-    """The reference on shared system prompts, with prefix caching on or off."""
-    config = replace(BENCH_CONFIG, prefix_caching=caching)
-    workload = generate(SHARED_PROMPTS, requests, seed=0, arrival="poisson", rate=rate,
+def simulate(kind: str, config: Config, requests: int, rate: float, trace: Path
+             ) -> Simulation:
+    """The reference (profile vllm-v1) on `requests` of generator `kind`, its trace
+    written to `trace`; the clock runs over the simulation loop and the writing."""
+    workload = generate(kind, requests, seed=0, arrival="poisson", rate=rate,
                         max_model_len=config.max_model_len)
     scheduler = reference_scheduler("vllm-v1", config)
     steps = entries = hits = hit_tokens = 0
@@ -120,11 +95,20 @@ def bench_prefix(requests: int, rate: float, trace: Path, caching: bool) -> Pref
             hit_tokens += sum(len(b) for b in rec.prefix_hits.values()) * config.block_size
         seconds = time.perf_counter() - start
         writer.end()
-    return PrefixRun(caching, Timing(seconds, steps, entries), hits, hit_tokens,
-                     sum(w.prompt_len for w in workload))
+    return Simulation(Timing(seconds, steps, entries), hits, hit_tokens,
+                      sum(w.prompt_len for w in workload))
 
 
-def render_prefix(requests: int, rate: float, on: PrefixRun, off: PrefixRun,
+def bench_checker(trace: Path, vectorized: bool = False) -> tuple[Timing, int]:
+    with trace.open("rb") as stream:
+        start = time.perf_counter()
+        report = (check_trace_vectorized(stream) if vectorized
+                  else check_trace(TraceReader(stream)))
+        seconds = time.perf_counter() - start
+    return Timing(seconds, report.steps, report.scheduled_entries), report.errors()
+
+
+def render_prefix(requests: int, rate: float, on: Simulation, off: Simulation,
                   spec: Timing, vec: Timing, errors: int) -> str:
     saved = on.hit_tokens / on.prompt_tokens if on.prompt_tokens else 0.0
     per_step = (on.sim.seconds / on.sim.steps) / (off.sim.seconds / off.sim.steps)
@@ -202,17 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "bench.jsonl"
         print(f"simulating {args.requests:,} requests with the reference ...", flush=True)
-        sim = bench_reference(args.requests, args.rate, trace)
+        sim = simulate("sharegpt", BENCH_CONFIG, args.requests, args.rate, trace).sim
         print(f"  {sim.steps:,} steps in {sim.seconds:.1f} s", flush=True)
         print("checking the trace with the spec checker ...", flush=True)
         chk, errors = bench_checker(trace)
         print(f"  {chk.entries:,} entries in {chk.seconds:.1f} s", flush=True)
         print(f"prefix caching: {args.prefix_requests:,} shared-prompt requests, on and "
               "off ...", flush=True)
-        on = bench_prefix(args.prefix_requests, args.rate, trace, True)
+        caching = replace(BENCH_CONFIG, prefix_caching=True)
+        on = simulate(SHARED_PROMPTS, caching, args.prefix_requests, args.rate, trace)
         spec, spec_errors = bench_checker(trace)
         vec, vec_errors = bench_checker(trace, vectorized=True)
-        off = bench_prefix(args.prefix_requests, args.rate, trace, False)
+        off = simulate(SHARED_PROMPTS, BENCH_CONFIG, args.prefix_requests, args.rate, trace)
         print(f"  on {on.sim.seconds:.1f} s, off {off.sim.seconds:.1f} s", flush=True)
     text = render(args.requests, args.rate, sim, chk, errors, command)
     text += render_prefix(args.prefix_requests, args.rate, on, off, spec, vec,
