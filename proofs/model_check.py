@@ -43,6 +43,7 @@ from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.spec.checker import Checker, Report
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Decision, Request, StepRecord
+from kvsched.spec.prefix import block_key
 from kvsched.spec.trace import header_dict, step_dict
 from kvsched.spec.violation import INVARIANTS, MUST
 from proofs.scopes import SCOPE_SETS, Scope
@@ -154,7 +155,8 @@ def begin_step(world: World, scope: Scope, step: int, arrivals: tuple[str, ...],
     """Phases 1 to 5 of one step on `world` (mutated)."""
     shapes = dict(zip(scope.ids, scope.shapes, strict=True))
     requests = tuple(Request(rid, shapes[rid].prompt_len, shapes[rid].max_tokens,
-                             shapes[rid].priority, step) for rid in arrivals)
+                             shapes[rid].priority, step, shapes[rid].prefix)
+                     for rid in arrivals)
     targets = [world.scheduler] + ([world.twin] if world.twin is not None else [])
     for s in targets:
         for r in requests:
@@ -188,7 +190,7 @@ def optional_stops(step: Step, scope: Scope) -> tuple[str, ...]:
     return tuple(out)
 
 
-def end_step(step: Step, number: int, eos: tuple[str, ...]) -> None:
+def end_step(step: Step, scope: Scope, number: int, eos: tuple[str, ...]) -> None:
     """Phase 6 on step.world (mutated), then the spec's checker on the whole step."""
     world = step.world
     finished = world.scheduler.update(set(eos))
@@ -198,10 +200,7 @@ def end_step(step: Step, number: int, eos: tuple[str, ...]) -> None:
             raise Counterexample("profile", ("profile",),
                                  f"finished {finished} where the reference finishes "
                                  f"{expected}")
-    d = step.decision
-    rec = StepRecord(number, step.requests, (step.abort,) if step.abort else (), d.rejected,
-                     d.preempted, d.swapped_in, d.scheduled, finished,
-                     world.scheduler.free_blocks(), d.new_blocks)
+    rec = record(world, scope, step, number, finished)
     world.checker.report = Report()
     world.checker.step(rec)
     def counts(k: str) -> bool:
@@ -213,6 +212,36 @@ def end_step(step: Step, number: int, eos: tuple[str, ...]) -> None:
                          if counts(v.invariant))
         kind = "must" if any(INVARIANTS[k] == MUST for k in broken) else "should"
         raise Counterexample(kind, broken, told)
+
+
+def record(world: World, scope: Scope, step: Step, number: int,
+           finished: tuple[str, ...]) -> StepRecord:
+    """The step as a trace line: the decision, its prefix hits and, with prefix caching,
+    the content keys of the blocks that became full of known tokens (the prompt's at
+    arrival, each later one once sampled), as kvsched.simulate writes them."""
+    d = step.decision
+    keys: dict[str, tuple[str, ...]] = {}
+    if scope.config.prefix_caching:
+        bs = scope.config.block_size
+        told = world.checker.state.live
+        arrived = {r.id: r for r in step.requests}
+        ended = {r.id for r in d.rejected} | ({step.abort} if step.abort else set())
+        shapes = dict(zip(scope.ids, scope.shapes, strict=True))
+        for rid in dict.fromkeys([*arrived, *d.sampled]):
+            if rid in ended:
+                continue
+            t = told.get(rid)
+            known = t.num_tokens if t is not None else shapes[rid].prompt_len
+            known += rid in d.sampled
+            done = len(t.keys) if t is not None else 0
+            prefix = shapes[rid].prefix
+            got = tuple(block_key(rid, prefix, i, bs) for i in range(done, known // bs))
+            if got:
+                keys[rid] = got
+    return StepRecord(number, step.requests, (step.abort,) if step.abort else (),
+                      d.rejected, d.preempted, d.swapped_in, d.scheduled, finished,
+                      world.scheduler.free_blocks(), d.new_blocks,
+                      prefix_hits=d.prefix_hits, block_keys=keys)
 
 
 def new_world(scope: Scope, factory: Factory, twin: bool, should: tuple[str, ...] = ()
@@ -271,7 +300,7 @@ def successors(world: World, scope: Scope, number: int) -> Iterator[tuple[Inputs
                     last = i == len(choices) - 1
                     branch = step if last else Step(step.world.clone(), step.requests, abort,
                                                      step.decision)
-                    end_step(branch, number, eos)
+                    end_step(branch, scope, number, eos)
                 yield inputs, branch.world
 
 
@@ -405,10 +434,8 @@ def replay(scope: Scope, factory: Factory, twin: bool,
         except Exception as e:
             lines.append(json.dumps({"step": number, "error": f"{type(e).__name__}: {e}"}))
             break
-        d = step.decision
-        rec = StepRecord(number, step.requests, (inputs.abort,) if inputs.abort else (),
-                         d.rejected, d.preempted, d.swapped_in, d.scheduled, finished,
-                         world.scheduler.free_blocks(), d.new_blocks)
+        rec = record(world, scope, step, number, finished)
+        world.checker.step(rec)  # the checker's state gives the content keys already told
         lines.append(json.dumps(step_dict(rec)))
     return tuple(lines)
 

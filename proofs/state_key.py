@@ -24,7 +24,8 @@ from kvsched.spec.checker import Checker
 # Attributes encoded explicitly below (or constant within one exploration).
 SCHEDULER_FIELDS = frozenset({"config", "knobs", "blocks", "live", "running", "swapped",
                               "waiting", "arrived", "next_seq", "sampled", "victims"})
-ALLOCATOR_FIELDS = frozenset({"_free", "_tables"})
+ALLOCATOR_FIELDS = frozenset({"_free", "_tables", "caching", "_holders", "_content",
+                              "_cached", "_cached_upto"})
 
 
 def plain(value: Any) -> Hashable:
@@ -56,8 +57,19 @@ def allocator_key(blocks: BlockAllocator) -> Hashable:
     holders = blocks.holders()
     tables = tuple((rid, blocks.block_table(rid)) for rid in holders if blocks.block_table(rid))
     host = tuple((rid, blocks.host_table(rid)) for rid in holders if blocks.host_table(rid))
-    return (blocks.free_gpu_ids(), blocks.free_host_ids(), tables, host,
+    return (blocks.free_gpu_ids(), blocks.free_host_ids(), tables, host, cache_key(blocks),
             extras(blocks, ALLOCATOR_FIELDS))
+
+
+def cache_key(blocks: BlockAllocator) -> Hashable:
+    """The prefix cache: each block's holder count and content, each content's blocks in
+    the order they were cached (a lookup takes the first: `plain` would sort them), and
+    how far each table is cached. The free list's order (which cached block is evicted
+    first) is the free ids above."""
+    return (blocks.caching, tuple(sorted(blocks._holders.items())),
+            tuple(sorted(blocks._content.items())),
+            tuple(sorted((key, tuple(ids)) for key, ids in blocks._cached.items())),
+            tuple(sorted(blocks._cached_upto.items())))
 
 
 def waiting_order(s: ReferenceScheduler) -> tuple[str, ...]:
