@@ -78,6 +78,7 @@ def pair(name: str, stem: str, status: str, bound: str, statement: str,
 A = "proofs.arithmetic."
 D = "proofs.decisions."
 P = "proofs.preemption."
+C = "proofs.prefix_caching."
 
 OBLIGATIONS: tuple[Obligation, ...] = (
     check("cdiv-ceiling", A + "cdiv_is_ceiling", PROVEN, ALL_INTEGERS,
@@ -126,6 +127,37 @@ OBLIGATIONS: tuple[Obligation, ...] = (
           "a swap victim moves exactly its G blocks to the host and keeps C"),
     check("swap-round-trip", P + "swap_out_then_in_restores", SEARCHED, STATES,
           "swap out then swap in restores N, C, G, H and the free pools exactly"),
+    check("hit-bound", C + "hit_bound_is_the_token_bound", PROVEN, ALL_INTEGERS,
+          "the reference's hit bound h <= floor((N - 1) / block_size) is the spec's "
+          "h * block_size <= N - 1", quick=True),
+    check("hit-admission-cost", C + "admission_with_a_hit", PROVEN, ALL_INTEGERS,
+          "after a hit of h blocks, Db + E = ceil((h * block_size + Dn) / block_size) - h "
+          "+ E = ceil(Dn / block_size) + E, never negative", quick=True),
+    check("hit-admission-reference", C + "reference_admission_with_a_hit", EXHAUSTIVE,
+          "h 0-8, Dn 1-16, E 0-h, block_size 1-4, watermark 0-2",
+          "the reference's admission_blocks(h * block_size + Dn, h) + E is the spec's "
+          "Db + E, plus the watermark when a request runs"),
+    check("hit-whole-sequence", C + "reference_whole_sequence_with_a_hit", EXHAUSTIVE,
+          "h 0-8, N 1-32 with h * block_size <= N - 1, E 0-h, block_size 1-4",
+          "with the whole-sequence knob, admission after a hit needs ceil(N / block_size) "
+          "- h + E blocks, at least E + 1"),
+    check("hit-longest-run", C + "reference_hit_is_the_cached_run", EXHAUSTIVE,
+          "N 1-12, block_size 1-4, 0-6 cached blocks",
+          "the reference's hit is the cached run cut to floor((N - 1) / block_size) "
+          "blocks, so h * block_size <= N - 1"),
+    check("prefix-contracts", "kvsched.spec.prefix", SEARCHED,
+          "block_key: index 0 and up; nested: lengths 0 and up (strings and tuples drawn "
+          "by CrossHair)",
+          "the contracts in spec/prefix.py's own docstrings: a key ends with /index; "
+          "nested keeps lengths sorted, each cut to the given length, the content in"),
+    check("sharers-same-key", C + "sharers_name_a_block_alike", EXHAUSTIVE,
+          "index 0-6, block_size 1-4, shared lengths 0-32",
+          "two requests give block i the same key exactly when both hold a content at "
+          "least (i + 1) * block_size long"),
+    check("next-turn-keys", C + "next_turn_hits_the_whole_turn", EXHAUSTIVE,
+          "shared 1-8, cut 1-12, block_size 1-4, every block within the cut",
+          "a next turn nesting the first `cut` tokens of turn r0 keys each block within "
+          "them as r0 keys its own"),
     pair("admission-blocks", "admission_blocks", EXHAUSTIVE,
          "block_size 1-4, watermark 0-4, C 0-32, Dn 1-32, G 0-16",
          "the reference's admission blocks are the spec's Db plus the watermark when a "

@@ -160,7 +160,10 @@ class BlockAllocator:
 
     def lookup(self, keys: list[str]) -> list[int]:
         """The longest run of cached blocks holding `keys` from the first: for each key
-        the block cached under it first."""
+        the block cached under it first.
+
+        post: len(__return__) <= len(keys)
+        """
         out = []
         for key in keys:
             blocks = self._cached.get(key)
@@ -170,7 +173,10 @@ class BlockAllocator:
         return out
 
     def evictable(self, blocks: list[int]) -> int:
-        """How many of `blocks` no table holds (free, and cached): a hit takes them."""
+        """How many of `blocks` no table holds (free, and cached): a hit takes them.
+
+        post: 0 <= __return__ <= len(blocks)
+        """
         return sum(1 for b in blocks if b not in self._holders)
 
     def hit(self, rid: str, blocks: list[int]) -> None:

@@ -444,7 +444,11 @@ class ReferenceScheduler:
 
     def prefix_hit(self, r: LiveRequest) -> list[int]:
         """The cached blocks a waiting request would start from: with prefix caching and
-        C = 0, the longest run holding its first floor((N - 1) / block_size) contents."""
+        C = 0, the longest run holding its first floor((N - 1) / block_size) contents.
+
+        pre: r.num_tokens >= 1
+        post: len(__return__) * self.config.block_size <= r.num_tokens - 1
+        """
         if not self.config.prefix_caching or r.num_computed > 0:
             return []
         most = (r.num_tokens - 1) // self.config.block_size

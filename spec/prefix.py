@@ -38,7 +38,13 @@ def block_key(rid: str, prefix: Prefix, index: int, block_size: int) -> str:
 
 def nested(outer: Prefix, content: str, length: int) -> Prefix:
     """The prefix of a request that starts with the first `length` tokens of `content`,
-    whose own prefix is `outer`: outer's contents cut to `length`, then `content`."""
+    whose own prefix is `outer`: outer's contents cut to `length`, then `content`.
+
+    pre: length >= 0
+    post: all(a[1] <= b[1] for a, b in zip(__return__, __return__[1:]))
+    post: all(n <= length for _, n in __return__)
+    post: (content, length) in __return__
+    """
     cut = [(c, min(n, length)) for c, n in outer]
     return tuple(sorted({*cut, (content, length)}, key=lambda p: (p[1], p[0])))
 
