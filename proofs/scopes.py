@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from itertools import combinations, combinations_with_replacement, product
 from typing import TypeVar
 
+from kvsched.spec.blocks import never_completes
 from kvsched.spec.knobs import VICTIMS, Knobs
 from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config
 from kvsched.spec.profiles import PROFILES
@@ -37,6 +38,8 @@ class Shape:
     prompt_len: int
     max_tokens: int
     priority: int = 0
+    # shared contents its prompt starts with (kvsched.spec.prefix), for prefix caching
+    prefix: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,12 +73,14 @@ def profile_scope(profile: str, requests: tuple[Shape, ...], family: str = "prof
 
 def name_of(prefix: str, c: Config, requests: tuple[Shape, ...]) -> str:
     reqs = ",".join(f"{s.prompt_len}/{s.max_tokens}" + (f"p{s.priority}" if s.priority else "")
+                    + "".join(f"@{content}:{length}" for content, length in s.prefix)
                     for s in requests)
     mode = c.preemption[:4] + (f"{c.num_cpu_blocks}" if c.preemption != "recompute" else "")
     flags = [c.policy[:4], mode]
     flags += [] if c.chunked_prefill else ["whole"]
     flags += [f"thr{c.long_prefill_token_threshold}"] if c.long_prefill_token_threshold else []
     flags += [f"wm{c.watermark_blocks}"] if c.watermark_blocks else []
+    flags += ["cache"] if c.prefix_caching else []
     return (f"{prefix} bs{c.block_size} gpu{c.num_gpu_blocks} tok{c.max_num_batched_tokens} "
             f"seq{c.max_num_seqs} len{c.max_model_len} {'/'.join(flags)} [{reqs}]")
 
@@ -225,6 +230,67 @@ def grid_scopes() -> list[Scope]:
     return out
 
 
+# Prefix caching: a shared content "s" of 2 tokens (one block of 2, or two of 1) or 4
+# (two blocks of 2); a hit must leave a token past it (h * block_size <= N - 1). A
+# conversation's second turn (r1) starts with the whole first turn (r0: "s" then its own
+# tokens), so its prefix nests r0's id: its blocks past "s" are keyed as r0's own
+# (kvsched.spec.prefix.nested). The private 1/3 adds pressure.
+SHARED = (("s", 2),)
+PREFIX_SHAPES = (Shape(3, 2, prefix=SHARED), Shape(3, 1, prefix=SHARED),
+                 Shape(2, 2, prefix=SHARED), Shape(4, 1, prefix=(("s", 4),)), Shape(1, 3))
+TURNS = (Shape(3, 2, prefix=SHARED), Shape(5, 1, prefix=(("s", 2), ("r0", 4))))
+# vllm-v1 caches by default; sarathi is given caching. vllm-v0-swap with caching is its
+# own set (`prefix-swap`), out of the full run: a swapped-in block's content is cached
+# again by the reference but not by the spec (docs/proofs.md, what this does not cover).
+CACHING_PROFILES = ("vllm-v1", "sarathi")
+# Caches in which requests sharing "s" outgrow the blocks, so that victims come back
+# and hit what they (or their sharers) left cached: roomy (the conversation fits), 3
+# blocks of 2, 5 of 1, and capped (max_model_len 4 on 2 blocks).
+PREFIX_CACHES: tuple[dict[str, int], ...] = (
+    {"block_size": 2, "num_gpu_blocks": 4},
+    {"block_size": 2, "num_gpu_blocks": 3, "max_num_seqs": 3},
+    {"block_size": 1, "num_gpu_blocks": 5, "max_num_seqs": 2, "max_num_batched_tokens": 3},
+    {"block_size": 2, "num_gpu_blocks": 2, "max_num_seqs": 3, "max_model_len": 4},
+)
+
+
+def prefix_request_sets() -> list[tuple[Shape, ...]]:
+    """Every multiset of two or three prefix shapes with at least two sharing "s"; the
+    conversation alone and with a third request."""
+    out = [reqs for reqs in request_sets(PREFIX_SHAPES, (3, 2))
+           if sum(1 for s in reqs if s.prefix) >= 2]
+    return [*out, TURNS, (*TURNS, PREFIX_SHAPES[1]), (*TURNS, PREFIX_SHAPES[4])]
+
+
+def prefix_scope(profile: str, requests: tuple[Shape, ...], family: str,
+                 **fields: object) -> Scope:
+    """A profile's scope with prefix caching on (vllm-v1's default; given to the others)."""
+    return profile_scope(profile, requests, family, prefix_caching=True, **fields)
+
+
+def completes(scope: Scope) -> bool:
+    """Every request of the scope can complete alone (rejection is the other families')."""
+    return all(never_completes(scope.config, s.prompt_len, s.max_tokens) is None
+               for s in scope.shapes)
+
+
+def prefix_scopes(profiles: tuple[str, ...] = CACHING_PROFILES) -> list[Scope]:
+    """Each profile that can cache, in each prefix cache, on every prefix request set
+    whose requests fit it, fcfs; under priority, the sets of three with both
+    alternating patterns."""
+    out = []
+    for profile in profiles:
+        host = {"num_cpu_blocks": 2} if profile == "vllm-v0-swap" else {}
+        for cache in PREFIX_CACHES:
+            for reqs in prefix_request_sets():
+                out.append(prefix_scope(profile, reqs, "prefix", **cache, **host))
+                if len(reqs) == 3:
+                    out += [prefix_scope(profile, alternate(reqs, first), "prefix",
+                                         policy="priority", **cache, **host)
+                            for first in (0, 1)]
+    return [s for s in out if completes(s)]
+
+
 def quick_scopes() -> list[Scope]:
     """Seconds, for `make test`: each profile in each cache, three requests of the grid's
     shapes, fcfs and priority."""
@@ -236,13 +302,25 @@ def quick_scopes() -> list[Scope]:
                 out.append(profile_scope(profile, reqs, "quick", **cache, **host))
                 out.append(profile_scope(profile, alternate(reqs, 1), "quick",
                                          policy="priority", **cache, **host))
+    for profile in CACHING_PROFILES:
+        host = {"num_cpu_blocks": 2} if profile == "vllm-v0-swap" else {}
+        for cache, reqs in QUICK_PREFIX:
+            out.append(prefix_scope(profile, reqs, "quick", **cache, **host))
     return out
 
 
+# Two requests sharing "s" outgrowing 3 blocks (preemption, then a re-hit); the
+# conversation in the roomy cache.
+QUICK_PREFIX = ((PREFIX_CACHES[1], (PREFIX_SHAPES[0], PREFIX_SHAPES[0], PREFIX_SHAPES[4])),
+                (PREFIX_CACHES[0], (*TURNS, PREFIX_SHAPES[1])))
+
+
 def full_scopes() -> list[Scope]:
-    return profile_scopes() + grid_scopes()
+    return profile_scopes() + grid_scopes() + prefix_scopes()
 
 
 SCOPE_SETS: dict[str, Callable[[], list[Scope]]] = {
-    "quick": quick_scopes, "profiles": profile_scopes, "grid": grid_scopes, "full": full_scopes,
+    "quick": quick_scopes, "profiles": profile_scopes, "grid": grid_scopes,
+    "prefix": prefix_scopes, "prefix-swap": lambda: prefix_scopes(("vllm-v0-swap",)),
+    "full": full_scopes,
 }

@@ -11,8 +11,10 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -20,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the proofs package lives at the top, beside spec/
 
+from kvsched.reference.allocator import BlockAllocator  # noqa: E402
 from kvsched.reference.requests import LiveRequest  # noqa: E402
 from kvsched.reference.scheduler import ReferenceScheduler, StepPlan  # noqa: E402
 from kvsched.spec.checker import check_trace  # noqa: E402
@@ -30,13 +33,15 @@ from proofs import model_check, run  # noqa: E402
 from proofs.obligations import OBLIGATIONS, Effort, Obligation  # noqa: E402
 from proofs.scopes import (  # noqa: E402
     DIMENSIONS,
+    SHARED,
     Scope,
+    Shape,
     full_scopes,
     pairwise,
     shapes,
     valid,
 )
-from proofs.state_key import scheduler_key  # noqa: E402
+from proofs.state_key import allocator_key, scheduler_key  # noqa: E402
 
 TINY = Config(block_size=1, num_gpu_blocks=2, max_num_batched_tokens=1, max_num_seqs=1,
               max_model_len=8)
@@ -126,6 +131,86 @@ def test_the_state_key_forgets_when_things_happened() -> None:
     assert scheduler_key(early) == scheduler_key(late)
     early.schedule()
     assert scheduler_key(early) != scheduler_key(late)
+
+
+# -- prefix caching ---------------------------------------------------------------------
+
+CACHING = Config(block_size=2, num_gpu_blocks=3, max_num_batched_tokens=4, max_num_seqs=3,
+                 max_model_len=8, prefix_caching=True)
+SHARING = (Shape(3, 2, prefix=SHARED), Shape(3, 2, prefix=SHARED), Shape(1, 3))
+
+
+class HitsWholePrompt(ReferenceScheduler):
+    """Looks up floor(N / block_size) blocks: a hit may leave nothing to compute."""
+
+    def prefix_hit(self, r: LiveRequest) -> list[int]:
+        if not self.config.prefix_caching or r.num_computed > 0:
+            return []
+        most = r.num_tokens // self.config.block_size
+        return self.blocks.lookup([self.content_key(r, i) for i in range(most)])
+
+
+class EvictsForFree(ReferenceScheduler):
+    """Admits after a hit as if the evictable hit blocks (E) cost nothing."""
+
+    def waiting_pass(self, plan: StepPlan) -> None:
+        self.blocks.evictable = lambda blocks: 0  # type: ignore[method-assign]
+        super().waiting_pass(plan)
+        del self.blocks.evictable
+
+
+class Probe(ReferenceScheduler):
+    """The reference, counting what its steps did across the exploration."""
+
+    seen: ClassVar[Counter[str]] = Counter()
+
+    def schedule(self) -> Decision:
+        d = super().schedule()
+        Probe.seen.update(("recompute",) * len(d.preempted))
+        for rid, hit in d.prefix_hits.items():
+            held = {b for other in self.live if other != rid for b in self.block_table(other)}
+            Probe.seen["hit"] += 1
+            Probe.seen["shared"] += bool(held & set(hit))
+            Probe.seen["re-hit"] += self.live[rid].num_preemptions > 0
+        return d
+
+
+def test_the_prefix_scopes_share_blocks_preempt_and_hit_again() -> None:
+    Probe.seen.clear()
+    result = model_check.explore(Scope("test", "test", CACHING, Knobs(), SHARING), Probe)
+    assert result.finding is None
+    assert {"hit", "shared", "re-hit", "recompute"} <= set(+Probe.seen)
+
+
+def test_a_hit_that_leaves_nothing_to_compute_is_found() -> None:
+    shapes_ = (Shape(2, 2, prefix=SHARED), Shape(2, 2, prefix=SHARED))
+    result = model_check.explore(Scope("test", "test", CACHING, Knobs(), shapes_),
+                                 HitsWholePrompt)
+    assert result.finding is not None
+    assert result.finding.kind == "must"
+
+
+def test_an_admission_that_forgets_the_evictable_blocks_is_found() -> None:
+    # It admits past the free blocks: the allocator refuses the handout.
+    result = model_check.explore(Scope("test", "test", CACHING, Knobs(), SHARING),
+                                 EvictsForFree)
+    assert result.finding is not None
+    assert result.finding.kind == "error"
+    assert "beyond the free ones" in result.finding.message
+
+
+def test_the_state_key_holds_the_order_a_content_was_cached_in() -> None:
+    first, second = BlockAllocator(4, 0, caching=True), BlockAllocator(4, 0, caching=True)
+    for blocks, order in ((first, ("a", "b")), (second, ("b", "a"))):
+        for rid in ("a", "b"):
+            blocks.allocate(rid, 1)
+        for rid in order:
+            blocks.cache(rid, 1, lambda i: "s/0")
+        for rid in ("a", "b"):
+            blocks.free(rid)
+    assert first.free_gpu_ids() == second.free_gpu_ids()
+    assert first.lookup(["s/0"]) != second.lookup(["s/0"])
+    assert allocator_key(first) != allocator_key(second)
 
 
 def test_the_grid_covers_every_pair_of_values() -> None:
