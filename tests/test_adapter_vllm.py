@@ -33,7 +33,13 @@ from kvsched.adapters.vllm import (
     step_record,
     vllm_settings,
 )
-from kvsched.adapters.vllm_conformance import CASES, check_case, knob_variants, random_case
+from kvsched.adapters.vllm_conformance import (
+    CASES,
+    check_case,
+    knob_variants,
+    random_case,
+    random_prefix_case,
+)
 from kvsched.conformance import check_profile
 from kvsched.optimized.checker import check_trace_vectorized
 from kvsched.spec.blocks import blocks_for
@@ -386,6 +392,47 @@ def test_suite_covers_what_the_issue_asks() -> None:
     assert sum(w.abort is not None for ws in workloads.values() for w in ws) >= 20
 
 
+def test_suite_has_prefix_heavy_cases_with_caching_on() -> None:
+    plain = [c for c in CASES if not c.config.prefix_caching]
+    cached = [c for c in CASES if c.config.prefix_caching]
+    assert len(plain) >= 10 and len(cached) >= 5
+    assert {c.config.policy for c in cached} == {"fcfs", "priority"}
+    assert {c.config.chunked_prefill for c in cached} == {True, False}
+    # A tight cache, where preempted requests come back to their own blocks.
+    assert any(c.config.num_gpu_blocks <= 2 * blocks_for(c.config.max_model_len,
+                                                         c.config.block_size) for c in cached)
+    workloads = [validate(c.workload()) for c in cached]
+    ids = [{w.id for w in ws} for ws in workloads]
+    # System prompts shared by many requests; next turns naming an earlier request.
+    system = [sum(w.prefix is not None and w.prefix[0] not in i for w in ws)
+              for ws, i in zip(workloads, ids, strict=True)]
+    turns = [sum(w.prefix is not None and w.prefix[0] in i for w in ws)
+             for ws, i in zip(workloads, ids, strict=True)]
+    assert max(system) >= 100 and max(turns) >= 50
+    # A next turn's prefix is the previous turn's whole sequence, which nests the
+    # system prompt (and the turns before).
+    deepest = 0
+    for ws in workloads:
+        whole = {w.id: w.prompt_len + w.output_len for w in ws}
+        for w in ws:
+            if w.prefix is not None and w.prefix[0] in whole:
+                assert w.prefix[1] == whole[w.prefix[0]]
+                deepest = max(deepest, len(w.shared))
+    assert deepest >= 3
+
+
+def test_random_prefix_cases_are_seeded_share_prefixes_and_vllm_accepts_them() -> None:
+    shared = 0
+    for seed in range(40):
+        case = random_prefix_case(seed)
+        assert case.config.prefix_caching
+        assert case.workload() == random_prefix_case(seed).workload()
+        vllm_settings(case.config)
+        shared += sum(w.prefix is not None for w in case.workload())
+        assert all(w.prompt_len < case.config.max_model_len for w in case.workload())
+    assert shared >= 500
+
+
 def test_random_cases_are_seeded_and_vllm_accepts_them() -> None:
     for seed in range(40):
         case = random_case(seed)
@@ -430,6 +477,14 @@ GROWS = [WorkItem("big", 0, 20, 40, 40), WorkItem("small", 1, 8, 4, 4),
 VICTIMS = [WorkItem(f"s{i}", 0, 4, 30, 30, priority=1) for i in range(7)] + [
     WorkItem("long", 2, 60, 10, 10, priority=0)]
 
+# Prefix caching: a conversation's next turn, then eight prompts after one system prompt
+# and a request of its own, in 32 blocks: the tail is preempted and comes back.
+PREFIXED = validate(
+    [WorkItem("q", 0, 10, 6, 6), WorkItem("q-next", 8, 30, 4, 4, prefix=("q", 16))]
+    + [WorkItem(f"p{i}", 10 + i, 27 + 2 * i, 20 + 3 * i, 40, prefix=("sys", 24))
+       for i in range(8)]
+    + [WorkItem("solo", 12, 20, 30, 30)])
+
 
 @pytest.fixture(scope="module")
 def vllm_traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
@@ -442,6 +497,8 @@ def vllm_traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
                     folder / "grows.jsonl", max_steps=80, allow_undersized_cache=True))
     jobs.append(Job("victims", replace(CONFIG, num_gpu_blocks=32, max_num_batched_tokens=128,
                                        policy="priority"), VICTIMS, folder / "victims.jsonl"))
+    jobs.append(Job("caching", replace(CONFIG, num_gpu_blocks=32, prefix_caching=True),
+                    PREFIXED, folder / "caching.jsonl"))
     record_jobs(jobs, python)
     yield {job.name: job.out for job in jobs}
 
@@ -553,3 +610,67 @@ def test_victims_reported_as_a_set_match_the_profile_with_preempted_order_false(
     divergence = check_case("victims", ordered).divergence
     assert divergence is not None and divergence.step == several[0]
     assert check_case("victims", path).divergence is None  # vLLM's true order, as recorded
+
+
+@needs_vllm
+def test_vllm_prefix_caching_trace_has_shared_and_own_hits_and_checks_clean(
+        vllm_traces: dict[str, Path]) -> None:
+    path = vllm_traces["caching"]
+    with path.open("rb") as f:
+        reader = TraceReader(f)
+        records = list(reader)
+        header = reader.header
+    assert header.config.prefix_caching is True
+    notes = json.loads(path.read_text().splitlines()[0])["adapter"]
+    assert notes["prefix_caching"] is True and "vLLM's own block hashes" in notes["prefix_hits"]
+    bs = header.config.block_size
+    handed: dict[int, str] = {}  # block id -> the request it was last handed out to fresh
+    preempted: set[str] = set()
+    shared, own, conversation = [], [], []
+    for rec in records:
+        for rid, ids in rec.prefix_hits.items():
+            owners = {handed[b] for b in ids}
+            if rid in preempted and rid in owners:
+                own.append((rid, len(ids)))  # blocks it had been handed itself
+            elif rid == "q-next":
+                conversation.append(owners)
+            elif owners and rid not in owners:
+                shared.append(rid)
+        for rid, ids in (rec.new_blocks or {}).items():
+            handed.update((b, rid) for b in ids)
+        preempted.update(p.id for p in rec.preempted)
+    assert {"p1", "p2", "p3"} <= set(shared)  # p0 filled the system prompt's blocks
+    assert conversation == [{"q"}]  # the next turn hit the first turn's blocks
+    # A request preempted after it sampled comes back to its own blocks, outputs
+    # included: more than its prompt.
+    prompt = {w.id: w.prompt_len for w in PREFIXED}
+    assert any(n * bs > prompt[rid] for rid, n in own), own
+    assert ("solo", 8) in own  # solo shares nothing: its whole hit is its own
+    for report in both_checkers(path):
+        assert report.counts == {} and report.unchecked == {}
+
+
+@needs_vllm
+def test_vllm_block_keys_are_equal_exactly_where_the_tokens_are(
+        vllm_traces: dict[str, Path]) -> None:
+    with vllm_traces["caching"].open("rb") as f:
+        records = list(TraceReader(f))
+    keys: dict[str, list[str]] = {}
+    for rec in records:
+        for rid, ks in rec.block_keys.items():
+            keys.setdefault(rid, []).extend(ks)
+    # The tokens the driver gave each request (prompt, then the outputs it sampled).
+    tokens = vllm_driver.Contents([item_dict(w) for w in PREFIXED])
+    bs = CONFIG.block_size
+    # p0 and p1 share the 24-token system prompt: six blocks, then their own text.
+    assert keys["p0"][:6] == keys["p1"][:6] and keys["p0"][6] != keys["p1"][6]
+    assert keys["q-next"][:4] == keys["q"][:4]  # the first turn's whole 16 tokens
+    for a in keys:
+        seq_a = tokens.sequence(a)
+        # Every full block, prompt and outputs: each request ran to its end-of-sequence.
+        assert len(keys[a]) == len(seq_a) // bs
+        for b in keys:
+            seq_b = tokens.sequence(b)
+            for i in range(min(len(keys[a]), len(keys[b]))):
+                same = seq_a[:(i + 1) * bs] == seq_b[:(i + 1) * bs]
+                assert (keys[a][i] == keys[b][i]) == same, (a, b, i)

@@ -4,13 +4,15 @@ check every trace at the MUST level and against the `vllm-v1` profile.
     python -m kvsched.adapters.vllm_conformance [--out DIR] [--vllm-python PATH]
         [--random N] [--seed S] [--list] [NAME...]
 
-Named cases first, then N small random ones (seeds S..S+N-1; none when names are
-given), all recorded in one vLLM process.
+Named cases first, then N small random ones with prefix caching off (seeds
+S..S+N-1) and M with it on (--random-prefix M, seeds S..S+M-1; none of either when
+names are given), all recorded in one vLLM process.
 
-Exit 0 when every trace is MUST-clean and equal to the profile step for step, except
-the divergences listed in KNOWN_DIVERGENCES, each explained in docs/conformance/vllm.md
-with the vLLM source line behind it. Exit 1 otherwise, 2 on bad input or a missing
-vLLM environment.
+Exit 0 when every trace is MUST-clean and, with prefix caching off, equal to the
+profile step for step, except the divergences listed in KNOWN_DIVERGENCES, each
+explained in docs/conformance/vllm.md with the vLLM source line behind it. Whether a
+prefix-caching trace is equal to the profile is reported, not yet required. Exit 1
+otherwise, 2 on bad input or a missing vLLM environment.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from kvsched.workload import WorkItem, validate
 PROFILE = "vllm-v1"
 DEFAULT_OUT = Path("build/conformance-vllm")
 DEFAULT_RANDOM = 200  # small random configs and workloads beside the named cases
+DEFAULT_RANDOM_PREFIX = 40  # the same with prefix caching and shared prefixes
 # Every case ends well before this; a trace that does not is a liveness failure.
 MAX_STEPS = 100_000
 
@@ -90,6 +93,57 @@ def over_max_model_len(items: list[WorkItem], max_model_len: int, seed: int) -> 
 
 def cfg(**fields: object) -> Config:
     return replace(Config(), **fields)  # type: ignore[arg-type]
+
+
+def caching(**fields: object) -> Config:
+    """A config with prefix caching on, vLLM's default."""
+    return cfg(prefix_caching=True, **fields)
+
+
+def system_prompts(items: list[WorkItem], seed: int, prompts: Sequence[int],
+                   share: float = 1.0) -> list[WorkItem]:
+    """Put one of the shared system prompts sys-0, sys-1, ... (of the given lengths)
+    before a seeded `share` of the prompts; sys-0 is the most used (weights 1 / (i + 1))."""
+    rng = random.Random(f"kvsched/vllm-system-prompts/{seed}")
+    weights = [1 / (i + 1) for i in range(len(prompts))]
+    out = []
+    for w in items:
+        if rng.random() < share:
+            i = rng.choices(range(len(prompts)), weights)[0]
+            w = replace(w, prompt_len=prompts[i] + w.prompt_len, prefix=(f"sys-{i}", prompts[i]))
+        out.append(w)
+    return validate(out)
+
+
+def conversations(count: int, seed: int, max_model_len: int, prompts: Sequence[int],
+                  turns: tuple[int, int] = (2, 6), spread: int = 200,
+                  user: tuple[int, int] = (8, 64), output: tuple[int, int] = (8, 64),
+                  think: tuple[int, int] = (0, 30),
+                  priorities: Sequence[int] = (0,)) -> list[WorkItem]:
+    """`count` conversations starting over `spread` steps, each turn's prompt the whole
+    previous turn (prompt and outputs) and a new user message, the first turn's a system
+    prompt and one: prefix (previous turn, its prompt + output_len). A turn arrives
+    about when the previous one could have ended (a token a step) plus a think time, so
+    some arrive while it still runs. A conversation stops where the next turn would not
+    fit max_model_len."""
+    rng = random.Random(f"kvsched/vllm-conversations/{seed}")
+    items = []
+    for c in range(count):
+        arrival = rng.randint(0, spread)
+        priority = rng.choice(priorities)
+        i = rng.randrange(len(prompts))
+        prefix: tuple[str, int] = (f"sys-{i}", prompts[i])
+        for t in range(rng.randint(*turns)):
+            prompt = prefix[1] + rng.randint(*user)
+            out = rng.randint(*output)
+            if prompt + out > max_model_len:
+                break
+            item = WorkItem(f"c{c}-t{t}", arrival, prompt, out,
+                            out + rng.choice([0, 0, 8]), priority, prefix=prefix)
+            items.append(item)
+            prefix = (item.id, prompt + out)
+            arrival += out + rng.randint(*think)
+    return validate(items)
 
 
 CASES: tuple[Case, ...] = (
@@ -175,6 +229,53 @@ CASES: tuple[Case, ...] = (
                                       prompt_range=(4, 120), output_range=(2, 60),
                                       priorities=(1, 1, 2)),
                              15, 0.25, 40)),
+    # Prefix caching on (vLLM's default): vLLM's own block hashes decide the hits.
+    Case("prefix-system-prompts", "caching, fcfs: four system prompts before 120 ShareGPT "
+         "prompts, most of them the first",
+         caching(block_size=16, num_gpu_blocks=256, max_num_batched_tokens=512,
+                 max_num_seqs=32, max_model_len=2048),
+         lambda: system_prompts(generate("sharegpt", 120, 21, rate=0.6, max_model_len=1400),
+                                21, (512, 256, 200, 96))),
+    Case("prefix-conversations", "caching, fcfs: 40 conversations of up to 6 turns, each "
+         "turn's prompt the whole previous turn",
+         caching(block_size=16, num_gpu_blocks=200, max_num_batched_tokens=256,
+                 max_num_seqs=16, max_model_len=1024),
+         lambda: conversations(40, 22, 1024, (128, 64))),
+    Case("prefix-tight-readmit", "caching, fcfs, 64 blocks of 8: preempted requests "
+         "come back and hit their own blocks (outputs included) if still cached",
+         caching(block_size=8, num_gpu_blocks=64, max_num_batched_tokens=128,
+                 max_num_seqs=16, max_model_len=256),
+         lambda: system_prompts(generate("uniform", 120, 23, rate=1.0, max_model_len=200,
+                                         prompt_range=(8, 120), output_range=(16, 120)),
+                                23, (48, 24), share=0.7)),
+    Case("prefix-priority-tight", "caching, priority, 48 blocks of 8: conversations and "
+         "system prompts, victims by priority",
+         caching(block_size=8, num_gpu_blocks=48, max_num_batched_tokens=96, max_num_seqs=8,
+                 max_model_len=256, policy="priority"),
+         lambda: conversations(30, 24, 256, (40, 16), turns=(1, 4), spread=150,
+                               user=(4, 40), output=(4, 50), priorities=(0, 1, 2))),
+    Case("prefix-no-chunked", "caching, chunked prefill off: a whole prompt after its hit "
+         "or nothing",
+         caching(block_size=16, num_gpu_blocks=80, max_num_batched_tokens=512,
+                 max_num_seqs=16, max_model_len=512, chunked_prefill=False),
+         lambda: validate([*system_prompts(
+             generate("uniform", 80, 25, rate=0.6, max_model_len=300,
+                      prompt_range=(8, 200), output_range=(4, 80)), 25, (160, 64)),
+             *[replace(w, arrival=w.arrival + 20)
+               for w in conversations(15, 25, 512, (96,), spread=150)]])),
+    Case("prefix-no-chunked-priority", "caching, chunked prefill off, priority, 40 blocks "
+         "of 8: conversations under pressure",
+         caching(block_size=8, num_gpu_blocks=40, max_num_batched_tokens=256, max_num_seqs=8,
+                 max_model_len=256, chunked_prefill=False, policy="priority"),
+         lambda: conversations(25, 26, 256, (64, 32), turns=(1, 5), spread=120,
+                               user=(4, 30), output=(4, 40), priorities=(1, 2))),
+    Case("prefix-threshold", "caching, threshold 32, block size 4: long shared prompts "
+         "taken in chunks after the hit",
+         caching(block_size=4, num_gpu_blocks=160, max_num_batched_tokens=96,
+                 max_num_seqs=12, max_model_len=512, long_prefill_token_threshold=32),
+         lambda: system_prompts(generate("uniform", 100, 27, rate=0.5, max_model_len=300,
+                                         prompt_range=(4, 100), output_range=(4, 60)),
+                                27, (200, 120, 33))),
 )
 
 
@@ -214,6 +315,56 @@ def random_case(seed: int) -> Case:
                 lambda: workload)
 
 
+def random_prefix_case(seed: int) -> Case:
+    """A small seeded config with prefix caching and a workload whose requests share
+    prefixes at random: one of a few system texts, or (a conversation's next turn) the
+    start or the whole of an earlier request's sequence, before a prompt of their own;
+    tight caches, so that blocks are evicted and preempted requests come back."""
+    rng = random.Random(f"kvsched/vllm-random-prefix/{seed}")
+    block_size = rng.choice([1, 2, 4, 8, 16])
+    max_model_len = rng.choice([32, 64, 128, 256])
+    blocks = blocks_for(max_model_len, block_size) + rng.choice([0, 1, 3, 10, 30])
+    chunked = rng.random() < 0.75
+    seqs = rng.choice([1, 2, 4, 8, 16])
+    budget = max(seqs, rng.choice([seqs, 8, 16, 32, 64, 256]))
+    if not chunked:
+        budget = max(budget, max_model_len)
+    threshold = min(rng.choice([0, 0, 0, 4, 16]), max_model_len) if chunked else 0
+    config = caching(block_size=block_size, num_gpu_blocks=blocks,
+                     max_num_batched_tokens=budget, max_num_seqs=seqs,
+                     max_model_len=max_model_len, chunked_prefill=chunked,
+                     long_prefill_token_threshold=threshold,
+                     policy=rng.choice(["fcfs", "priority"]),
+                     watermark_blocks=min(rng.choice([0, 0, 0, 1, 3]), blocks))
+    texts = {f"s{i}": rng.randint(1, max_model_len - 2) for i in range(rng.randint(1, 3))}
+    items: list[WorkItem] = []
+    step = 0
+    for k in range(rng.randint(1, 50)):
+        step += rng.choice([0, 0, 0, 1, 2, 5, 20])
+        prefix: tuple[str, int] | None = None
+        shared = 0
+        roll = rng.random()
+        if roll < 0.4:
+            name = rng.choice(sorted(texts))
+            shared = rng.choice([texts[name], rng.randint(1, texts[name])])
+            prefix = (name, shared)
+        elif roll < 0.75 and items:
+            earlier = rng.choice(items)
+            whole = earlier.prompt_len + earlier.output_len
+            shared = rng.choice([whole, whole, rng.randint(1, whole)])
+            prefix = (earlier.id, shared)
+        if shared >= max_model_len - 1:
+            prefix, shared = None, 0
+        prompt = shared + rng.randint(1, max(1, min(24, max_model_len - 1 - shared)))
+        max_tokens = rng.randint(1, max(1, max_model_len - prompt))
+        abort = step + rng.choice([1, 5, 20]) if rng.random() < 0.1 else None
+        items.append(WorkItem(f"q{k}", step, prompt, rng.randint(1, max_tokens), max_tokens,
+                              rng.choice([0, 0, 1, 2]), abort, prefix))
+    workload = validate(items)
+    return Case(f"random-prefix-{seed}", "a small random config and workload with shared "
+                "prefixes, prefix caching on", config, lambda: workload)
+
+
 @dataclass
 class Verdict:
     """One case's checks: MUST and SHOULD counts and the first profile divergence."""
@@ -227,11 +378,21 @@ class Verdict:
     must: Counter[str]
     should: Counter[str]
     divergence: Violation | None
+    prefix_caching: bool = False
+    hits: int = 0  # requests admitted with a prefix hit
+    hit_blocks: int = 0
+
+    @property
+    def exact(self) -> bool:
+        """Equal to the profile step for step, or diverging only as KNOWN_DIVERGENCES
+        explains."""
+        return self.divergence is None or self.case in KNOWN_DIVERGENCES
 
     @property
     def ok(self) -> bool:
-        diverged = self.divergence is not None and self.case not in KNOWN_DIVERGENCES
-        return not self.must and self.complete and not diverged
+        # The profile's prefix caching is not in yet: a caching trace's divergence is
+        # reported, not failed.
+        return not self.must and self.complete and (self.exact or self.prefix_caching)
 
 
 def check_case(case: str, path: Path) -> Verdict:
@@ -239,17 +400,20 @@ def check_case(case: str, path: Path) -> Verdict:
         reader = TraceReader(stream)
         checker = new_checker(reader.header.config, profile=PROFILE,
                               preempted_order=reader.header.preempted_order)
-        preemptions = rejected = 0
+        preemptions = rejected = hits = hit_blocks = 0
         for rec in reader:
             checker.step(rec)
             preemptions += len(rec.preempted)
             rejected += len(rec.rejected)
+            hits += len(rec.prefix_hits)
+            hit_blocks += sum(len(ids) for ids in rec.prefix_hits.values())
         report = checker.end(reader.complete)
     divergence = next((v for v in report.violations if v.invariant == "profile"), None)
     must = Counter({k: n for k, n in report.counts.items() if INVARIANTS[k] == MUST})
     should = Counter({k: n for k, n in report.counts.items() if INVARIANTS[k] == SHOULD})
     return Verdict(case, report.steps, report.requests, preemptions, rejected,
-                   report.complete, must, should, divergence)
+                   report.complete, must, should, divergence,
+                   reader.header.config.prefix_caching, hits, hit_blocks)
 
 
 # Each knob of the profile, flipped: the suite must tell every one of these from vLLM,
@@ -300,6 +464,35 @@ def counts(c: Counter[str]) -> str:
     return ", ".join(f"{k} x{n}" for k, n in sorted(c.items())) or "0"
 
 
+def line(v: Verdict) -> str:
+    """One case's verdict in a line."""
+    mark = "OK  " if v.ok else "FAIL"
+    if v.divergence is None:
+        divergence = "none"
+    elif v.case in KNOWN_DIVERGENCES:
+        divergence = "known: " + KNOWN_DIVERGENCES[v.case]
+    else:
+        divergence = f"step {v.divergence.step}" + (" (reported)" if v.prefix_caching else "")
+    caching = (f"caching on, {v.hits} hits of {v.hit_blocks} blocks" if v.prefix_caching
+               else "caching off")
+    return (f"{mark} {v.case}: {caching}; {v.steps} steps, {v.requests} requests, "
+            f"{v.preemptions} preemptions, {v.rejected} rejected; MUST {counts(v.must)}; "
+            f"SHOULD {counts(v.should)}; {PROFILE} divergence {divergence}"
+            + ("" if v.complete else "; INCOMPLETE"))
+
+
+def summary(what: str, verdicts: Sequence[Verdict]) -> str:
+    """The random cases of one kind in a line."""
+    exact = (f", {sum(v.exact for v in verdicts)} exact under {PROFILE}, "
+             f"{sum(v.hits for v in verdicts)} hits" if verdicts and verdicts[0].prefix_caching
+             else "")
+    return (f"{what}: {sum(v.ok for v in verdicts)} of {len(verdicts)} conform{exact}, "
+            f"{sum(v.steps for v in verdicts)} steps, "
+            f"{sum(v.preemptions for v in verdicts)} preemptions, "
+            f"{sum(v.rejected for v in verdicts)} rejected; SHOULD "
+            f"{counts(sum((v.should for v in verdicts), Counter()))}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvsched.adapters.vllm_conformance",
                                      description=__doc__.splitlines()[0] if __doc__ else "")
@@ -307,14 +500,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the traces")
     parser.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON)
     parser.add_argument("--random", type=int, default=DEFAULT_RANDOM, metavar="N",
-                        help=f"also N small random cases (default {DEFAULT_RANDOM})")
+                        help=f"also N small random cases, prefix caching off (default "
+                             f"{DEFAULT_RANDOM})")
+    parser.add_argument("--random-prefix", type=int, default=DEFAULT_RANDOM_PREFIX,
+                        metavar="M", help=f"also M small random cases with shared prefixes, "
+                                          f"prefix caching on (default {DEFAULT_RANDOM_PREFIX})")
     parser.add_argument("--seed", type=int, default=0, help="first random case's seed")
     parser.add_argument("--list", action="store_true", help="list the cases and stop")
     args = parser.parse_args(argv)
-    if args.random < 0:
-        print(f"vllm_conformance: error: --random must not be negative, got {args.random}",
-              file=sys.stderr)
-        return 2
+    for flag, n in (("--random", args.random), ("--random-prefix", args.random_prefix)):
+        if n < 0:
+            print(f"vllm_conformance: error: {flag} must not be negative, got {n}",
+                  file=sys.stderr)
+            return 2
     if args.list:
         for c in CASES:
             print(f"{c.name}: {c.what}")
@@ -327,40 +525,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cases = [c for c in CASES if not args.names or c.name in args.names]
     randoms = [] if args.names else [random_case(args.seed + i) for i in range(args.random)]
+    prefixed = [] if args.names else [random_prefix_case(args.seed + i)
+                                      for i in range(args.random_prefix)]
     started = time.monotonic()
     try:
-        verdicts = run(cases + randoms, args.out, args.vllm_python)
+        verdicts = run(cases + randoms + prefixed, args.out, args.vllm_python)
     except AdapterError as e:
         print(f"vllm_conformance: error: {e}", file=sys.stderr)
         return 2
-    named = {c.name for c in cases}
-    for v in verdicts:
-        if v.case not in named and v.ok:
-            continue  # random cases are told one by one only when they fail
-        mark = "OK  " if v.ok else "FAIL"
-        divergence = "none" if v.divergence is None else (
-            "known: " + KNOWN_DIVERGENCES[v.case] if v.case in KNOWN_DIVERGENCES
-            else f"step {v.divergence.step}")
-        print(f"{mark} {v.case}: {v.steps} steps, {v.requests} requests, {v.preemptions} "
-              f"preemptions, {v.rejected} rejected; MUST {counts(v.must)}; SHOULD "
-              f"{counts(v.should)}; {PROFILE} divergence {divergence}"
-              + ("" if v.complete else "; INCOMPLETE"))
-        if v.divergence is not None and v.case not in KNOWN_DIVERGENCES:
-            print(f"     {v.divergence.message}")
+    for i, v in enumerate(verdicts):
+        if i < len(cases) or not v.ok:  # random cases are told one by one only when they fail
+            print(line(v))
+            if not v.exact and not v.ok:
+                assert v.divergence is not None
+                print(f"     {v.divergence.message}")
     failed = sum(not v.ok for v in verdicts)
-    if randoms:
-        random_verdicts = verdicts[len(cases):]
-        print(f"random cases {args.seed}..{args.seed + len(randoms) - 1}: "
-              f"{sum(v.ok for v in random_verdicts)} of {len(randoms)} conform, "
-              f"{sum(v.steps for v in random_verdicts)} steps, "
-              f"{sum(v.preemptions for v in random_verdicts)} preemptions, "
-              f"{sum(v.rejected for v in random_verdicts)} rejected; SHOULD "
-              f"{counts(sum((v.should for v in random_verdicts), Counter()))}")
-    print(f"{len(verdicts) - failed} of {len(verdicts)} vLLM traces conform "
-          f"(MUST clean, equal to {PROFILE}); traces in {args.out}")
+    for what, group in ((f"random cases {args.seed}..{args.seed + len(randoms) - 1}, "
+                         "caching off", verdicts[len(cases):len(cases) + len(randoms)]),
+                        (f"random prefix cases {args.seed}..{args.seed + len(prefixed) - 1}, "
+                         "caching on", verdicts[len(cases) + len(randoms):])):
+        if group:
+            print(summary(what, group))
+    caching = [v for v in verdicts if v.prefix_caching]
+    print(f"{len(verdicts) - failed} of {len(verdicts)} vLLM traces conform (MUST clean; "
+          f"with caching off equal to {PROFILE}); traces in {args.out}")
+    if caching:
+        print(f"caching on: {len(caching)} traces, {sum(not v.must for v in caching)} MUST "
+              f"clean, {sum(v.exact for v in caching)} exact under {PROFILE} (not required "
+              f"yet), {sum(v.hits for v in caching)} hits of "
+              f"{sum(v.hit_blocks for v in caching)} blocks")
     blind = []
     if not args.names:  # the whole suite must tell each flipped knob from vLLM
-        for name, where in sensitivity([args.out / f"{c.name}.jsonl" for c in cases]).items():
+        plain = [args.out / f"{c.name}.jsonl" for c in cases if not c.config.prefix_caching]
+        for name, where in sensitivity(plain).items():
             print(f"{'OK  ' if where else 'FAIL'} {PROFILE} with {name} diverges from vLLM: "
                   f"{where or 'on no trace: the suite cannot tell this knob'}")
             if where is None:
