@@ -1,7 +1,9 @@
 """The block pool as tensors: a free list per pool (GPU and host) and block tables.
 
 The free list is a FIFO ring of block ids: allocation takes from the head, released
-blocks go to the tail, a request's GPU blocks in reverse table order. Handing out ids
+blocks go to the tail, a request's GPU blocks in reverse table order. With prefix
+caching, freed blocks without content go to the head instead, and a prefix hit takes
+free cached blocks out of the middle (`put_front`, `remove`). Handing out ids
 in that order (the same as vLLM's free block queue) makes every new block id equal to
 the reference allocator's, so the traces of both schedulers match byte for byte.
 
@@ -75,6 +77,40 @@ class FreeList:
         if first < m:
             self.ids[:m - first] = ids[first:]
         self.count += m
+
+    def put_front(self, ids: Tensor) -> None:
+        """Put ids before the head, in the order given (the first is taken first)."""
+        m = ids.numel()
+        if m == 0:
+            return
+        assert self.count + m <= self.capacity, "more blocks released than the pool holds"
+        cap = self.capacity
+        head = (self.head - m) % cap
+        first = min(m, cap - head)
+        self.ids[head:head + first] = ids[:first]
+        if first < m:
+            self.ids[:m - first] = ids[first:]
+        self.head = head
+        self.count += m
+
+    def remove(self, ids: Tensor) -> None:
+        """Take `ids` (all free) out of the list, wherever they are; the rest keep their
+        order. Costs O(free blocks): a prefix hit on free cached blocks does it."""
+        if ids.numel() == 0:
+            return
+        rest = self.ordered()
+        rest = rest[~torch.isin(rest, ids)]
+        assert rest.numel() == self.count - ids.numel(), "removing blocks that are not free"
+        self.ids[:rest.numel()] = rest
+        self.head = 0
+        self.count = rest.numel()
+
+    def ordered(self) -> Tensor:
+        """The free ids from head to tail, as a tensor."""
+        h, c, cap = self.head, self.count, self.capacity
+        if h + c <= cap:
+            return self.ids[h:h + c].clone()
+        return torch.cat((self.ids[h:], self.ids[:h + c - cap]))
 
     def snapshot(self) -> list[int]:
         """The free ids from head to tail (for tests)."""

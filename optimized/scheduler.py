@@ -31,14 +31,14 @@ by tests/test_differential.py.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from kvsched.optimized.blocks import BlockTable, FreeList, cdiv
+from kvsched.optimized.blocks import BlockTable, FreeList, cdiv, spans
 from kvsched.optimized.queues import FcfsQueue, PriorityQueue
 from kvsched.spec.blocks import never_completes
 from kvsched.spec.knobs import Knobs
@@ -51,14 +51,16 @@ from kvsched.spec.model import (
     RequestView,
     Status,
 )
+from kvsched.spec.prefix import Prefix, block_key
 
 I64 = torch.int64
 
 # Rows of the state tensor (one column per slot). N, LIMIT, C, G, H stay adjacent: a
 # step gathers them with one slice. LIMIT = min(P + O, max_model_len) is the N at which
-# a request finishes (max_tokens or max_model_len reached).
-N_, LIMIT, C_, G_, H_, P_, O_, PRIO, ARR, SEQ, STATUS, NPRE, GROW, HROW = range(14)
-FIELDS = 14
+# a request finishes (max_tokens or max_model_len reached). CACHED (prefix caching): how
+# many blocks of the slot's table are cached (or were hit), so are not cached again.
+N_, LIMIT, C_, G_, H_, P_, O_, PRIO, ARR, SEQ, STATUS, NPRE, GROW, HROW, CACHED = range(15)
+FIELDS = 15
 WAITING, RUNNING, SWAPPED, FREE = 0, 1, 2, 3
 STATUS_NAMES = {WAITING: Status.WAITING, RUNNING: Status.RUNNING, SWAPPED: Status.SWAPPED}
 
@@ -94,6 +96,8 @@ class StepTensors:
     new_block_slots: Tensor
     new_block_counts: Tensor
     new_block_ids: Tensor
+    # (slot, pool indices of its hit blocks) per admission with a prefix hit, in order
+    prefix_hits: list[tuple[int, list[int]]] = field(default_factory=list)
 
 
 @dataclass
@@ -110,6 +114,7 @@ class _Step:
     recompute_victims: list[int] = field(default_factory=list)
     swap_victims: list[int] = field(default_factory=list)
     swapped_in: list[Tensor] = field(default_factory=list)
+    prefix_hits: list[tuple[int, list[int]]] = field(default_factory=list)
 
     def add(self, slots: Tensor, tokens: Tensor, starts: Tensor, counts: Tensor,
             computed: Tensor, known: Tensor) -> None:
@@ -139,9 +144,6 @@ class OptimizedScheduler:
         problems = config.problems() + chosen.problems()
         if problems:
             raise ValueError(problems[0])
-        if config.prefix_caching:
-            raise ValueError("the optimized scheduler does not model prefix caching yet: "
-                             "use the reference scheduler, or prefix_caching false")
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device cuda: torch.cuda.is_available() is False here")
@@ -175,7 +177,19 @@ class OptimizedScheduler:
         self.gpu_table = BlockTable(most_blocks, dev)
         self.cpu_table = BlockTable(most_blocks, dev)
 
+        # Prefix caching: holders and content per GPU block as tensors (what releases and
+        # allocations test in bulk); content keys, strings, in Python dicts.
+        self._caching = config.prefix_caching
+        size = config.num_gpu_blocks if self._caching else 0
+        self._holders = torch.zeros(size, dtype=I64, device=dev)  # tables holding it
+        self._has_content = torch.zeros(size, dtype=torch.bool, device=dev)
+        self._content: dict[int, str] = {}  # cached block -> its content key
+        self._by_key: dict[str, dict[int, None]] = {}  # key -> its blocks, first cached first
+        self._prefix_of: dict[str, Prefix] = {}  # a request's shared prefix, when it has one
+        self._given: dict[str, list[str]] = {}  # content keys a trace gave
+
         self._empty = torch.empty(0, dtype=I64, device=dev)
+        self._zero1 = torch.zeros(1, dtype=I64, device=dev)
         self.running = self._empty
         self.swapped = self._empty  # kept in policy order
         self.waiting: FcfsQueue | PriorityQueue = (PriorityQueue(dev) if self._priority
@@ -207,6 +221,8 @@ class OptimizedScheduler:
                 self._grow(slot + 1)
         self._slot_of[request.id] = slot
         self._ids[slot] = request.id
+        if self._caching and request.prefix:
+            self._prefix_of[request.id] = request.prefix
         self._pending.append((slot, request.prompt_len, request.max_tokens, request.priority,
                               request.arrival_step, self._seq))
         self._seq += 1
@@ -244,6 +260,9 @@ class OptimizedScheduler:
         slot_of = self._slot_of
         for rid in out:
             del slot_of[rid]
+        if self._caching:
+            for rid in out:
+                self._prefix_of.pop(rid, None)
         self._ids[slots] = ""
         self._spare_slots.extend(slots)
         return out
@@ -262,7 +281,10 @@ class OptimizedScheduler:
         totals = torch.stack((g.sum(), h.sum())).tolist()
         if totals[0]:
             rows = st[GROW, slots]
-            self.gpu_free.put(self.gpu_table.read_reversed(rows, g, totals[0]))
+            if self._caching:
+                self._let_go(*self._walk(slots, g, totals[0]))
+            else:
+                self.gpu_free.put(self.gpu_table.read_reversed(rows, g, totals[0]))
             self.gpu_table.give_back(rows[g > 0])
         if totals[1]:
             rows = st[HROW, slots]
@@ -273,6 +295,15 @@ class OptimizedScheduler:
         st[H_, slots] = 0
         st[GROW, slots] = -1
         st[HROW, slots] = -1
+        st[CACHED, slots] = 0
+
+    def add_block_keys(self, request_id: str, keys: Sequence[str],
+                       start: int | None = None) -> None:
+        """Content keys of the request's blocks from table index `start` on (by default
+        the next ones), as a trace gives them (`block_keys`); they take the place of
+        those its prefix would give, and of any given from `start` before."""
+        given = self._given.setdefault(request_id, [])
+        given[len(given) if start is None else start:] = keys
 
     def abort_request(self, request_id: str) -> None:
         self._flush()
@@ -286,6 +317,7 @@ class OptimizedScheduler:
         one = torch.tensor([slot], dtype=I64, device=self.device)
         self._release_blocks(one)
         self.state[STATUS, slot] = FREE
+        self._given.pop(request_id, None)
         self._forget([slot])
 
     def free_blocks(self) -> int:
@@ -350,9 +382,12 @@ class OptimizedScheduler:
         for rid, c in zip(ids(t.new_block_slots), t.new_block_counts.tolist(), strict=True):
             new_blocks[rid] = tuple(flat[at:at + c])
             at += c
+        first = self.config.first_block_id
+        hits = {str(self._ids[s]): tuple(b + first for b in blocks) for s, blocks in t.prefix_hits}
         return Decision(tuple(t.rejected),
                         tuple(Preemption(str(self._ids[s]), mode) for s, mode in t.preempted),
-                        tuple(ids(t.swapped_in)), scheduled, tuple(ids(t.sampled)), new_blocks)
+                        tuple(ids(t.swapped_in)), scheduled, tuple(ids(t.sampled)), new_blocks,
+                        hits)
 
     def schedule_tensors(self) -> StepTensors:
         """The step's decision as tensors (the fast path for simulation loops)."""
@@ -366,7 +401,10 @@ class OptimizedScheduler:
         budget = self._running_pass(cfg.max_num_batched_tokens, threshold, step)
         if not step.preempted or self.knobs.admit_after_preempt:
             budget = self._swap_in_pass(budget, threshold, step)
-            self._waiting_pass(budget, threshold, step)
+            if self._caching:
+                self._waiting_pass_cached(budget, threshold, step)
+            else:
+                self._waiting_pass(budget, threshold, step)
         self._requeue_victims(step)
 
         st = self.state
@@ -382,7 +420,8 @@ class OptimizedScheduler:
         total = int(nb_counts.sum())
         nb_ids = self.gpu_table.read(st[GROW, nb_slots], nb_starts, nb_counts, total)
         return StepTensors(rejected, step.preempted, _cat(step.swapped_in, self._empty),
-                           scheduled, tokens, self._sampled, nb_slots, nb_counts, nb_ids)
+                           scheduled, tokens, self._sampled, nb_slots, nb_counts, nb_ids,
+                           step.prefix_hits)
 
     def _reject_arrivals(self) -> list[Rejection]:
         """Arrivals that can never complete, even alone in an empty cache (section 2)."""
@@ -461,6 +500,8 @@ class OptimizedScheduler:
                 got_tokens, got_blocks = torch.stack(
                     (n[:k].sum(), cum_need[k - 1])).tolist()
                 self._allocate(slots[:k], held[:k], need[:k], got_blocks)
+                if self._caching:
+                    self._cache_filled(slots[:k], computed[:k] + n[:k])
                 if tokens_at is None or new_at is None:
                     first = (slots[:k], n[:k], held[:k], need[:k], known[:k], computed[:k])
                 else:
@@ -496,6 +537,8 @@ class OptimizedScheduler:
                 break  # the request gave itself up: the pass stops (as vLLM's)
             e_slot = order[e_pos:e_pos + 1]
             self._allocate(e_slot, st[G_, e_slot], need[fit:fit + 1], e_need)
+            if self._caching:
+                self._cache_filled(e_slot, computed[fit:fit + 1] + e_tokens)
             tokens_at[e_pos] = e_tokens
             new_at[e_pos] = e_need
             budget -= e_tokens
@@ -527,6 +570,7 @@ class OptimizedScheduler:
         if total == 0:
             return
         ids = self.gpu_free.take(total)
+        self._claim(ids)
         self.gpu_table.write(self.state[GROW, slots], held, need, ids)
         self.state[G_, slots] = held + need
 
@@ -536,7 +580,7 @@ class OptimizedScheduler:
         while True:
             low = max(e_pos, end - window)
             cand = torch.arange(end - 1, low - 1, -1, device=self.device)
-            freed = torch.cumsum(self.state[G_, order[cand]], 0)
+            freed = torch.cumsum(self._freed_by(order[cand]), 0)
             i = int((freed < gap).sum())
             if i < cand.numel():
                 return list(range(end - 1, end - 2 - i, -1))
@@ -557,7 +601,7 @@ class OptimizedScheduler:
         total = victim_order.numel()
         while True:
             cand = victim_order[taken:taken + window]
-            freed = torch.cumsum(self.state[G_, order[cand]], 0)
+            freed = torch.cumsum(self._freed_by(order[cand]), 0)
             i = int((freed < gap).sum())
             cand_list = cand.tolist()
             limit = i + 1 if i < len(cand_list) else len(cand_list)
@@ -578,16 +622,17 @@ class OptimizedScheduler:
         st = self.state
         pos = torch.tensor(victims, dtype=I64, device=self.device)
         slots = order[pos]
-        numbers = torch.stack((st[G_, slots], st[C_, slots], tokens_at[pos],
-                               new_at[pos])).T.tolist()
+        g_all = st[G_, slots]
+        numbers = torch.stack((g_all, st[C_, slots], tokens_at[pos])).T.tolist()
         free_host = self.cpu_free.count
         modes: list[str] = []
         returned = 0
         released = 0
-        for g, c, tokens, new in numbers:
+        for held, c, tokens in numbers:
+            # A victim taken back keeps this step's new blocks in its table until now:
+            # they go (to the pool, or to the host) with the rest of it.
             returned += tokens
-            released += g
-            held = g - new
+            released += held
             mode: str = cfg.preemption
             if mode == "auto":
                 mode = "swap" if self.knobs.cost.prefers_swap(held, c) else "recompute"
@@ -599,16 +644,17 @@ class OptimizedScheduler:
         tokens_at[pos] = 0
         new_at[pos] = 0
         swap = torch.tensor([m == "swap" for m in modes], dtype=torch.bool, device=self.device)
-        g_all = st[G_, slots]
-        held_all = g_all - torch.tensor([n[3] for n in numbers], dtype=I64, device=self.device)
         rows = st[GROW, slots]
         # Every victim's GPU blocks, this step's new ones included, in reverse table order.
-        self.gpu_free.put(self.gpu_table.read_reversed(rows, g_all, released))
+        if self._caching:
+            self._let_go(*self._walk(slots, g_all, released))
+        else:
+            self.gpu_free.put(self.gpu_table.read_reversed(rows, g_all, released))
         self.gpu_table.give_back(rows)
         slot_list = slots.tolist()
         if any(modes[i] == "swap" for i in range(len(modes))):
             ss = slots[swap]
-            hs = held_all[swap]
+            hs = g_all[swap]
             total = int(hs.sum())
             host_rows = self.cpu_table.lend(ss.numel())
             self.cpu_table.write(host_rows, torch.zeros_like(hs), hs,
@@ -621,6 +667,7 @@ class OptimizedScheduler:
         st[STATUS, rc] = WAITING
         st[G_, slots] = 0
         st[GROW, slots] = -1
+        st[CACHED, slots] = 0
         st[NPRE, slots] += 1
         for s, mode in zip(slot_list, modes, strict=True):
             step.preempted.append((s, mode))
@@ -663,12 +710,16 @@ class OptimizedScheduler:
                                               host_total))
         self.cpu_table.give_back(host_rows)
         rows = self.gpu_table.lend(k)
-        self.gpu_table.write(rows, torch.zeros_like(take), take, self.gpu_free.take(blocks))
+        ids = self.gpu_free.take(blocks)
+        self._claim(ids)
+        self.gpu_table.write(rows, torch.zeros_like(take), take, ids)
         st[GROW, slots] = rows
         st[G_, slots] = take
         st[H_, slots] = 0
         st[HROW, slots] = -1
         st[STATUS, slots] = RUNNING
+        if self._caching:
+            self._cache_filled(slots, computed + n)  # its table is all new: cached again
         self.running = torch.cat((self.running, slots))
         self.swapped = self.swapped[k:]
         step.swapped_in.append(slots)
@@ -724,6 +775,191 @@ class OptimizedScheduler:
                 break
             window *= 2
 
+    def _waiting_pass_cached(self, budget: int, threshold: int, step: _Step) -> None:
+        """The waiting pass with prefix caching: one admission at a time, since each may
+        hit blocks the ones before it cached, or take (and so evict) blocks it would hit.
+        A request's hit is the longest run of cached blocks holding its first
+        floor((N - 1) / block_size) content keys; it costs Db + E free blocks, E being
+        the hit blocks no table holds (they leave the free list)."""
+        cfg = self.config
+        st = self.state
+        bs = cfg.block_size
+        dev = self.device
+        running = self.running.numel()
+        admitted: list[int] = []
+        window = 8
+        while budget > 0 and running < cfg.max_num_seqs:
+            asked = min(window, cfg.max_num_seqs - running, budget)
+            peek = self.waiting.peek(asked, st[STATUS], st[SEQ], WAITING)
+            cand = peek.slots.tolist()
+            if not cand:
+                break
+            a = 0
+            for slot, known in zip(cand, st[N_, peek.slots].tolist(), strict=True):
+                if budget <= 0 or running >= cfg.max_num_seqs:
+                    break
+                hits = self._lookup(slot, (known - 1) // bs)
+                h = len(hits)
+                hit_ids = torch.tensor(hits, dtype=I64, device=dev)
+                unheld = hit_ids[self._holders[hit_ids] == 0] if h else hit_ids
+                taken = unheld.numel()  # E: free cached blocks the hit takes
+                computed = h * bs
+                n = known - computed
+                if 0 < threshold < n:
+                    n = threshold
+                if not cfg.chunked_prefill and n > budget:
+                    break
+                n = min(n, budget)
+                watermark = cfg.watermark_blocks if running else 0
+                free = self.gpu_free.count
+                if self.knobs.reserve_full_sequence:
+                    full = min(known, cfg.max_model_len)
+                    if max(0, -(-full // bs) - h) + watermark + taken > free:
+                        break
+                need = max(0, -(-(computed + n) // bs) - h)
+                if need + watermark + taken > free:
+                    break
+                a += 1
+                row = self.gpu_table.lend(1)
+                one = torch.tensor([slot], dtype=I64, device=dev)
+                if h:
+                    self.gpu_free.remove(unheld)
+                    self._holders[hit_ids] += 1
+                    self.gpu_table.write(row, self._zero1, one.new_tensor([h]), hit_ids)
+                    step.prefix_hits.append((slot, hits))
+                ids = self.gpu_free.take(need)
+                self._claim(ids)
+                counts = one.new_tensor([need])
+                start = one.new_tensor([h])
+                self.gpu_table.write(row, start, counts, ids)
+                st[GROW, slot] = row[0]
+                st[G_, slot] = h + need
+                st[CACHED, slot] = h
+                st[STATUS, slot] = RUNNING
+                after = one.new_tensor([computed + n])
+                self._cache_filled(one, after)
+                step.add(one, one.new_tensor([n]), start, counts, after,
+                         one.new_tensor([known]))
+                admitted.append(slot)
+                budget -= n
+                running += 1
+            self.waiting.pop(peek, a)
+            if a < len(cand) or len(cand) < asked:
+                break
+            window *= 2
+        if admitted:
+            self.running = torch.cat((self.running, torch.tensor(admitted, dtype=I64,
+                                                                 device=dev)))
+
+    # -- prefix caching ---------------------------------------------------------------
+
+    def _key(self, slot: int, index: int) -> str:
+        """The content key of block `index` of the request in `slot`."""
+        rid = str(self._ids[slot])
+        given = self._given.get(rid, ())
+        if index < len(given):
+            return given[index]
+        return block_key(rid, self._prefix_of.get(rid, ()), index, self.config.block_size)
+
+    def _lookup(self, slot: int, most: int) -> list[int]:
+        """The longest run of cached blocks holding the first `most` content keys of the
+        request in `slot`: for each key the block cached under it first."""
+        out: list[int] = []
+        if not self._by_key:
+            return out
+        for i in range(most):
+            blocks = self._by_key.get(self._key(slot, i))
+            if not blocks:
+                break
+            out.append(next(iter(blocks)))
+        return out
+
+    def _claim(self, ids: Tensor) -> None:
+        """With prefix caching: blocks just taken from the free list get one holder and
+        drop the content they had cached."""
+        if not self._caching or ids.numel() == 0:
+            return
+        self._holders[ids] = 1
+        had = self._has_content[ids]
+        if not bool(had.any()):
+            return
+        for b in ids[had].tolist():
+            key = self._content.pop(b)
+            blocks = self._by_key[key]
+            del blocks[b]
+            if not blocks:
+                del self._by_key[key]
+        self._has_content[ids] = False
+
+    def _cache_filled(self, slots: Tensor, tokens: Tensor) -> None:
+        """Cache the blocks of each slot's table that its first tokens[i] scheduled
+        tokens fill and that are not cached yet, each under its content key, slot after
+        slot in batch order and in table order within a slot."""
+        st = self.state
+        full = torch.div(tokens, self.config.block_size, rounding_mode="floor")
+        upto = st[CACHED, slots]
+        counts = (torch.minimum(full, st[G_, slots]) - upto).clamp_min(0)
+        st[CACHED, slots] = torch.maximum(full, upto)
+        total = int(counts.sum())
+        if total == 0:
+            return
+        run, col = spans(upto, counts, total)
+        ids = self.gpu_table.table[st[GROW, slots][run], col]
+        fresh = ~self._has_content[ids]
+        content, by_key, key = self._content, self._by_key, self._key
+        for slot, index, b, new in zip(slots[run].tolist(), col.tolist(), ids.tolist(),
+                                       fresh.tolist(), strict=True):
+            if new:
+                k = key(slot, index)
+                content[b] = k
+                by_key.setdefault(k, {})[b] = None
+        self._has_content[ids] = True
+
+    def _walk(self, slots: Tensor, held: Tensor, total: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The slots' GPU tables, each walked from its end, slot after slot, as if they
+        were released in that order: (blocks, slot index, freed), where freed marks the
+        position at which a block loses its last holder."""
+        dev = self.device
+        walk = self.gpu_table.read_reversed(self.state[GROW, slots], held, total)
+        owner = torch.repeat_interleave(torch.arange(slots.numel(), device=dev), held,
+                                        output_size=total)
+        # A block's k-th appearance in the walk (k from 1) frees it when k = its holders.
+        order = torch.argsort(walk, stable=True)
+        ranked = walk[order]
+        at = torch.arange(total, device=dev)
+        starts = torch.ones(total, dtype=torch.bool, device=dev)
+        starts[1:] = ranked[1:] != ranked[:-1]
+        group = torch.cummax(torch.where(starts, at, 0), 0).values
+        rank = torch.empty_like(walk)
+        rank[order] = at - group
+        freed = rank + 1 == self._holders[walk]
+        return walk, owner, freed
+
+    def _let_go(self, walk: Tensor, owner: Tensor, freed: Tensor) -> None:
+        """Release a `_walk`: holders drop; the blocks freed without content go to the
+        head of the free list (the last table's first, each table in walk order), the
+        cached ones to the tail in walk order, so that cached content is evicted last."""
+        self._holders.index_add_(0, walk, torch.full_like(walk, -1))
+        cached = self._has_content[walk]
+        plain = freed & ~cached
+        self.gpu_free.put(walk[freed & cached])
+        if bool(plain.any()):
+            ids = walk[plain]
+            later_first = torch.argsort(owner[plain], descending=True, stable=True)
+            self.gpu_free.put_front(ids[later_first])
+
+    def _freed_by(self, slots: Tensor) -> Tensor:
+        """The GPU blocks each slot would free if the slots were released in order."""
+        held = self.state[G_, slots]
+        if not self._caching:
+            return held
+        total = int(held.sum())
+        out = torch.zeros_like(held)
+        if total:
+            _, owner, freed = self._walk(slots, held, total)
+            out.index_add_(0, owner, freed.to(I64))
+        return out
+
     def _requeue_victims(self, step: _Step) -> None:
         """Victims queue up only now, so none is admitted again in the step that took it."""
         st = self.state
@@ -749,7 +985,7 @@ class OptimizedScheduler:
             torch.tensor(chosen, dtype=I64, device=self.device) if chosen else None)
         if finished.numel() == 0:
             return ()
-        return tuple(self._forget(finished.tolist()))
+        return tuple(self.forget(finished))
 
     def update_tensors(self, stopped: Tensor | None = None) -> Tensor:
         """Sample one token for each request the last step caught up; finish those that
@@ -781,4 +1017,8 @@ class OptimizedScheduler:
 
     def forget(self, slots: Tensor) -> list[str]:
         """The ids of slots `update_tensors` finished; frees the slots for reuse."""
-        return self._forget(slots.tolist())
+        out = self._forget(slots.tolist())
+        if self._given:
+            for rid in out:
+                self._given.pop(rid, None)
+        return out

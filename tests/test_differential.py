@@ -8,6 +8,10 @@ counts in order, sampled ids, new block ids), and after every rule so must the s
 every request's view, the free block count, the block tables and the free lists.
 A failure prints the minimal program.
 
+Half the configs turn prefix caching on; then a rule brings a workload whose prompts
+start with shared prefixes or with whole earlier requests (conversation turns), so
+that hits, shared blocks, evictions and vLLM's free-list order all occur.
+
 Profiles: `ci` runs 60 programs of up to 50 rules in `make test`; `deep` (make
 fuzz-deep) runs 2000 programs of up to 500 rules. The same machine runs on cuda when
 torch sees a GPU.
@@ -22,13 +26,29 @@ import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (
+    Bundle,
+    MultipleResults,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
 
 from kvsched.optimized import OptimizedScheduler
 from kvsched.reference import ReferenceScheduler
 from kvsched.spec import Config, Decision, Request
 from kvsched.spec.knobs import Knobs
-from kvsched.strategies import configs, output_lens, policies, prompt_lens, resolve
+from kvsched.strategies import (
+    configs,
+    output_lens,
+    policies,
+    prompt_lens,
+    resolve,
+    workloads,
+)
 
 # Per-step tensors are small: intra-op threads only wait on each other (and pytest -n 2
 # already gives each of the 2 cores a worker).
@@ -43,7 +63,8 @@ def describe(d: Decision) -> str:
     return (f"rejected={[r.id for r in d.rejected]} "
             f"preempted={[(p.id, p.mode) for p in d.preempted]} "
             f"swapped_in={list(d.swapped_in)} scheduled={list(d.scheduled)} "
-            f"sampled={list(d.sampled)} new_blocks={d.new_blocks}")
+            f"sampled={list(d.sampled)} new_blocks={d.new_blocks} "
+            f"prefix_hits={d.prefix_hits}")
 
 
 class LockstepMachine(RuleBasedStateMachine):
@@ -56,8 +77,8 @@ class LockstepMachine(RuleBasedStateMachine):
         super().__init__()
         self.started = False
 
-    @initialize(target=ids, config=configs(), setup=policies(),
-                data=st.data())
+    @initialize(target=ids, config=st.one_of(configs(), configs(prefix_caching=True)),
+                setup=policies(), data=st.data())
     def start(self, config: Config, setup: str | Knobs, data: st.DataObject) -> str:
         config, setup = resolve(config, setup)
         self.config = config
@@ -79,6 +100,23 @@ class LockstepMachine(RuleBasedStateMachine):
         """Several arrivals in one step, with mixed priorities."""
         for _ in range(count):
             self._arrive(data, data.draw(st.integers(-2, 2), label="priority"))
+
+    @precondition(lambda self: self.started and self.config.prefix_caching)
+    @rule(target=ids, data=st.data())
+    def shared_arrivals(self, data: st.DataObject) -> MultipleResults[str]:
+        """A workload arriving now whose prompts start with shared prefixes (s0, s1) or
+        with whole earlier requests of it (a conversation's next turn)."""
+        items = data.draw(workloads(self.config, max_requests=4, max_arrival=0,
+                                    shared=True), label="workload")
+        names = {w.id: f"r{self.next_id + i}" for i, w in enumerate(items)}
+        self.next_id += len(items)
+        for w in items:
+            prefix = tuple((names.get(c, c), n) for c, n in w.shared)
+            request = Request(names[w.id], w.prompt_len, w.max_tokens, w.priority,
+                              self.step_no, prefix)
+            self.reference.add_request(request)
+            self.optimized.add_request(request)
+        return multiple(*names.values())
 
     @rule(rid=ids)
     def abort(self, rid: str) -> None:
@@ -161,6 +199,10 @@ class LockstepMachine(RuleBasedStateMachine):
         assert ref.new_blocks == opt.new_blocks, (
             f"step {self.step_no}: new block ids differ\n  reference {ref.new_blocks}\n"
             f"  optimized {opt.new_blocks}")
+        assert ref.prefix_hits == opt.prefix_hits, (
+            f"step {self.step_no}: prefix hits differ\n  reference {ref.prefix_hits}\n"
+            f"  optimized {opt.prefix_hits}")
+        assert list(ref.prefix_hits) == list(opt.prefix_hits), "prefix hits out of order"
         assert [r.reason for r in ref.rejected] == [r.reason for r in opt.rejected]
         stopped = [rid for rid, stop in zip(ref.sampled, eos, strict=False) if stop]
         finished = self.reference.update(stopped)
