@@ -265,8 +265,6 @@ def test_conversations_simulate_and_check_clean(tmp_path: Path) -> None:
     ([*SMALL, "--generator", "shared-prompts", "--system-prompts", "1023"],
      "a system prompt of 1023 tokens leaves no room in max_model_len 1024"),
     ([*SMALL, "--generator", "conversations", "--turns", "0"], "turns must be a mean number"),
-    ([*SMALL, "--scheduler", "optimized"],
-     "--scheduler optimized does not cache prefixes: add --no-prefix-caching"),
 ])
 def test_bad_shared_prefix_options_are_one_line(args: list[str], message: str) -> None:
     result = kvsched("simulate", *args)

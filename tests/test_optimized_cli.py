@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-# The optimized scheduler does not cache prefixes (vllm-v1, the default, turns it on).
+# Without prefix caching here (vllm-v1, the default, turns it on); the caching run is
+# test_both_schedulers_cache_prefixes_alike.
 SMALL = ["--requests", "40", "--num-gpu-blocks", "64", "--max-num-seqs", "8",
          "--max-model-len", "1024", "--rate", "0.5", "--no-prefix-caching"]
 
@@ -42,6 +43,20 @@ def test_both_schedulers_write_the_same_steps(traces: dict[str, Path]) -> None:
     engines = [json.loads(x[0])["engine"] for x in (reference, optimized)]
     assert engines[0]["name"] == "kvsched-reference"
     assert engines[1]["name"] == "kvsched-optimized" and engines[1]["device"] == "cpu"
+
+
+def test_both_schedulers_cache_prefixes_alike(tmp_path: Path) -> None:
+    """vllm-v1 (prefix caching on) over conversations: same hits, same content keys."""
+    args = [*SMALL[:-1], "--generator", "conversations", "--turns", "3"]
+    lines = {}
+    for implementation in ("reference", "optimized"):
+        path = tmp_path / f"{implementation}.jsonl"
+        result = kvsched("simulate", *args, "--scheduler", implementation, "--out", str(path))
+        assert result.returncode == 0, result.stderr
+        lines[implementation] = path.read_text().splitlines()
+    assert json.loads(lines["optimized"][0])["config"]["prefix_caching"] is True
+    assert lines["reference"][1:] == lines["optimized"][1:]
+    assert any('"prefix_hits"' in line for line in lines["optimized"])
 
 
 def test_both_checkers_give_the_same_report(traces: dict[str, Path], tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """The optimized scheduler's tensor simulation loop writes the trace that the generic
 loop (kvsched.simulate.run) writes with the reference scheduler, byte for byte: same
-steps, same decisions, same new block ids, same finishes."""
+steps, same decisions, same new block ids, same finishes; with prefix caching, the same
+hits and content keys."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from kvsched.spec.knobs import Knobs
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import step_dict as reference_step_dict
 from kvsched.strategies import configs, knobs, profiles, resolve, workloads
-from kvsched.workload import WorkItem
+from kvsched.workload import WorkItem, validate
 
 torch.set_num_threads(1)  # small tensors: intra-op threads only add waiting
 
@@ -33,7 +34,7 @@ def columns(items: list[WorkItem]) -> Arrivals:
     return Arrivals([w.id for w in items], [w.arrival for w in items],
                     [w.prompt_len for w in items], [w.output_len for w in items],
                     [w.max_tokens for w in items], [w.priority for w in items],
-                    [w.abort for w in items])
+                    [w.abort for w in items], [w.shared for w in items])
 
 
 def traces(config: Config, setup: Knobs, items: list[WorkItem], device: str,
@@ -59,6 +60,37 @@ def test_the_fast_loop_writes_the_reference_trace(device: str, config: Config,
     for step, (a, b) in enumerate(zip(reference, fast, strict=False)):
         assert a == b, f"step {step}:\n  reference {a.decode()}\n  optimized {b.decode()}"
     assert len(reference) == len(fast)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(config=configs(prefix_caching=True), setup=st.one_of(profiles(), knobs()),
+       data=st.data(), block_ids=st.booleans())
+def test_the_fast_loop_writes_the_reference_trace_with_prefix_caching(
+        device: str, config: Config, setup: str | Knobs, data: st.DataObject,
+        block_ids: bool) -> None:
+    """Shared prefixes and conversation turns: same hits, new blocks and content keys."""
+    config, knobs = resolve(config, setup)
+    items = data.draw(workloads(config, shared=True), label="workload")
+    reference, fast = traces(config, knobs, items, device, block_ids)
+    for step, (a, b) in enumerate(zip(reference, fast, strict=False)):
+        assert a == b, f"step {step}:\n  reference {a.decode()}\n  optimized {b.decode()}"
+    assert len(reference) == len(fast)
+
+
+def test_a_crowded_run_with_shared_prefixes_hits_and_matches() -> None:
+    """Conversations over two system prompts in a cache that holds a few of them."""
+    config = Config(block_size=4, num_gpu_blocks=24, max_num_batched_tokens=48,
+                    max_num_seqs=6, max_model_len=96, prefix_caching=True)
+    items = [WorkItem(f"r{i}", i // 4, 20 + (i * 7) % 30, 3 + (i * 5) % 9, 12, i % 3,
+                      abort=i + 3 if i % 9 == 0 else None,
+                      prefix=(f"r{i - 4}", 10) if i >= 8 and i % 2 else (f"s{i % 2}", 16))
+             for i in range(40)]
+    setup = get_profile("vllm-v1").knobs
+    reference, fast = traces(config, setup, validate(items), "cpu", True)
+    assert reference == fast
+    assert any(b'"prefix_hits"' in line for line in fast)
+    assert any(b'"block_keys"' in line for line in fast)
+    assert any(b'"preempted"' in line for line in fast)
 
 
 def test_a_crowded_run_with_preemptions_and_aborts_matches() -> None:

@@ -444,9 +444,6 @@ def make_scheduler(implementation: str, device: str, config: Config,
             fail("--device applies to --scheduler optimized only")
         from kvsched.reference.scheduler import ReferenceScheduler
         return ReferenceScheduler(config, knobs)
-    if config.prefix_caching:
-        fail("--scheduler optimized does not cache prefixes: add --no-prefix-caching (the "
-             "vllm-v1 profile turns caching on)")
     try:
         import torch
 
