@@ -239,10 +239,9 @@ SHARED = (("s", 2),)
 PREFIX_SHAPES = (Shape(3, 2, prefix=SHARED), Shape(3, 1, prefix=SHARED),
                  Shape(2, 2, prefix=SHARED), Shape(4, 1, prefix=(("s", 4),)), Shape(1, 3))
 TURNS = (Shape(3, 2, prefix=SHARED), Shape(5, 1, prefix=(("s", 2), ("r0", 4))))
-# vllm-v1 caches by default; sarathi is given caching. vllm-v0-swap with caching is its
-# own set (`prefix-swap`), out of the full run: a swapped-in block's content is cached
-# again by the reference but not by the spec (docs/proofs.md, what this does not cover).
-CACHING_PROFILES = ("vllm-v1", "sarathi")
+# vllm-v1 caches by default; sarathi and vllm-v0-swap (swapped-in blocks are cached
+# again) are given caching.
+CACHING_PROFILES = ("vllm-v1", "sarathi", "vllm-v0-swap")
 # Caches in which requests sharing "s" outgrow the blocks, so that victims come back
 # and hit what they (or their sharers) left cached: roomy (the conversation fits), 3
 # blocks of 2, 5 of 1, and capped (max_model_len 4 on 2 blocks).

@@ -38,15 +38,19 @@ def block_key(rid: str, prefix: Prefix, index: int, block_size: int) -> str:
 
 def nested(outer: Prefix, content: str, length: int) -> Prefix:
     """The prefix of a request that starts with the first `length` tokens of `content`,
-    whose own prefix is `outer`: outer's contents cut to `length`, then `content`.
+    whose own prefix is `outer`: outer's contents cut to `length`, then `content`. Cut
+    lengths keep their order and none exceeds `length`, so the result stays shortest
+    first, and of contents as long as each other the outer come first: a block keeps
+    the key `content`'s own request gives it.
 
     pre: length >= 0
+    pre: all(a[1] <= b[1] for a, b in zip(outer, outer[1:]))
     post: all(a[1] <= b[1] for a, b in zip(__return__, __return__[1:]))
     post: all(n <= length for _, n in __return__)
     post: (content, length) in __return__
     """
-    cut = [(c, min(n, length)) for c, n in outer]
-    return tuple(sorted({*cut, (content, length)}, key=lambda p: (p[1], p[0])))
+    cut = tuple((c, min(n, length)) for c, n in outer)
+    return cut if (content, length) in cut else (*cut, (content, length))
 
 
 def keys(rid: str, prefix: Prefix, blocks: int, block_size: int) -> Sequence[str]:
