@@ -126,8 +126,10 @@ def test_the_simulations_cover_every_field(traces: dict[int, list[dict[str, Any]
         for line in lines[1:-1]:
             seen |= set(line)
             modes |= {p["mode"] for p in line.get("preempted", ())}
+    # vllm-v1 caches prefixes: its victims come back on hits of their own blocks.
     assert seen == {"step", "arrivals", "aborted", "rejected", "preempted", "swapped_in",
-                    "scheduled", "finished", "free_blocks", "new_blocks", "time_ms"}
+                    "scheduled", "finished", "free_blocks", "new_blocks", "time_ms",
+                    "prefix_hits", "block_keys"}
     assert modes == {"recompute", "swap"}
     swap = [i for i, s in enumerate(SIMULATIONS) if s[0] == "vllm-v0-swap"]
     for i in swap:
