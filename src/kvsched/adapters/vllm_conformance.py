@@ -8,11 +8,10 @@ Named cases first, then N small random ones with prefix caching off (seeds
 S..S+N-1) and M with it on (--random-prefix M, seeds S..S+M-1; none of either when
 names are given), all recorded in one vLLM process.
 
-Exit 0 when every trace is MUST-clean and, with prefix caching off, equal to the
-profile step for step, except the divergences listed in KNOWN_DIVERGENCES, each
-explained in docs/conformance/vllm.md with the vLLM source line behind it. Whether a
-prefix-caching trace is equal to the profile is reported, not yet required. Exit 1
-otherwise, 2 on bad input or a missing vLLM environment.
+Exit 0 when every trace, with prefix caching on or off, is MUST-clean and equal to the
+profile step for step (hits included), except the divergences listed in
+KNOWN_DIVERGENCES, each explained in docs/conformance/vllm.md with the vLLM source line
+behind it. Exit 1 otherwise, 2 on bad input or a missing vLLM environment.
 """
 
 from __future__ import annotations
@@ -390,9 +389,7 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        # The profile's prefix caching is not in yet: a caching trace's divergence is
-        # reported, not failed.
-        return not self.must and self.complete and (self.exact or self.prefix_caching)
+        return not self.must and self.complete and self.exact
 
 
 def check_case(case: str, path: Path) -> Verdict:
@@ -472,7 +469,7 @@ def line(v: Verdict) -> str:
     elif v.case in KNOWN_DIVERGENCES:
         divergence = "known: " + KNOWN_DIVERGENCES[v.case]
     else:
-        divergence = f"step {v.divergence.step}" + (" (reported)" if v.prefix_caching else "")
+        divergence = f"step {v.divergence.step}"
     caching = (f"caching on, {v.hits} hits of {v.hit_blocks} blocks" if v.prefix_caching
                else "caching off")
     return (f"{mark} {v.case}: {caching}; {v.steps} steps, {v.requests} requests, "
