@@ -23,6 +23,14 @@ version), computed without a Python loop over requests:
 - computed tokens advance for the scheduled set; those that catch up sample in
   `update`, which finishes requests with vectorized tests.
 
+With prefix caching (vLLM v1's block pool): holders and "has content" per GPU block
+are tensors, content keys live in Python dicts; the blocks a chunk fills are cached
+after every allocation, and only they are keyed in Python; a release walks the
+released tables from their ends in one go, freeing a block at its last holder's
+appearance, uncached blocks to the free list's head and cached ones to its tail; the
+victim search counts the blocks a victim actually frees; admissions go one at a time,
+since each may hit what the previous ones cached or evict what the next would hit.
+
 Block ids come from a tensor free list in the reference allocator's order, so every
 decision, new block ids included, equals the reference's. This module never imports
 the reference package: it is an independent implementation, checked against the reference
