@@ -204,7 +204,10 @@ def main(argv: list[str] | None = None) -> int:
                           max(spec_errors, vec_errors))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        # The sections tools.bench_optimized places (between its markers) stay as they are.
+        old = args.out.read_text() if args.out.exists() else ""
+        kept = old.find("<!-- bench_optimized")
+        args.out.write_text(text + ("\n" + old[kept:] if kept >= 0 else ""))
         print(f"written to {args.out}")
     else:
         print(text)
