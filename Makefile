@@ -42,6 +42,7 @@ test: lint unit
 bench: $(STAMP)
 	$(BIN)/python -m tools.bench --out docs/benchmarks.md
 	$(BIN)/python -m tools.bench_optimized --out docs/benchmarks.md
+	$(BIN)/python -m tools.bench_optimized --prefix-caching --out docs/benchmarks.md
 
 # The whole 1M-request simulation through both schedulers, not extrapolated (about an
 # hour: the reference's run).

@@ -55,6 +55,8 @@ GPU_START = "<!-- bench_optimized gpu: start -->"  # written by --gpu-check, on 
 GPU_END = "<!-- bench_optimized gpu: end -->"
 FULL_START = "<!-- bench_optimized full simulation: start -->"  # --full-simulation (long)
 FULL_END = "<!-- bench_optimized full simulation: end -->"
+PREFIX_START = "<!-- bench_optimized prefix caching: start -->"  # --prefix-caching
+PREFIX_END = "<!-- bench_optimized prefix caching: end -->"
 KNOBS = get_profile("vllm-v1").knobs
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: tools/ sits at its top
 
@@ -693,6 +695,18 @@ def gpu_report(sizes: Sizes, command: str) -> str:
     return "\n".join(out.lines) + "\n"
 
 
+def prefix_report(sizes: Sizes, command: str) -> str:
+    """The prefix-caching simulation through both schedulers, as its own section."""
+    out = Section()
+    out.add(PREFIX_START, "### Prefix caching: a whole simulation, both schedulers", "",
+            f"Measured by `{command}` (in `make bench`) on {datetime.now(UTC):%Y-%m-%d}.",
+            f"Machine: {machine()}; torch {torch.__version__}, one torch thread.", "")
+    with tempfile.TemporaryDirectory() as tmp, one_thread():
+        bench_prefix_simulation(sizes, out, Path(tmp))
+    out.add(PREFIX_END)
+    return "\n".join(out.lines) + "\n"
+
+
 def bench_prefix_simulation(sizes: Sizes, out: Section, tmp: Path) -> None:
     """Both schedulers on shared system prompts with prefix caching, side by side."""
     config = replace(BENCH_CONFIG, prefix_caching=True)
@@ -774,9 +788,6 @@ def report(sizes: Sizes, command: str) -> str:
                 f"{sizes.small_trace_requests:,} requests); \"large engine\" is the "
                 "simulation's prefix above (thousands of entries per step).")
         bench_checkers(sizes, out, [("baseline engine", small), ("large engine", big)])
-        out.add("", "### Prefix caching: a whole simulation", "")
-        with one_thread():
-            bench_prefix_simulation(sizes, out, Path(tmp))
     bench_memory(sizes, out)
     out.add("", "CUDA: " + ("see the next section (`make gpu-check`)." if torch.cuda.is_available()
                            else "not measured on this machine (torch.cuda.is_available() is "
@@ -820,6 +831,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--gpu-check", action="store_true",
                         help="run the CUDA tests, then measure on cuda only")
+    parser.add_argument("--prefix-caching", action="store_true",
+                        help="only the prefix-caching simulation, through both schedulers")
     parser.add_argument("--full-simulation", action="store_true",
                         help="only the whole simulation, through both schedulers (about "
                              "an hour: the reference on all 1M requests)")
@@ -840,6 +853,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.full_simulation:
         text = full_simulation_report(sizes, command.strip())
         markers = (FULL_START, FULL_END)
+    elif args.prefix_caching:
+        text = prefix_report(sizes, command.strip())
+        markers = (PREFIX_START, PREFIX_END)
     else:
         text = report(sizes, command.strip())
     if args.out:
