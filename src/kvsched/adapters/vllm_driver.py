@@ -2,10 +2,14 @@
 
     <vllm-venv>/bin/python vllm_driver.py JOBS.jsonl
 
-This file imports only the standard library and vLLM (never kvsched, which is not
-installed in vLLM's environment). It reads one job per line of JOBS.jsonl and writes
-raw events, one JSON object per line, to its standard output; kvsched.adapters.vllm
-turns them into trace v1. Anything vLLM itself prints goes to standard error.
+This file imports only the standard library and vLLM (never kvsched, which need not be
+installed in vLLM's environment). Its functions that read vLLM's objects
+(effective_config, step_blocks, new_block_keys, finishes) are the only such code:
+kvsched's tracing plugin (kvsched.integrations.vllm), which runs inside vLLM with
+kvsched installed, imports them from here.
+
+It reads one job per line of JOBS.jsonl and writes raw events, one JSON object per
+line, to its standard output; kvsched.adapters.vllm turns them into trace v1. Anything vLLM itself prints goes to standard error.
 
 NOTE on the loop: it is kvsched's simulation loop (src/kvsched/simulate.py) with
 vLLM's scheduler inside, built as vLLM's own tests/v1/core/utils.py builds it (no
@@ -51,6 +55,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, Any
@@ -129,8 +134,9 @@ class Contents:
         return seq[at] if at < len(seq) else EOS_TOKEN_ID
 
 
-def build_scheduler(cfg: dict[str, Any], model_dir: Path) -> Any:
-    """vLLM's Scheduler for one job's config, as tests/v1/core/utils.py builds it."""
+def build_scheduler(cfg: dict[str, Any], model_dir: Path, scheduler_class: Any = None) -> Any:
+    """vLLM's Scheduler (or `scheduler_class`, a subclass of it) for one job's config, as
+    tests/v1/core/utils.py builds it."""
     torch = _module("torch")
     vconfig = _module("vllm.config")
     kv = _module("vllm.v1.kv_cache_interface")
@@ -163,7 +169,7 @@ def build_scheduler(cfg: dict[str, Any], model_dir: Path) -> Any:
     kv_cache_config = kv.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                                        kv_cache_groups=[kv.KVCacheGroupSpec(["layer"], spec)])
     cache_config.num_gpu_blocks = num_blocks
-    return sched_mod.Scheduler(
+    return (scheduler_class or sched_mod.Scheduler)(
         vllm_config=vllm_config, kv_cache_config=kv_cache_config,
         structured_output_manager=structured.StructuredOutputManager(vllm_config),
         block_size=block_size, hash_block_size=block_size, log_stats=True)
@@ -191,8 +197,35 @@ def effective_config(scheduler: Any) -> dict[str, Any]:
         "async_scheduling": bool(sc.async_scheduling),
         "num_spec_tokens": scheduler.num_spec_tokens,
         "num_lookahead_tokens": scheduler.num_lookahead_tokens,
-        "scheduler_class": type(scheduler).__name__,
+        "scheduler_class": vllm_class(scheduler).__name__,
     }
+
+
+def vllm_class(scheduler: Any) -> type:
+    """The vLLM scheduler class whose decisions `scheduler` makes: its own class, or the
+    nearest vLLM class it derives from (a tracing subclass adds no decisions)."""
+    return next(c for c in type(scheduler).__mro__ if c.__module__.startswith("vllm."))
+
+
+def new_block_keys(requests: Iterable[Any], written: dict[str, int]) -> dict[str, list[str]]:
+    """Keys of the blocks whose tokens became known since `written` (a request's prompt
+    blocks at arrival, a block of outputs once its last token is sampled): vLLM's
+    Request.block_hashes, hex, the first KEY_HEX digits. Advances `written`."""
+    keys: dict[str, list[str]] = {}
+    for request in requests:
+        rid = request.request_id
+        known = request.block_hashes[written.get(rid, 0):]
+        if known:
+            keys[rid] = [bytes(h).hex()[:KEY_HEX] for h in known]
+            written[rid] = written.get(rid, 0) + len(known)
+    return keys
+
+
+def finishes(engine_outputs: Any) -> list[dict[str, str]]:
+    """The requests update_from_output finished, with vLLM's reason, in output order."""
+    return [{"id": out.request_id, "reason": str(out.finish_reason)}
+            for batch in engine_outputs.values() for out in batch.outputs
+            if out.finish_reason is not None]
 
 
 def refusal(model_config: Any, prompt_len: int) -> str | None:
@@ -342,20 +375,10 @@ def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
             req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
             sampled_token_ids=sampled)
         engine_outputs = scheduler.update_from_output(output, runner_output)
-        # Keys of the blocks whose tokens became known this step (a prompt's at arrival,
-        # a block of outputs once its last token is sampled).
-        keys: dict[str, list[str]] = {}
-        for rid, request in live.items():
-            known = request.block_hashes[keys_written[rid]:]
-            if known:
-                keys[rid] = [bytes(h).hex()[:KEY_HEX] for h in known]
-                keys_written[rid] += len(known)
-        finished: list[dict[str, str]] = []
-        for batch in engine_outputs.values():
-            for out in batch.outputs:
-                if out.finish_reason is not None:
-                    finished.append({"id": out.request_id, "reason": str(out.finish_reason)})
-                    live.pop(out.request_id, None)
+        keys = new_block_keys(live.values(), keys_written)
+        finished = finishes(engine_outputs)
+        for f in finished:
+            live.pop(f["id"], None)
         emit({"step": step, "arrivals": arrivals, "refused": refused, "aborted": aborted,
               "preempted": list(preempted), "scheduled": [[rid, n] for rid, n in scheduled],
               "new_block_ids": fresh, "prefix_hits": hits, "block_keys": keys,
