@@ -1,0 +1,215 @@
+"""The trace a live vLLM engine writes through kvsched.integrations.vllm.TracingScheduler.
+
+This module never imports vLLM (kvsched's own environment has none): it takes vLLM's
+objects as they come and reads them with the driver's functions
+(kvsched.adapters.vllm_driver, the one place that knows vLLM's objects), so the plugin
+and the driver write the same trace from the same reading.
+
+NOTE on steps: a trace step is one schedule() and its update_from_output(), the
+engine core's step. Requests added and aborted since the last step are that step's
+arrivals and aborts; victims are recorded as vLLM preempts them. An abort made while a
+step is in flight (the engine core processes aborts between the forward pass and
+update_from_output; vLLM's own error finishes happen inside it) is written in the next
+step, as the trace format orders them, and the in-flight step's free_blocks leave out
+the blocks it released, so that the count is the one the trace's decisions imply.
+Each step's line is flushed when the step ends: a crash loses at most the step in
+flight.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from kvsched.adapters.vllm import AdapterError, config_from_vllm
+from kvsched.adapters.vllm_driver import (
+    effective_config,
+    finishes,
+    new_block_keys,
+    step_blocks,
+)
+from kvsched.spec.model import Config, Preemption, Request, StepRecord
+from kvsched.spec.trace import TraceWriter
+
+TRACE_DIR_ENV = "KVSCHED_TRACE_DIR"
+TRACE_DIR_KEY = "kvsched_trace_dir"  # in vLLM's --additional-config
+
+
+class TraceSetupError(Exception):
+    """The engine cannot be traced as configured; str() is one line."""
+
+
+def trace_dir(environ: Mapping[str, str], additional_config: Mapping[str, Any] | None) -> Path:
+    """Where this engine's trace goes: --additional-config's kvsched_trace_dir (one
+    engine's own setting), else the environment's KVSCHED_TRACE_DIR."""
+    folder = (additional_config or {}).get(TRACE_DIR_KEY) or environ.get(TRACE_DIR_ENV)
+    if not folder:
+        raise TraceSetupError(
+            f"kvsched's TracingScheduler needs a folder for its traces: set {TRACE_DIR_ENV} "
+            f"or --additional-config '{{\"{TRACE_DIR_KEY}\": \"DIR\"}}'")
+    return Path(str(folder))
+
+
+def trace_file_name(pid: int, started: datetime) -> str:
+    """One engine process's trace: its start time (UTC, to the second) and process id,
+    so that names sort by start and two engines never share one.
+    pre: started.tzinfo is not None
+    post: __return__.endswith(f"-{pid}.jsonl")
+    """
+    return f"vllm-{started.astimezone(UTC):%Y%m%dT%H%M%SZ}-{pid}.jsonl"
+
+
+def open_trace(folder: Path, pid: int, started: datetime) -> tuple[Path, IO[bytes]]:
+    """Create the folder if needed and the trace file, never over an existing one: a
+    second scheduler in one process within a second gets NAME-1.jsonl, and so on."""
+    name = trace_file_name(pid, started)
+    path = folder / name
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1000):
+            try:
+                return path, path.open("xb")
+            except FileExistsError:
+                path = folder / f"{name.removesuffix('.jsonl')}-{n}.jsonl"
+        raise FileExistsError(17, "a thousand traces of this name exist")
+    except OSError as e:
+        raise TraceSetupError(f"{path}: cannot write the trace ({e.strerror})") from None
+
+
+def engine_config(scheduler: Any) -> Config:
+    """The kvsched config of the scheduler vLLM built, as the driver reads it back;
+    refuses, in one line, an engine whose scheduling kvsched does not model."""
+    groups = len(scheduler.kv_cache_config.kv_cache_groups)
+    if groups != 1:
+        raise TraceSetupError(f"kvsched's TracingScheduler needs one KV cache group (a "
+                              f"model with full attention only); this engine has {groups}")
+    effective = effective_config(scheduler)
+    try:
+        return config_from_vllm(effective,
+                                scheduler.kv_cache_manager.block_pool.null_block.block_id)
+    except AdapterError as e:
+        hint = "; start vLLM with --no-async-scheduling" if effective.get(
+            "async_scheduling") else ""
+        raise TraceSetupError(f"kvsched's TracingScheduler: {e}{hint}") from None
+
+
+def header_extra(prefix_caching: bool, pid: int, started: datetime) -> dict[str, Any]:
+    adapter: dict[str, Any] = {
+        "name": "kvsched.integrations.vllm",
+        "scheduler": "kvsched.integrations.vllm.TracingScheduler",
+        "pid": pid, "started": started.astimezone(UTC).isoformat(timespec="seconds"),
+        "prefix_caching": prefix_caching,
+        "preempted": "in the order vLLM preempted them (Scheduler._preempt_request)",
+        "aborted": "finish_requests from outside the scheduler (a client closing its "
+                   "stream, a stop string the front end found); one made while a step was "
+                   "in flight is written in the next step, the blocks it released left "
+                   "out of the in-flight step's free_blocks",
+        "rejected": "not seen: vLLM's front end refuses prompts before the engine core",
+        "block_ids": "vLLM's own; its null block 0 is never handed out",
+        "time_ms": "schedule() to the end of update_from_output(), the forward pass included",
+    }
+    if prefix_caching:
+        adapter["block_keys"] = "vLLM's Request.block_hashes (hex, first 16 digits)"
+    return {"preempted_order": True, "adapter": adapter}
+
+
+class LiveTrace:
+    """The trace of one engine process, written step by step while it serves.
+
+    The scheduler calls arrived / aborted / preempted as they happen, scheduled after
+    schedule() and updated after update_from_output(); updated writes and flushes the
+    step's line.
+    """
+
+    def __init__(self, stream: IO[bytes], config: Config, engine: dict[str, str],
+                 extra: dict[str, Any]) -> None:
+        self.stream = stream
+        self.block_size = config.block_size
+        self.writer = TraceWriter(stream)
+        self.writer.header(config, engine, extra)
+        stream.flush()
+        self.step = 0
+        self.arrivals: list[Request] = []
+        self.aborts: list[str] = []
+        self.victims: list[str] = []
+        self.in_flight = False
+        self.late_aborts: list[str] = []  # aborted while the step is in flight
+        self.late_freed = 0  # blocks they released
+        self.keys_written: dict[str, int] = {}
+        self.key_holders: dict[str, Any] = {}  # requests whose blocks may have new keys
+        self.started = 0.0
+        self.batch: list[tuple[str, int]] = []
+        self.fresh: dict[str, list[int]] = {}
+        self.hits: dict[str, list[int]] = {}
+        self.closed = False
+
+    def arrived(self, request: Any) -> None:
+        rid = request.request_id
+        self.arrivals.append(Request(rid, request.num_prompt_tokens, request.max_tokens,
+                                     request.priority, self.step))
+        self.key_holders[rid] = request
+
+    def aborted(self, ids: Iterable[str], freed: int) -> None:
+        """Requests finished from outside the scheduler, and the blocks that freed."""
+        ids = list(ids)
+        if self.in_flight:
+            self.late_aborts += ids
+            self.late_freed += freed
+        else:
+            self.aborts += ids
+        for rid in ids:
+            self.key_holders.pop(rid, None)
+            self.keys_written.pop(rid, None)
+
+    def preempted(self, rid: str) -> None:
+        self.victims.append(rid)
+
+    def scheduled(self, output: Any, requests: Mapping[str, Any], started: float) -> None:
+        """After schedule(): the batch in vLLM's order and the blocks it handed out."""
+        self.in_flight = True
+        self.started = started
+        self.batch = list(output.num_scheduled_tokens.items())
+        self.fresh, self.hits = step_blocks(output, self.block_size)
+        for rid, _ in self.batch:
+            self.key_holders[rid] = requests[rid]
+
+    def updated(self, engine_outputs: Any, free_blocks: int) -> None:
+        """After update_from_output(): write the step's line and flush it."""
+        late = set(self.late_aborts)
+        finished = [f["id"] for f in finishes(engine_outputs) if f["id"] not in late]
+        keys = new_block_keys(self.key_holders.values(), self.keys_written)
+        rec = StepRecord(
+            self.step,
+            arrivals=tuple(self.arrivals),
+            aborted=tuple(self.aborts),
+            preempted=tuple(Preemption(rid, "recompute") for rid in self.victims),
+            scheduled=tuple(self.batch),
+            finished=tuple(finished),
+            free_blocks=free_blocks - self.late_freed,
+            new_blocks={rid: tuple(ids) for rid, ids in self.fresh.items() if ids},
+            time_ms=round((time.perf_counter() - self.started) * 1000.0, 3),
+            prefix_hits={rid: tuple(ids) for rid, ids in self.hits.items() if ids},
+            block_keys={rid: tuple(ks) for rid, ks in keys.items()},
+        )
+        self.writer.step(rec)
+        self.stream.flush()
+        for rid in finished:
+            self.keys_written.pop(rid, None)
+        self.key_holders.clear()
+        self.step += 1
+        self.arrivals.clear()
+        self.victims.clear()
+        self.aborts, self.late_aborts, self.late_freed = self.late_aborts, [], 0
+        self.in_flight = False
+
+    def close(self, complete: bool) -> None:
+        """Write the end line if the engine drained, and close the file."""
+        if self.closed:
+            return
+        self.closed = True
+        if complete and not (self.arrivals or self.aborts or self.in_flight):
+            self.writer.end()
+        self.stream.close()
