@@ -133,8 +133,9 @@ A step of the reference with caching costs {per_step:.2f} times one without (the
 of each admission's content keys, and the cache's bookkeeping); the caching trace has
 {on.sim.steps:,} steps against {off.sim.steps:,} (arrivals pace both). The
 vectorized checker hands a caching trace to the spec's checker line by line
-({vec.entries_per_s / spec.entries_per_s:.2f} times the spec checker's speed), and the
-optimized scheduler does not model prefix caching, so there is no optimized row. The
+({vec.entries_per_s / spec.entries_per_s:.2f} times the spec checker's speed; both read
+with orjson, the spec checker here through `TraceReader`). The optimized scheduler on
+this workload: "Prefix caching: a whole simulation, both schedulers" below. The
 checkers found {errors} MUST violations in the caching trace.
 """
 
