@@ -9,7 +9,8 @@ kvsched's tracing plugin (kvsched.integrations.vllm), which runs inside vLLM wit
 kvsched installed, imports them from here.
 
 It reads one job per line of JOBS.jsonl and writes raw events, one JSON object per
-line, to its standard output; kvsched.adapters.vllm turns them into trace v1. Anything vLLM itself prints goes to standard error.
+line, to its standard output; kvsched.adapters.vllm turns them into trace v1.
+Anything vLLM itself prints goes to standard error.
 
 NOTE on the loop: it is kvsched's simulation loop (src/kvsched/simulate.py) with
 vLLM's scheduler inside, built as vLLM's own tests/v1/core/utils.py builds it (no

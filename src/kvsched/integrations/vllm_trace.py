@@ -86,6 +86,11 @@ def engine_config(scheduler: Any) -> Config:
     if groups != 1:
         raise TraceSetupError(f"kvsched's TracingScheduler needs one KV cache group (a "
                               f"model with full attention only); this engine has {groups}")
+    stages = scheduler.vllm_config.parallel_config.pipeline_parallel_size
+    if stages != 1:
+        # The engine core then schedules several batches before the first update.
+        raise TraceSetupError(f"kvsched's TracingScheduler needs one pipeline stage; this "
+                              f"engine has {stages}")
     effective = effective_config(scheduler)
     try:
         return config_from_vllm(effective,
