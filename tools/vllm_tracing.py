@@ -2,6 +2,7 @@
 
     <vllm-venv>/bin/python -m tools.vllm_tracing lockstep JOBS.jsonl TRACE_DIR
     <vllm-venv>/bin/python -m tools.vllm_tracing bench JOBS.jsonl ROUNDS
+    .venv/bin/python -m tools.vllm_tracing overhead [ROUNDS]      (make bench)
 
 (run from the repository root with src/ on PYTHONPATH, or kvsched installed there).
 `lockstep` drives vLLM's Scheduler and kvsched.integrations.vllm.TracingScheduler step
@@ -20,6 +21,7 @@ does with a client's abort that arrives during the forward pass.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -155,8 +157,13 @@ def lockstep(job: dict[str, Any], trace_dir: Path, model_dir: Path) -> dict[str,
 
 def bench(job: dict[str, Any], rounds: int, model_dir: Path) -> dict[str, Any]:
     """Seconds inside the scheduler per run, untraced and traced, rounds interleaved
-    (which goes first alternates), one scheduler per run."""
+    (which goes first alternates), one scheduler per run. The garbage collector's heap
+    is frozen after the imports, as vLLM's engine core freezes it after start-up:
+    otherwise each full collection walks torch's and vLLM's millions of objects, and
+    whichever side allocates more pays for that walk."""
     tracing = importlib.import_module("kvsched.integrations.vllm")
+    gc.collect()
+    gc.freeze()
     times: dict[str, list[float]] = {"untraced": [], "traced": []}
     steps = 0
     with tempfile.TemporaryDirectory(prefix="kvsched-bench-") as tmp:
@@ -176,10 +183,12 @@ def bench(job: dict[str, Any], rounds: int, model_dir: Path) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tools.vllm_tracing")
-    parser.add_argument("mode", choices=["lockstep", "bench"])
-    parser.add_argument("jobs", type=Path)
-    parser.add_argument("arg")
+    parser.add_argument("mode", choices=["lockstep", "bench", "overhead"])
+    parser.add_argument("jobs", type=Path, nargs="?")
+    parser.add_argument("arg", nargs="?")
     args = parser.parse_args(argv)
+    if args.mode == "overhead":  # from kvsched's Python: `make bench`
+        return print_overhead(int(str(args.jobs)) if args.jobs is not None else 7)
     for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS",
                 "DO_NOT_TRACK"):
         os.environ.setdefault(key, "1")
@@ -239,6 +248,17 @@ def bench_tracing(rounds: int = 7, vllm_python: Path = VLLM_PYTHON) -> dict[str,
             "traced_s": traced, "ratio": traced / untraced,
             "untraced_us_per_step": untraced / answer["steps"] * 1e6,
             "traced_us_per_step": traced / answer["steps"] * 1e6}
+
+
+def print_overhead(rounds: int) -> int:
+    if not VLLM_PYTHON.exists():
+        print("tracing overhead: skipped, .venv-vllm is absent (make conformance-vllm)")
+        return 0
+    r = bench_tracing(rounds)
+    print(f"tracing overhead (vLLM 0.32 Scheduler, {r['steps']} steps, median of "
+          f"{r['rounds']} interleaved rounds): untraced {r['untraced_us_per_step']:.0f} us/step, "
+          f"traced {r['traced_us_per_step']:.0f} us/step, ratio {r['ratio']:.3f}")
+    return 0
 
 
 if __name__ == "__main__":
