@@ -35,7 +35,8 @@ from kvsched.integrations.vllm_trace import (
 
 # Imported by name: kvsched's own environment (and its type checker) has no vLLM.
 _VllmScheduler: Any = importlib.import_module("vllm.v1.core.sched.scheduler").Scheduler
-_log = logging.getLogger(__name__)
+# A child of vLLM's logger, so that its lines appear in the engine's own log.
+_log = logging.getLogger("vllm.kvsched")
 
 
 class TracingScheduler(_VllmScheduler):  # type: ignore[misc]
