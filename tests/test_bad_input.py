@@ -285,7 +285,8 @@ def test_the_spec_reader_words_these_refusals_in_full(data: bytes, message: str)
 
 
 def test_kind_names_a_json_value_for_messages() -> None:
-    assert [kind(v) for v in (None, True, False, 7, 1.5, "x", [], {})] == [
+    values: list[object] = [None, True, False, 7, 1.5, "x", [], {}]
+    assert [kind(v) for v in values] == [
         "null", "true", "false", "the number 7", "the number 1.5", "a string", "a list",
         "an object"]
 

@@ -673,11 +673,11 @@ def test_no_idle_brings_a_swapped_request_back_on_its_host_blocks() -> None:
 
 
 def test_no_idle_adds_the_watermark_to_an_admission_while_one_runs() -> None:
-    # Nothing runs: a's 4 blocks fit the 4 without a watermark.
-    assert idle_after({"step": 0, "arrivals": [arrive("a", 16)]}, num_gpu_blocks=4,
+    # Nothing runs: a's first token takes the only block, and no watermark is asked.
+    assert idle_after({"step": 0, "arrivals": [arrive("a", 4)]}, num_gpu_blocks=1,
                       watermark_blocks=1) == "a"
     # a runs with 4 of 8 blocks; b (first in line) needs 1 plus the watermark.
-    steps = [{"step": 0, "arrivals": [arrive("b", 4), arrive("a", 16)],
-              "scheduled": [["a", 16]]}, {"step": 1}]
+    steps: list[dict[str, Any]] = [{"step": 0, "arrivals": [arrive("b", 4), arrive("a", 16)],
+                                    "scheduled": [["a", 16]]}, {"step": 1}]
     assert idle_after(*steps, watermark_blocks=3) == "b"
     assert idle_after(*steps, watermark_blocks=4) == "a"
