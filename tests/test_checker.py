@@ -387,6 +387,19 @@ def test_a_short_abort_is_blamed_past_actions_that_did_not_apply() -> None:
                          "reports 1 fewer free")
 
 
+def test_kv_budget_counts_what_the_preemptions_reclaimed() -> None:
+    # b's 2 blocks come back, but c's 24 tokens need 6 of the 2 + 2.
+    report = check({"step": 0, "arrivals": [arrive("a", 16), arrive("b", 8)],
+                    "scheduled": [["a", 16], ["b", 8]]},
+                   {"step": 1, "arrivals": [arrive("c", 24)],
+                    "preempted": [{"id": "b", "mode": "recompute"}], "scheduled": [["c", 24]]},
+                   end=False)
+    [v] = only(report, "kv-budget")
+    assert v.message == ("the step needs 6 new GPU blocks but only 2 were free and 2 "
+                         "reclaimed by preemption")
+    assert (v.step, v.numbers()) == (1, "6 <= 4")
+
+
 def test_a_swap_in_is_an_allocation_the_free_count_can_blame() -> None:
     # a comes back with its 1 host block and takes 1 more for its 5th token; without
     # block ids both allocations may have gone wrong, and together they explain 2.
