@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsched.spec import TraceError, TraceReader, check_trace
+from kvsched.spec import Rejection, Request, TraceError, TraceReader, check_trace
+from kvsched.spec.trace import MAX_LINE_BYTES, kind, parse_header
 
 HEADER = {"kvsched": "trace", "version": 1, "engine": {"name": "t", "version": "0"},
           "config": {"block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 0,
@@ -260,3 +261,95 @@ def test_the_spec_reader_words_each_refusal_itself(case: str) -> None:
     with pytest.raises(TraceError) as e:
         check_trace(TraceReader(io.BytesIO(data)))
     assert str(e.value).startswith(expected) or expected in str(e.value), str(e.value)
+    assert str(e.value) == f"line {e.value.line}: {e.value.message}"
+
+
+@pytest.mark.parametrize("data,message", [
+    (lines(HEADER, True), "line 2: expected a step object, got true"),
+    (lines(HEADER, False), "line 2: expected a step object, got false"),
+    (lines(HEADER, "step"), "line 2: expected a step object, got a string"),
+    (b"\n\n" + lines([1]), 'line 3: expected a header object with "kvsched": "trace"'),
+    (b"\xef\xbb\xbf" + lines(HEADER), "line 1: the line starts with a UTF-8 byte order mark "
+     "(BOM): save the file as UTF-8 without one"),
+    (lines(HEADER) + b'{"step": ' + b"9" * 5000 + b"}\n", "line 2: a number with more than "
+     "4300 digits (the largest count a trace may hold is 2**40)"),
+    (lines(HEADER, {"step": 0, "rejected": [{"id": 3}]}),
+     "line 2: rejected id must be a non-empty string, got 3"),
+    (lines(HEADER, {"step": 0, "preempted": [{"id": 3, "mode": "swap"}]}),
+     "line 2: preempted id must be a non-empty string, got 3"),
+    *((lines(HEADER, {"step": 0, key: {}}), f'line 2: "{key}" must be a list, got dict')
+      for key in ("rejected", "preempted", "scheduled", "swapped_in", "finished")),
+])
+def test_the_spec_reader_words_these_refusals_in_full(data: bytes, message: str) -> None:
+    with pytest.raises(TraceError) as e:
+        list(TraceReader(io.BytesIO(data)))
+    assert str(e.value) == message
+
+
+def test_kind_names_a_json_value_for_messages() -> None:
+    values: list[object] = [None, True, False, 7, 1.5, "x", [], {}]
+    assert [kind(v) for v in values] == [
+        "null", "true", "false", "the number 7", "the number 1.5", "a string", "a list",
+        "an object"]
+
+
+def test_a_header_read_on_its_own_is_line_1() -> None:
+    with pytest.raises(TraceError) as e:
+        parse_header({})
+    assert str(e.value) == 'line 1: expected a header object with "kvsched": "trace"'
+
+
+def test_a_line_of_exactly_the_longest_length_is_read() -> None:
+    # 64 MiB before the newline is allowed (and then malformed JSON); one byte more is not.
+    data = lines(HEADER) + b"x" * MAX_LINE_BYTES + b"\n"
+    with pytest.raises(TraceError) as e:
+        list(TraceReader(io.BytesIO(data)))
+    assert str(e.value) == "line 2: malformed JSON: expected one JSON object per line"
+    with pytest.raises(TraceError) as e:
+        list(TraceReader(io.BytesIO(lines(HEADER) + b"x" * (MAX_LINE_BYTES + 1) + b"\n")))
+    assert str(e.value) == ("line 2: the line is longer than 64 MiB (the longest line a trace "
+                            "may have)")
+
+
+class EndlessLine(io.BytesIO):
+    """A header, then a line that never ends: reading it whole would never return."""
+
+    def readline(self, size: int | None = -1) -> bytes:
+        if self.tell() == 0:
+            return super().readline(size)
+        if size is None or size < 0:
+            raise AssertionError("the reader asked for the whole of an endless line")
+        return b"x" * size
+
+
+def test_an_endless_line_is_read_only_as_far_as_the_limit() -> None:
+    stream = EndlessLine(lines(HEADER))
+    with pytest.raises(TraceError) as e:
+        list(TraceReader(stream))
+    assert str(e.value).startswith("line 2: the line is longer than 64 MiB")
+
+
+def test_the_reader_keeps_every_field_of_a_step() -> None:
+    big = 2**40  # the largest count a trace may hold
+    header = {**HEADER, "engine": {"name": "t", "version": 2}, "note": "x"}
+    data = lines(header,
+                 {"step": 0, "arrivals": [{"id": "a", "prompt_len": 5, "max_tokens": 2}]},
+                 {"step": 1, "arrivals": [{"id": "b", "prompt_len": 4, "max_tokens": 1,
+                                           "priority": 3}],
+                  "rejected": [{"id": "b", "reason": "too long"}, {"id": "c"}], "time_ms": 2,
+                  "colour": 1},
+                 {"step": 2, "arrivals": [{"id": "d", "prompt_len": 5, "max_tokens": 2,
+                                           "priority": -big}],
+                  "scheduled": [["a", big]], "free_blocks": big, "colour": 2, "shade": 3})
+    reader = TraceReader(io.BytesIO(b"\n" + data))
+    assert reader.header.engine == {"name": "t", "version": "2"}
+    assert reader.header.extra == {"note": "x"}
+    assert reader.complete is False
+    r0, r1, r2 = reader
+    assert r0.arrivals == (Request("a", 5, 2, 0, 0),) and r1.arrivals == (Request("b", 4, 1, 3, 1),)
+    assert r1.rejected == (Rejection("b", "too long"), Rejection("c", ""))
+    assert r0.time_ms is None and r1.time_ms == 2.0 and isinstance(r1.time_ms, float)
+    assert r2.arrivals[0].priority == -big and r2.scheduled == (("a", big),)
+    assert r2.free_blocks == big
+    assert (r0.line, r1.line, r2.line) == (3, 4, 5)
+    assert reader.unknown_keys == {"colour": 4, "shade": 5}

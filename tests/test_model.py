@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvsched.spec import Config, Request, Violation
+from kvsched.spec import Config, Decision, Preemption, Request, Violation, never_completes
 from kvsched.spec.knobs import CostModel, Knobs
 from kvsched.spec.profiles import ConfigDefaults, get_profile
 
@@ -22,6 +22,10 @@ from kvsched.spec.profiles import ConfigDefaults, get_profile
     ({"max_num_seqs": True}, "config.max_num_seqs must be an integer, got True"),
     ({"num_gpu_blocks": 0}, "config.num_gpu_blocks must be at least 1, got 0"),
     ({"max_model_len": 0}, "config.max_model_len must be at least 1, got 0"),
+    ({"max_num_batched_tokens": 0}, "config.max_num_batched_tokens must be at least 1, got 0"),
+    ({"max_num_seqs": 0}, "config.max_num_seqs must be at least 1, got 0"),
+    ({"long_prefill_token_threshold": -1},
+     "config.long_prefill_token_threshold must not be negative, got -1"),
     ({"num_cpu_blocks": -1}, "config.num_cpu_blocks must not be negative, got -1"),
     ({"watermark_blocks": -2}, "config.watermark_blocks must not be negative, got -2"),
     ({"first_block_id": -1}, "config.first_block_id must not be negative, got -1"),
@@ -31,6 +35,9 @@ from kvsched.spec.profiles import ConfigDefaults, get_profile
      "config.max_num_batched_tokens must be at least max_model_len (101) without chunked "
      "prefill, got 100"),
     ({"chunked_prefill": False, "long_prefill_token_threshold": 8},
+     "config.long_prefill_token_threshold chunks prefills, so it needs chunked_prefill: "
+     "true"),
+    ({"chunked_prefill": False, "long_prefill_token_threshold": 1},
      "config.long_prefill_token_threshold chunks prefills, so it needs chunked_prefill: "
      "true"),
 ])
@@ -45,6 +52,11 @@ def test_a_valid_config_has_no_problem_and_boundaries_pass() -> None:
                   block_size=1).problems() == []
     assert Config(chunked_prefill=False, max_num_batched_tokens=4096,
                   max_model_len=4096).problems() == []
+
+
+def test_a_request_may_hold_counts_up_to_2_to_the_40() -> None:
+    assert Request("a", 2**40, 2**40, 2**40).problems() == []
+    assert Request("a", 4, 1, -(2**40)).problems() == []
 
 
 @pytest.mark.parametrize("request_,problem", [
@@ -66,6 +78,8 @@ def test_a_violation_reports_its_level_numbers_and_fields() -> None:
                            "request": "r1", "lhs": 5, "relation": "<=", "rhs": 4,
                            "message": "too many"}
     assert Violation("no-idle", 0, "idle").numbers() == ""
+    assert Violation("kv-budget", 0, "one side", lhs=5).numbers() == ""
+    assert Violation("kv-budget", 0, "one side", rhs=4).numbers() == ""
     assert Violation("no-idle", 0, "idle").level == "SHOULD"
     assert Violation("profile", 0, "differs").level == "PROFILE"
 
@@ -104,5 +118,24 @@ def test_profile_defaults_apply_to_fields_not_given() -> None:
     assert off.configure(replace(config, prefix_caching=True)) == config
     assert off.knobs == get_profile("vllm-v1").knobs
     assert off.defaults.describe() == "prefix_caching=off"
-    with pytest.raises(ValueError, match="unknown profile 'nope'; known: vllm-v1"):
+    swap = get_profile("vllm-v0-swap")
+    assert swap.configure(config).preemption == "swap"
+    assert swap.configure(config, frozenset({"preemption"})).preemption == "recompute"
+    with pytest.raises(ValueError) as e:
         get_profile("nope")
+    assert str(e.value) == ("unknown profile 'nope'; known: vllm-v1, "
+                            "vllm-v1-no-prefix-caching, vllm-v0-swap, sarathi")
+
+
+def test_a_prompt_of_max_model_len_can_never_complete() -> None:
+    config = Config(block_size=4, num_gpu_blocks=8, max_model_len=32)
+    assert never_completes(config, 32, 1) == ("prompt of 32 tokens leaves no room for an "
+                                              "output token (max_model_len 32)")
+    assert never_completes(config, 31, 1) is None
+
+
+def test_decisions_compare_their_victims_in_order_by_default() -> None:
+    ab = (Preemption("a", "recompute"), Preemption("b", "swap"))
+    forward, backward = Decision(preempted=ab), Decision(preempted=ab[::-1])
+    assert forward.comparable() != backward.comparable()
+    assert forward.comparable(False) == backward.comparable(False)

@@ -3,9 +3,25 @@ divergence, and the replay stopping at the first."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Collection
 
-from kvsched.spec import Config, Decision, Preemption, Rejection, Request, RequestView, Status
+import pytest
+
+from kvsched.spec import (
+    CheckOptions,
+    Config,
+    Decision,
+    Preemption,
+    Rejection,
+    Request,
+    RequestView,
+    Status,
+    TraceReader,
+    TraceWriter,
+    check_steps,
+    check_trace,
+)
 from kvsched.spec.model import StepRecord
 from kvsched.spec.replay import ProfileReplay, describe, describe_state, involved
 
@@ -17,6 +33,9 @@ def test_describe_names_every_part_of_a_decision_in_order() -> None:
     assert describe(d, ["r1"]) == ("rejected r9; preempted r2 (swap), r3 (recompute); "
                                    "swapped in r5; scheduled r1:1, r4:16; finished r1")
     assert describe(Decision()) == "scheduled nothing"
+    two = Decision((Rejection("r8", "x"), Rejection("r9", "y")), swapped_in=("r5", "r6"))
+    assert describe(two, ["r1", "r4"]) == ("rejected r8, r9; swapped in r5, r6; scheduled "
+                                           "nothing; finished r1, r4")
     assert involved(d, Decision(scheduled=(("r7", 1),))) == ["r9", "r2", "r3", "r5", "r1",
                                                             "r4", "r7"]
 
@@ -76,18 +95,33 @@ def test_the_first_divergence_is_told_with_both_decisions_and_then_the_replay_st
     assert replay.step(other) is None and replay.divergence is v
 
 
-def test_finishes_must_be_the_same_set() -> None:
-    mine = Decision(scheduled=(("a", 4),))
-    replay = ProfileReplay("p", Scripted([mine], [("a",)]))
-    v = replay.step(StepRecord(0, (Request("a", 4, 1),), scheduled=(("a", 4),)))
-    assert v is not None and v.message == ("first divergence from p: the profile finishes a "
-                                           "| the trace finishes nothing")
+@pytest.mark.parametrize("mine,theirs,words", [
+    (("a",), (), "the profile finishes a | the trace finishes nothing"),
+    ((), ("a", "b"), "the profile finishes nothing | the trace finishes a, b"),
+    (("b", "a"), ("a",), "the profile finishes b, a | the trace finishes a"),
+])
+def test_finishes_must_be_the_same_set(mine: tuple[str, ...], theirs: tuple[str, ...],
+                                       words: str) -> None:
+    decision = Decision(scheduled=(("a", 4), ("b", 4)))
+    replay = ProfileReplay("p", Scripted([decision], [mine]))
+    v = replay.step(StepRecord(2, (Request("a", 4, 1), Request("b", 4, 1)),
+                               scheduled=(("a", 4), ("b", 4)), finished=theirs))
+    assert v is not None and (v.invariant, v.step) == ("profile", 2)
+    assert v.message == f"first divergence from p: {words}"
+
+
+def test_the_same_finishes_in_another_order_agree() -> None:
+    decision = Decision(scheduled=(("a", 4), ("b", 4)))
+    replay = ProfileReplay("p", Scripted([decision], [("b", "a")]))
+    assert replay.step(StepRecord(0, (Request("a", 4, 1), Request("b", 4, 1)),
+                                  scheduled=(("a", 4), ("b", 4)), finished=("a", "b"))) is None
 
 
 def test_a_step_the_profile_cannot_replay_is_a_divergence() -> None:
     replay = ProfileReplay("p", Scripted([], []))
     v = replay.step(StepRecord(0, aborted=("ghost",)))
     assert v is not None and v.message == "the profile cannot replay step 0: 'ghost'"
+    assert (v.invariant, v.step) == ("profile", 0)
 
 
 def test_victims_compare_in_order_unless_the_trace_says_they_are_a_set() -> None:
@@ -97,6 +131,33 @@ def test_victims_compare_in_order_unless_the_trace_says_they_are_a_set() -> None
     assert ProfileReplay("p", Scripted([mine], [()])).step(theirs) is not None
     assert ProfileReplay("p", Scripted([mine], [()]), preempted_order=False
                          ).step(theirs) is None
+    # In order, the same victims in the same order agree, sorted or not.
+    back = Decision(preempted=tuple(reversed(two)))
+    assert ProfileReplay("p", Scripted([back], [()])).step(theirs) is None
     swapped = StepRecord(0, preempted=(Preemption("y", "swap"), Preemption("x", "recompute")))
     assert ProfileReplay("p", Scripted([mine], [()]), preempted_order=False
                          ).step(swapped) is not None  # a mode differs: not the same set
+
+
+def test_the_state_before_a_divergence_shows_the_traces_requests_too() -> None:
+    replay = ProfileReplay("p", Scripted([Decision(scheduled=(("a", 4),))], [()]))
+    v = replay.step(StepRecord(0, (Request("a", 4, 2), Request("b", 4, 2)),
+                               scheduled=(("b", 4),)))
+    assert v is not None and v.message.endswith(
+        "state before: free GPU blocks 11; a waiting N=4 C=0 G=0, b waiting N=4 C=0 G=0")
+
+
+def test_the_checker_reports_the_replays_divergence_beside_its_own() -> None:
+    # ghost breaks one-state; the profile schedules nothing where the trace schedules a.
+    steps = [StepRecord(0, (Request("a", 4, 2),), scheduled=(("a", 4), ("ghost", 1)))]
+    report = check_steps(Config(), steps, False, CheckOptions(keep=0),
+                         ProfileReplay("p", Scripted([Decision()], [()])))
+    assert report.profile == "p" and report.counts == {"one-state": 1, "profile": 1}
+    assert [v.invariant for v in report.violations] == ["profile"]  # keep=0 keeps none else
+    out = io.BytesIO()
+    writer = TraceWriter(out)
+    writer.header(Config())
+    writer.step(steps[0])
+    traced = check_trace(TraceReader(io.BytesIO(out.getvalue())),
+                         replay=ProfileReplay("q", Scripted([Decision()], [()])))
+    assert traced.profile == "q" and traced.counts == {"one-state": 1, "profile": 1}

@@ -21,7 +21,16 @@ from jsonschema import Draft202012Validator
 
 from kvsched.reference import reference_scheduler
 from kvsched.simulate import run
-from kvsched.spec import Config, StepRecord, TraceError, TraceReader, TraceWriter
+from kvsched.spec import (
+    Config,
+    Preemption,
+    Rejection,
+    Request,
+    StepRecord,
+    TraceError,
+    TraceReader,
+    TraceWriter,
+)
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import header_dict
 from kvsched.workload import WorkItem, validate
@@ -294,3 +303,23 @@ def test_schema_and_reader_agree_on_random_values(key: str, value: Any) -> None:
     line = {**VALID_STEP, key: value}
     refusal = reader_refusal(line)
     assert schema_accepts(line) == (refusal is None), (line, refusal)
+
+
+def test_the_writer_writes_compact_lines_the_reader_reads_back() -> None:
+    rec = StepRecord(0, (Request("a", 4, 2, 1, 0),), aborted=("x",),
+                     rejected=(Rejection("r", "full"),), preempted=(Preemption("p", "swap"),),
+                     swapped_in=("s",), scheduled=(("a", 4),), finished=("f",),
+                     free_blocks=5, new_blocks={"a": (1, 2)}, time_ms=1.5)
+    out = io.BytesIO()
+    writer = TraceWriter(out)
+    writer.header(SMALL, {"name": "e", "version": "1"}, {"note": "n"})
+    writer.step(rec)
+    writer.step(StepRecord(1))
+    writer.end()
+    written = out.getvalue()
+    assert b" " not in written and written.endswith(b'\n{"step":1}\n{"end":true}\n')
+    reader = TraceReader(io.BytesIO(written))
+    assert reader.header.config == SMALL and reader.header.engine == {"name": "e",
+                                                                      "version": "1"}
+    assert reader.header.extra == {"note": "n"}
+    assert list(reader) == [rec, StepRecord(1)] and reader.complete
