@@ -233,6 +233,17 @@ def test_parse_priorities() -> None:
     ({"kind": "uniform", "output_range": (1,)}, r"output_range must be a pair"),
     ({"kind": "uniform", "prompt_range": (1.5, 2)}, "prompt_range bounds must be integers"),
     ({"prompt_range": (1, 2)}, "apply only to kind 'uniform', not 'sharegpt'"),
+    # shared prefixes and conversations
+    ({"kind": "alpaca", "skew": 2.0}, "skew weighs the choice of a system prompt: it needs"),
+    ({"kind": "alpaca", "think_steps": 5.0}, "think_steps is the pause between turns"),
+    ({"kind": "shared-prompts", "skew": -1.0}, r"skew must be a finite number >= 0, got -1"),
+    ({"kind": "shared-prompts", "skew": math.nan}, "skew must be a finite number"),
+    ({"kind": "conversations", "turns": 0.5}, r"turns must be a mean number of turns >= 1"),
+    ({"kind": "conversations", "think_steps": -2.0}, "think_steps must be a finite number"),
+    ({"system_prompts": (0,)}, "system prompt lengths must be positive integers, got 0"),
+    ({"system_prompts": (1.5,)}, "system prompt lengths must be positive integers"),
+    ({"system_prompts": (4095,)},
+     "a system prompt of 4095 tokens leaves no room in max_model_len 4096: at most 4094"),
 ])
 def test_bad_parameters_are_one_line_errors(kwargs: dict[str, object], message: str) -> None:
     args: dict[str, object] = {"kind": "sharegpt", "n": 10, "seed": 0}
@@ -365,23 +376,3 @@ def test_parse_lengths() -> None:
         parse_lengths("1024;256")
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"kind": "alpaca", "skew": 2.0}, "skew weighs the choice of a system prompt: it needs"),
-    ({"kind": "alpaca", "think_steps": 5.0}, "think_steps is the pause between turns"),
-    ({"kind": "shared-prompts", "skew": -1.0}, r"skew must be a finite number >= 0, got -1"),
-    ({"kind": "shared-prompts", "skew": math.nan}, "skew must be a finite number"),
-    ({"kind": "conversations", "turns": 0.5}, r"turns must be a mean number of turns >= 1"),
-    ({"kind": "conversations", "think_steps": -2.0}, "think_steps must be a finite number"),
-    ({"system_prompts": (0,)}, "system prompt lengths must be positive integers, got 0"),
-    ({"system_prompts": (1.5,)}, "system prompt lengths must be positive integers"),
-    ({"system_prompts": (4095,)},
-     "a system prompt of 4095 tokens leaves no room in max_model_len 4096: at most 4094"),
-])
-def test_bad_shared_prefix_parameters_are_one_line_errors(kwargs: dict[str, object],
-                                                          message: str) -> None:
-    args: dict[str, object] = {"kind": "sharegpt", "n": 10, "seed": 0}
-    args.update(kwargs)
-    kind, n, seed = args.pop("kind"), args.pop("n"), args.pop("seed")
-    with pytest.raises(ValueError, match=message) as info:
-        generate(kind, n, seed, **args)  # type: ignore[arg-type]
-    assert "\n" not in str(info.value)
