@@ -59,7 +59,7 @@ from kvsched.spec.model import (
     RequestView,
     Status,
 )
-from kvsched.spec.prefix import Prefix, block_key
+from kvsched.spec.prefix import KeyBook, Prefix
 
 I64 = torch.int64
 
@@ -194,7 +194,7 @@ class OptimizedScheduler:
         self._content: dict[int, str] = {}  # cached block -> its content key
         self._by_key: dict[str, dict[int, None]] = {}  # key -> its blocks, first cached first
         self._prefix_of: dict[str, Prefix] = {}  # a request's shared prefix, when it has one
-        self._given: dict[str, list[str]] = {}  # content keys a trace gave
+        self._keys = KeyBook(config.block_size)  # content keys, for prefix caching
 
         self._empty = torch.empty(0, dtype=I64, device=dev)
         self._zero1 = torch.zeros(1, dtype=I64, device=dev)
@@ -310,8 +310,7 @@ class OptimizedScheduler:
         """Content keys of the request's blocks from table index `start` on (by default
         the next ones), as a trace gives them (`block_keys`); they take the place of
         those its prefix would give, and of any given from `start` before."""
-        given = self._given.setdefault(request_id, [])
-        given[len(given) if start is None else start:] = keys
+        self._keys.add(request_id, keys, start)
 
     def abort_request(self, request_id: str) -> None:
         self._flush()
@@ -325,7 +324,7 @@ class OptimizedScheduler:
         one = torch.tensor([slot], dtype=I64, device=self.device)
         self._release_blocks(one)
         self.state[STATUS, slot] = FREE
-        self._given.pop(request_id, None)
+        self._keys.forget(request_id)
         self._forget([slot])
 
     def free_blocks(self) -> int:
@@ -864,10 +863,7 @@ class OptimizedScheduler:
     def _key(self, slot: int, index: int) -> str:
         """The content key of block `index` of the request in `slot`."""
         rid = str(self._ids[slot])
-        given = self._given.get(rid, ())
-        if index < len(given):
-            return given[index]
-        return block_key(rid, self._prefix_of.get(rid, ()), index, self.config.block_size)
+        return self._keys.key(rid, self._prefix_of.get(rid, ()), index)
 
     def _lookup(self, slot: int, most: int) -> list[int]:
         """The longest run of cached blocks holding the first `most` content keys of the
@@ -1026,7 +1022,7 @@ class OptimizedScheduler:
     def forget(self, slots: Tensor) -> list[str]:
         """The ids of slots `update_tensors` finished; frees the slots for reuse."""
         out = self._forget(slots.tolist())
-        if self._given:
+        if self._keys:
             for rid in out:
-                self._given.pop(rid, None)
+                self._keys.forget(rid)
         return out

@@ -68,7 +68,7 @@ from kvsched.spec.model import (
     RequestView,
     Status,
 )
-from kvsched.spec.prefix import block_key
+from kvsched.spec.prefix import KeyBook
 from kvsched.spec.profiles import Profile, get_profile
 
 
@@ -103,7 +103,7 @@ class ReferenceScheduler:
         self.victims: list[LiveRequest] = []
         self.sampled: list[LiveRequest] = []
         self.next_seq = 0
-        self.given_keys: dict[str, list[str]] = {}  # content keys a trace gave
+        self.keys = KeyBook(config.block_size)  # content keys, for prefix caching
 
     # -- the interface ----------------------------------------------------------------
 
@@ -121,18 +121,14 @@ class ReferenceScheduler:
         """Content keys of the request's blocks from table index `start` on (by default
         the next ones), as a trace gives them (`block_keys`); they take the place of
         those its prefix would give, and of any given from `start` before."""
-        given = self.given_keys.setdefault(request_id, [])
-        given[len(given) if start is None else start:] = keys
+        self.keys.add(request_id, keys, start)
 
     def content_key(self, r: LiveRequest, index: int) -> str:
         """The content key of block `index` of `r`."""
-        given = self.given_keys.get(r.request.id, ())
-        if index < len(given):
-            return given[index]
-        return block_key(r.request.id, r.request.prefix, index, self.config.block_size)
+        return self.keys.key(r.request.id, r.request.prefix, index)
 
     def abort_request(self, request_id: str) -> None:
-        self.given_keys.pop(request_id, None)
+        self.keys.forget(request_id)
         r = self.live.pop(request_id)
         if r.status == Status.WAITING:
             self.waiting.remove(r)
@@ -211,7 +207,7 @@ class ReferenceScheduler:
             if self.finishes(r, r.request.id in stopped):
                 self.running.remove(r)
                 self.blocks.free(r.request.id)
-                self.given_keys.pop(r.request.id, None)
+                self.keys.forget(r.request.id)
                 r.status = Status.FINISHED
                 del self.live[r.request.id]
                 finished.append(r.request.id)

@@ -56,3 +56,35 @@ def nested(outer: Prefix, content: str, length: int) -> Prefix:
 def keys(rid: str, prefix: Prefix, blocks: int, block_size: int) -> Sequence[str]:
     """The content keys of the first `blocks` blocks of `rid`."""
     return [block_key(rid, prefix, i, block_size) for i in range(blocks)]
+
+
+class KeyBook:
+    """The content keys of live requests' blocks, as a scheduler with prefix caching
+    looks them up: those a trace gave (`add`, behind
+    kvsched.spec.interface.ContentKeys.add_block_keys), else those its shared prefix
+    gives (`block_key`)."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._given: dict[str, list[str]] = {}
+
+    def add(self, rid: str, keys: Sequence[str], start: int | None = None) -> None:
+        """Keys of `rid`'s blocks from table index `start` on (by default the next ones),
+        replacing every key given from there."""
+        given = self._given.setdefault(rid, [])
+        given[len(given) if start is None else start:] = keys
+
+    def key(self, rid: str, prefix: Prefix, index: int) -> str:
+        """The content key of block `index` of `rid`, whose shared prefix is `prefix`."""
+        given = self._given.get(rid, ())
+        if index < len(given):
+            return given[index]
+        return block_key(rid, prefix, index, self.block_size)
+
+    def forget(self, rid: str) -> None:
+        """`rid` has ended: its given keys go."""
+        self._given.pop(rid, None)
+
+    def __len__(self) -> int:
+        """How many requests have keys given."""
+        return len(self._given)
