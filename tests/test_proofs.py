@@ -236,7 +236,7 @@ def test_the_full_scopes_use_every_knob_and_config_value() -> None:
     assert {c.policy for c in configs} == {"fcfs", "priority"}
     assert {c.preemption for c in configs} == {"recompute", "swap", "auto"}
     assert {c.block_size for c in configs} == {1, 2}
-    assert {c.num_gpu_blocks for c in configs} == {2, 3, 4}
+    assert {c.num_gpu_blocks for c in configs} == {2, 3, 4, 5}  # 5 of 1: prefix caching
     assert {c.max_num_batched_tokens for c in configs} == {1, 2, 3, 4}
     assert {c.chunked_prefill for c in configs} == {True, False}
     assert max(len(s.shapes) for s in scopes) == 3
@@ -419,8 +419,8 @@ def test_a_recompute_victim_keeping_its_tokens_fails_recompute_victim(tmp_path: 
 
 def test_swap_in_restoring_one_block_fewer_fails_swap_round_trip(tmp_path: Path) -> None:
     copy = planted(tmp_path, "reference/allocator.py",
-                   'got = self.take("gpu", len(host))',
-                   'got = self.take("gpu", len(host[1:]))')
+                   'return self.allocate(rid, len(host))',
+                   'return self.allocate(rid, len(host[1:]))')
     proc = run_in(copy, "proofs.run", "--only", "swap-round-trip")
     assert_fails_naming(proc, "swap-round-trip", "became")
 
