@@ -42,8 +42,8 @@ test: lint unit
 bench: $(STAMP)
 	$(BIN)/python -m tools.bench --out docs/benchmarks.md
 	$(BIN)/python -m tools.bench_optimized --out docs/benchmarks.md
-	@# The vLLM tracing plugin's overhead, printed (skipped without $(VLLM_VENV)).
-	$(BIN)/python -m tools.vllm_tracing overhead
+	@# The vLLM tracing plugin's overhead (skipped without $(VLLM_VENV)).
+	$(BIN)/python -m tools.vllm_tracing overhead --out docs/benchmarks.md
 	$(BIN)/python -m tools.bench_optimized --prefix-caching --out docs/benchmarks.md
 
 # The whole 1M-request simulation through both schedulers, not extrapolated (about an
