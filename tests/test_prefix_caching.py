@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kvsched.conformance import checker
 from kvsched.generators import SHARED_PROMPTS, generate
+from kvsched.metrics import metrics_of_trace
 from kvsched.optimized.checker import check_trace_vectorized
 from kvsched.reference import reference_scheduler
 from kvsched.reference.allocator import BlockAllocator
@@ -22,7 +23,10 @@ from kvsched.simulate import run
 from kvsched.spec.checker import Report, check_trace
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Policy
-from kvsched.spec.trace import TraceReader, TraceWriter
+from kvsched.spec.prefix import KeyBook, keys, nested
+from kvsched.spec.profiles import ConfigDefaults
+from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
+from kvsched.spec.violation import Violation
 from kvsched.strategies import configs, knobs, profiles, resolve, workloads
 from kvsched.workload import WorkItem, validate
 
@@ -309,3 +313,194 @@ def test_reference_traces_with_shared_prefixes_are_clean_and_the_checkers_agree(
     assert check_trace_vectorized(io.BytesIO(data_)).counts == spec.counts
     if isinstance(setup, str):
         assert under_profile(data_, setup).counts == spec.counts, "the replay diverges"
+
+
+# -- every prefix-caching violation in full, and the hit rules at their edges -----------
+
+C_HITS = {"step": 2, "arrivals": [arrive("c", 10)], "prefix_hits": {"c": [0, 1]},
+          "scheduled": [["c", 2]], "new_blocks": {"c": [3]}, "free_blocks": 5}
+
+
+def test_the_hit_refusals_say_who_where_and_both_sides() -> None:
+    off = check(A_RUNS, A_ENDS, {**C_HITS, "scheduled": [["c", 10]],
+                                 "new_blocks": {"c": [3, 4, 5]}, "free_blocks": None},
+                prefix_caching=False)
+    assert off.violations == [Violation(
+        "token-range", 2, "c takes a prefix hit but the trace's config has prefix_caching "
+        "false", request="c")]
+    # A running request's hit is refused whatever its blocks: [1, 0] are not checked.
+    running = check(A_RUNS, {"step": 1, "prefix_hits": {"a": [1, 0]}, "scheduled": [["a", 1]],
+                             "finished": ["a"], "new_blocks": {}})
+    assert running.violations == [Violation(
+        "token-range", 1, "a takes a prefix hit while running with C=9; a hit is taken only "
+        "at C = 0, on admission", request="a", lhs=9, relation="==", rhs=0)]
+    unscheduled = check(A_RUNS, A_ENDS, {"step": 2, "arrivals": [arrive("c", 10)],
+                                         "prefix_hits": {"c": [0, 1]}})
+    assert unscheduled.violations[0] == Violation(
+        "one-state", 2, "c takes a prefix hit but is not scheduled in this step", request="c")
+
+
+def test_a_hit_on_a_block_outside_the_cache_is_block_ids() -> None:
+    # Block 8 is one past the last of 0..7.
+    report = check(A_RUNS, A_ENDS, {**C_HITS, "prefix_hits": {"c": [0, 8]},
+                                    "free_blocks": None})
+    assert report.violations == [Violation(
+        "block-ids", 2, "c's prefix hit takes block 8, outside 0..7", request="c")]
+
+
+def test_a_hit_at_the_wrong_index_gives_both_indices() -> None:
+    report = check(A_RUNS, A_ENDS, {**C_HITS, "prefix_hits": {"c": [1, 0]}})
+    assert report.violations == [
+        Violation("block-ids", 2, "c's prefix hit takes block 1 at table index 0, but it is "
+                  "cached at index 1", request="c", lhs=1, relation="==", rhs=0),
+        Violation("block-ids", 2, "c's prefix hit takes block 0 at table index 1, but it is "
+                  "cached at index 0", request="c", lhs=0, relation="==", rhs=1)]
+
+
+def test_a_hit_on_other_content_is_told_at_its_step() -> None:
+    keyed = {**A_RUNS, "block_keys": {"a": ["sys/0", "a/1"]}}
+    other = {**C_HITS, "block_keys": {"c": ["sys/0", "c/1"]}}
+    [v] = check(keyed, A_ENDS, other).violations
+    assert (v.invariant, v.step, v.request) == ("block-ids", 2, "c")
+
+
+def test_a_wrong_handout_is_told_beside_a_good_hit() -> None:
+    report = check(A_RUNS, A_ENDS, {**C_HITS, "new_blocks": {"c": [3, 4]},
+                                    "free_blocks": None})
+    assert report.violations == [Violation(
+        "block-ids", 2, "c gets 2 new block ids where it needs 1", request="c", lhs=2,
+        relation="==", rhs=1)]
+
+
+def test_a_hit_s_evictable_blocks_add_to_the_demand_of_the_entries_before_it() -> None:
+    # x takes six new blocks, then c's hit two evictable ones and one new: 9 of 8.
+    report = check(A_RUNS, A_ENDS,
+                   {"step": 2, "arrivals": [arrive("x", 24, 8), arrive("c", 10)],
+                    "prefix_hits": {"c": [0, 1]}, "scheduled": [["x", 24], ["c", 2]],
+                    "new_blocks": {"x": [2, 3, 4, 5, 6, 7]}})
+    [kv] = [v for v in report.violations if v.invariant == "kv-budget"]
+    assert (kv.step, kv.lhs, kv.rhs) == (2, 9, 8)
+
+
+def test_only_hits_with_evictable_blocks_are_accounting_suspects() -> None:
+    # b's hit takes a's live blocks (E = 0): a's finish alone can explain a leak.
+    leak = check(A_RUNS, {"step": 1, "arrivals": [arrive("b", 10)],
+                          "prefix_hits": {"b": [0, 1]}, "scheduled": [["a", 1], ["b", 2]],
+                          "finished": ["a"], "new_blocks": {"b": [3]}, "free_blocks": 4})
+    assert [(v.invariant, v.request) for v in leak.violations] == [("finish", "a")]
+    # A refused hit takes nothing either.
+    refused = check(A_RUNS, {"step": 1, "prefix_hits": {"a": [0, 1]}, "scheduled": [["a", 1]],
+                             "finished": ["a"], "new_blocks": {}, "free_blocks": 7})
+    assert [(v.invariant, v.request) for v in refused.violations] == [
+        ("token-range", "a"), ("finish", "a")]
+    # Nor does a hit of a request that is not scheduled: nothing explains the 6 free.
+    unscheduled = check(A_RUNS, A_ENDS,
+                        {"step": 2, "arrivals": [arrive("c", 10), arrive("d", 4)],
+                         "prefix_hits": {"c": [0, 1]}, "scheduled": [["d", 4]],
+                         "new_blocks": {"d": [3]}, "free_blocks": 6})
+    assert unscheduled.violations[1] == Violation(
+        "accounting", 2, "the engine reports 6 free GPU blocks; the trace implies 7",
+        lhs=6, relation="==", rhs=7)
+    # A hit of one evictable block is the one suspect of one block more free.
+    one = check(A_RUNS, A_ENDS, {**C_HITS, "prefix_hits": {"c": [0]}, "scheduled": [["c", 6]],
+                                 "new_blocks": {"c": [3, 4]}, "free_blocks": 6})
+    assert one.violations == [Violation(
+        "accounting", 2, "c took 1 evictable cached blocks by prefix hit, but the engine "
+        "reports 1 more free", request="c", lhs=6, relation="==", rhs=5)]
+
+
+def test_blocks_are_checked_only_while_every_step_gave_block_ids() -> None:
+    # a's blocks were handed out without ids: nothing is known cached, nothing checked.
+    untracked = [{k: v for k, v in s.items() if k != "new_blocks"} for s in (A_RUNS, A_ENDS)]
+    assert check(*untracked, C_HITS).counts == {}
+
+
+def test_a_table_with_a_block_outside_the_cache_caches_nothing() -> None:
+    # a's block 8 is outside 0..7: its table's ids are not all known, so 0 and 1 are
+    # not cached and c's hit on them is wrong.
+    report = check({**A_RUNS, "new_blocks": {"a": [0, 1, 8]}}, A_ENDS, C_HITS)
+    assert [(v.step, v.lhs, v.rhs) for v in report.violations] == [
+        (0, 8, 8), (2, None, 0), (2, None, 1)]
+
+
+def swapped_then_hit(scheduled: bool) -> Report:
+    """a (9 tokens, blocks 0..2) is swapped out for x, swapped back in to blocks 5, 6, 7
+    (scheduled for a decode, or not), and c then hits a's full blocks 5 and 6."""
+    return check({**A_RUNS, "arrivals": [arrive("a", 9, 4)]},
+                 {"step": 1, "arrivals": [arrive("x", 24, 1)],
+                  "preempted": [{"id": "a", "mode": "swap"}], "scheduled": [["x", 24]],
+                  "finished": ["x"], "new_blocks": {"x": [3, 4, 5, 6, 7, 0]}},
+                 {"step": 2, "swapped_in": ["a"], "scheduled": [["a", 1]] if scheduled else [],
+                  "new_blocks": {"a": [5, 6, 7]}},
+                 {"step": 3, "arrivals": [arrive("c", 10)], "prefix_hits": {"c": [5, 6]},
+                  "scheduled": [["c", 2]], "new_blocks": {"c": [1]}},
+                 num_cpu_blocks=8, preemption="swap")
+
+
+@pytest.mark.parametrize("scheduled", [True, False])
+def test_a_swapped_in_request_s_restored_blocks_are_cached_again(scheduled: bool) -> None:
+    report = swapped_then_hit(scheduled)
+    assert not [v for v in report.violations if v.level == "MUST"], report.violations
+
+
+def test_two_cached_blocks_handed_out_in_one_step_are_two_evictions() -> None:
+    data = trace(A_RUNS, A_ENDS,
+                 {"step": 2, "arrivals": [arrive("x", 24, 1)], "scheduled": [["x", 24]],
+                  "finished": ["x"], "new_blocks": {"x": [0, 1, 3, 4, 5, 6]}})
+    cache = metrics_of_trace(TraceReader(io.BytesIO(data))).prefix_cache
+    assert cache is not None and cache.evictions == 2
+
+
+def test_content_keys_go_through_the_trace_writer_and_reader() -> None:
+    buf = io.BytesIO()
+    writer = TraceWriter(buf)
+    writer.header(Config(prefix_caching=True))
+    [rec] = TraceReader(io.BytesIO(trace({**A_RUNS, "block_keys": {"a": ["s/0", "a/1"]}})))
+    writer.step(rec)
+    [back] = TraceReader(io.BytesIO(buf.getvalue()))
+    assert back.block_keys == {"a": ("s/0", "a/1")}
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    (["s/0"], 'line 2: "block_keys" must be an object {id: [content keys]}'),
+    ({"a": "s/0"}, "line 2: block_keys of a must be a list of strings")])
+def test_malformed_content_keys_are_told_with_their_line(keys: Any, message: str) -> None:
+    with pytest.raises(TraceError) as e:
+        list(TraceReader(io.BytesIO(trace({**A_RUNS, "block_keys": keys}))))
+    assert str(e.value) == message and e.value.line == 2
+
+
+def test_a_hit_without_keys_replays_with_the_content_the_filler_gave() -> None:
+    # The trace gives a's keys, not c's: the replay gives c the contents a's blocks
+    # were cached with, so the profile hits them too.
+    keyed = {**A_RUNS, "block_keys": {"a": ["s/0", "s/1"]}}
+    assert under_profile(trace(keyed, A_ENDS, C_HITS)).counts == {}
+
+
+def test_prefix_helpers() -> None:
+    assert keys("r", (("s", 4),), 2, 4) == ["s/0", "r/1"]
+    assert nested((("s", 8), ("t", 12)), "t", 12) == (("s", 8), ("t", 12))
+    book = KeyBook(4)
+    book.add("r", ["k/0"])
+    book.forget("r")
+    assert len(book) == 0 and book.key("r", (), 0) == "r/0"
+    assert ConfigDefaults(prefix_caching=True).describe() == "prefix_caching=on"
+    assert ConfigDefaults(prefix_caching=False).describe() == "prefix_caching=off"
+
+
+@pytest.mark.parametrize("scheduled", [True, False])
+def test_with_one_token_blocks_a_swap_in_caches_from_its_first_block(scheduled: bool) -> None:
+    # block_size 1: a's 3 prompt tokens fill blocks 0..2; swapped back in to 5, 6, 7
+    # (and 1 for its decode), all three are cached again at indices 0..2.
+    report = check({"step": 0, "arrivals": [arrive("a", 3, 4)], "scheduled": [["a", 3]],
+                    "new_blocks": {"a": [0, 1, 2]}},
+                   {"step": 1, "arrivals": [arrive("x", 6, 1)],
+                    "preempted": [{"id": "a", "mode": "swap"}], "scheduled": [["x", 6]],
+                    "finished": ["x"], "new_blocks": {"x": [3, 4, 5, 6, 7, 0]}},
+                   {"step": 2, "swapped_in": ["a"],
+                    "scheduled": [["a", 1]] if scheduled else [],
+                    "new_blocks": {"a": [5, 6, 7, 1] if scheduled else [5, 6, 7]}},
+                   {"step": 3, "arrivals": [arrive("c", 4)], "prefix_hits": {"c": [5, 6, 7]},
+                    "scheduled": [["c", 1]], "new_blocks": {"c": [2]}},
+                   block_size=1, num_cpu_blocks=8, preemption="swap")
+    assert not [v for v in report.violations if v.level == "MUST"], report.violations
