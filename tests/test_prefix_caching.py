@@ -504,3 +504,19 @@ def test_with_one_token_blocks_a_swap_in_caches_from_its_first_block(scheduled: 
                     "scheduled": [["c", 1]], "new_blocks": {"c": [2]}},
                    block_size=1, num_cpu_blocks=8, preemption="swap")
     assert not [v for v in report.violations if v.level == "MUST"], report.violations
+
+
+def test_a_keyless_hit_on_a_block_handed_out_since_is_not_taken_as_the_old_content() -> None:
+    # d was handed block 0 (dropping the content a left there); the engine then claims c
+    # hit it. Without keys the replay gives c no content for a block the trace says no
+    # longer holds any, so the profile (which kept a's blocks cached) finds no hit and
+    # diverges, beside the block-ids violation.
+    report = under_profile(trace(
+        A_RUNS, A_ENDS,
+        {"step": 2, "arrivals": [arrive("d", 2, 8)], "scheduled": [["d", 2]],
+         "new_blocks": {"d": [0]}},
+        {"step": 3, "arrivals": [arrive("c", 10)], "prefix_hits": {"c": [0, 1]},
+         "scheduled": [["d", 1], ["c", 2]], "new_blocks": {"c": [3]}}))
+    assert "block-ids" in report.counts
+    [v] = [v for v in report.violations if v.invariant == "profile"]
+    assert v.step == 3 and "the trace scheduled d:1, c:2 (hit 2 blocks)" in v.message
