@@ -340,44 +340,47 @@ def header_dict(config: Config, engine: dict[str, str] | None = None,
 
 
 def step_dict(rec: StepRecord) -> dict[str, Any]:
-    """The JSON object of one step; empty lists are left out."""
+    """The JSON object of one step; empty lists are left out. The record's own tuples
+    and dicts go in as they are (JSON writes a tuple as an array): a live engine writes
+    one of these every step, and each container built here is the garbage collector's."""
     out: dict[str, Any] = {"step": rec.step}
     if rec.arrivals:
         out["arrivals"] = [{"id": r.id, "prompt_len": r.prompt_len, "max_tokens": r.max_tokens,
                             "priority": r.priority} for r in rec.arrivals]
     if rec.aborted:
-        out["aborted"] = list(rec.aborted)
+        out["aborted"] = rec.aborted
     if rec.rejected:
         out["rejected"] = [{"id": r.id, "reason": r.reason} for r in rec.rejected]
     if rec.preempted:
         out["preempted"] = [{"id": p.id, "mode": p.mode} for p in rec.preempted]
     if rec.swapped_in:
-        out["swapped_in"] = list(rec.swapped_in)
+        out["swapped_in"] = rec.swapped_in
     if rec.scheduled:
-        out["scheduled"] = [[rid, n] for rid, n in rec.scheduled]
+        out["scheduled"] = rec.scheduled
     if rec.finished:
-        out["finished"] = list(rec.finished)
+        out["finished"] = rec.finished
     if rec.free_blocks is not None:
         out["free_blocks"] = rec.free_blocks
     if rec.new_blocks is not None:
-        out["new_blocks"] = {rid: list(ids) for rid, ids in rec.new_blocks.items()}
+        out["new_blocks"] = rec.new_blocks
     if rec.prefix_hits:
-        out["prefix_hits"] = {rid: list(ids) for rid, ids in rec.prefix_hits.items()}
+        out["prefix_hits"] = rec.prefix_hits
     if rec.block_keys:
-        out["block_keys"] = {rid: list(ks) for rid, ks in rec.block_keys.items()}
+        out["block_keys"] = rec.block_keys
     if rec.time_ms is not None:
         out["time_ms"] = rec.time_ms
     return out
 
 
-def _json_line(obj: Any) -> bytes:
+def json_line(obj: Any) -> bytes:
+    """One trace line: compact JSON and its newline."""
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
 class TraceWriter:
     """Writes a trace to a binary stream, one JSON object per line."""
 
-    def __init__(self, stream: IO[bytes], dumps: Callable[[Any], bytes] = _json_line) -> None:
+    def __init__(self, stream: IO[bytes], dumps: Callable[[Any], bytes] = json_line) -> None:
         self._stream = stream
         self._dumps = dumps
 

@@ -246,7 +246,8 @@ def test_driver_block_ids_come_from_new_and_cached_requests() -> None:
         scheduled_cached_reqs=SimpleNamespace(
             req_ids=["r", "s"], new_block_ids=[([9],), None], num_computed_tokens=[7, 8],
             resumed_req_ids=set()))
-    assert vllm_driver.step_blocks(output, 4) == ({"n": [3, 4], "r": [9], "s": []}, {})
+    # a running request that got no block this step ("s") is left out
+    assert vllm_driver.step_blocks(output, 4) == ({"n": (3, 4), "r": (9,)}, {})
 
 
 def test_driver_splits_an_admitted_table_into_hit_and_fresh_blocks() -> None:
@@ -259,8 +260,8 @@ def test_driver_splits_an_admitted_table_into_hit_and_fresh_blocks() -> None:
             req_ids=["run", "back", "cold"], new_block_ids=[([9],), ([2, 3, 4],), ([8],)],
             num_computed_tokens=[12, 4, 0], resumed_req_ids={"back", "cold"}))
     fresh, hits = vllm_driver.step_blocks(output, 4)
-    assert hits == {"n": [5, 6], "back": [2]}
-    assert fresh == {"n": [7], "run": [9], "back": [3, 4], "cold": [8]}
+    assert hits == {"n": (5, 6), "back": (2,)}
+    assert fresh == {"n": (7,), "run": (9,), "back": (3, 4), "cold": (8,)}
     odd = SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(
         req_id="n", block_ids=([5],), num_computed_tokens=3)],
         scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[],
@@ -664,11 +665,14 @@ def test_vllm_block_keys_are_equal_exactly_where_the_tokens_are(
     bs = CONFIG.block_size
     # p0 and p1 share the 24-token system prompt: six blocks, then their own text.
     assert keys["p0"][:6] == keys["p1"][:6] and keys["p0"][6] != keys["p1"][6]
-    assert keys["q-next"][:4] == keys["q"][:4]  # the first turn's whole 16 tokens
+    # The first turn's 16 tokens: three blocks vLLM cached (the fourth ends with the
+    # end-of-sequence, never computed), the same keys in the next turn's prompt.
+    assert len(keys["q"]) == 3 and keys["q-next"][:3] == keys["q"]
     for a in keys:
         seq_a = tokens.sequence(a)
-        # Every full block, prompt and outputs: each request ran to its end-of-sequence.
-        assert len(keys[a]) == len(seq_a) // bs
+        # Every block vLLM cached, prompt and outputs: each request ran to its
+        # end-of-sequence, whose KV is never computed (a block it fills is never cached).
+        assert len(keys[a]) == (len(seq_a) - 1) // bs
         for b in keys:
             seq_b = tokens.sequence(b)
             for i in range(min(len(keys[a]), len(keys[b]))):

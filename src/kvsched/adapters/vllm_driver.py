@@ -4,7 +4,7 @@
 
 This file imports only the standard library and vLLM (never kvsched, which need not be
 installed in vLLM's environment). Its functions that read vLLM's objects
-(effective_config, step_blocks, new_block_keys, finishes) are the only such code:
+(effective_config, step_blocks, BlockKeys, finishes) are the only such code:
 kvsched's tracing plugin (kvsched.integrations.vllm), which runs inside vLLM with
 kvsched installed, imports them from here.
 
@@ -43,7 +43,8 @@ Events:
 `new_block_ids` are the blocks handed out fresh; `prefix_hits` the cached blocks an
 admitted request (new, or resumed after recompute) starts its table with; `block_keys`
 continue, per request, vLLM's hashes of its full blocks (Request.block_hashes, hex,
-the first KEY_HEX digits), each written once its tokens are known.
+the first KEY_HEX digits): a prompt's when it arrives, a block of outputs when vLLM
+caches it (BlockKeys).
     {"done": name, "complete": bool, "steps": n}
     {"error": "one line"}    (then exit status 3)
 """
@@ -56,7 +57,8 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterable
+from itertools import compress, count, repeat
+from operator import is_not
 from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, Any
@@ -208,18 +210,57 @@ def vllm_class(scheduler: Any) -> type:
     return next(c for c in type(scheduler).__mro__ if c.__module__.startswith("vllm."))
 
 
-def new_block_keys(requests: Iterable[Any], written: dict[str, int]) -> dict[str, list[str]]:
-    """Keys of the blocks whose tokens became known since `written` (a request's prompt
-    blocks at arrival, a block of outputs once its last token is sampled): vLLM's
-    Request.block_hashes, hex, the first KEY_HEX digits. Advances `written`."""
-    keys: dict[str, list[str]] = {}
-    for request in requests:
+class BlockKeys:
+    """The content keys a trace gives for each request's full blocks: vLLM's own
+    hashes (Request.block_hashes, hex, the first KEY_HEX digits), each request's list
+    continuing from 0 without gaps. A request's prompt blocks are given when it arrives
+    (vLLM hashes them then), a block of its outputs when vLLM caches it
+    (BlockPool.cache_full_blocks, in schedule(): the step the block becomes hittable,
+    which is when the spec caches it too). Watching the cache costs a call per block
+    cached, not a look at every running request every step, which a live engine's
+    step budget could not pay for."""
+
+    def __init__(self, pool: Any, block_size: int) -> None:
+        if getattr(pool, "hash_block_size", block_size) != block_size:
+            raise DriverError(f"vLLM hashes blocks of {pool.hash_block_size} tokens, "
+                              f"its KV cache blocks hold {block_size}: kvsched's block "
+                              "keys need the two equal")
+        self.written: dict[str, int] = {}  # keys given so far, by request
+        self.pending: dict[str, list[str]] = {}  # keys to write in this step's line
+        cache = pool.cache_full_blocks
+
+        def cache_full_blocks(request: Any, blocks: Any, num_cached_blocks: int,
+                              num_full_blocks: int, *args: Any, **kwargs: Any) -> Any:
+            out = cache(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
+            self._known(request, num_full_blocks)
+            return out
+
+        pool.cache_full_blocks = cache_full_blocks  # on this pool only, vLLM's unchanged
+
+    def _known(self, request: Any, full: int) -> None:
         rid = request.request_id
-        known = request.block_hashes[written.get(rid, 0):]
-        if known:
-            keys[rid] = [bytes(h).hex()[:KEY_HEX] for h in known]
-            written[rid] = written.get(rid, 0) + len(known)
-    return keys
+        before = self.written.get(rid, 0)
+        if full > before:
+            self.pending.setdefault(rid, []).extend(
+                h[:KEY_HEX // 2].hex() for h in request.block_hashes[before:full])  # bytes
+            self.written[rid] = full
+
+    def arrived(self, request: Any) -> None:
+        """A new request: its prompt blocks' keys."""
+        self._known(request, len(request.block_hashes))
+
+    def forget(self, rid: str, unwritten: bool = False) -> None:
+        """A request that ended: no more keys for it; with `unwritten`, not even those
+        it has waiting for this step's line (an abort before the step's schedule())."""
+        self.written.pop(rid, None)
+        if unwritten:
+            self.pending.pop(rid, None)
+
+    def take(self) -> dict[str, tuple[str, ...]]:
+        """The keys that became known since the last take, by request."""
+        keys = {rid: tuple(ks) for rid, ks in self.pending.items()}
+        self.pending.clear()
+        return keys
 
 
 def finishes(engine_outputs: Any) -> list[dict[str, str]]:
@@ -267,39 +308,45 @@ def make_request(item: dict[str, Any], order: int, contents: Contents,
         priority=item.get("priority", 0), block_hasher=hasher)
 
 
-def step_blocks(output: Any, block_size: int) -> tuple[dict[str, list[int]],
-                                                       dict[str, list[int]]]:
+def step_blocks(output: Any, block_size: int) -> tuple[dict[str, tuple[int, ...]],
+                                                       dict[str, tuple[int, ...]]]:
     """The blocks each scheduled request got this step (one KV cache group): those
-    handed out fresh, and the prefix hits of the admitted ones.
+    handed out fresh (requests that got none are left out), and the prefix hits of the
+    admitted ones.
 
     An admitted request (new, or resumed after recompute) comes with its whole table
     and its computed tokens before the step, which are its hit's: the table's first
     num_computed_tokens / block_size blocks are the hit. A running request comes with
-    its new blocks only.
+    its new blocks only (None when it got none, as in most steps: those are skipped in
+    C, since a live engine calls this every step for its whole batch).
     """
-    fresh: dict[str, list[int]] = {}
-    hits: dict[str, list[int]] = {}
+    fresh: dict[str, tuple[int, ...]] = {}
+    hits: dict[str, tuple[int, ...]] = {}
 
-    def split(rid: str, ids: list[int], computed: int) -> None:
+    def split(rid: str, ids: tuple[int, ...], computed: int) -> None:
         if computed % block_size:
             raise DriverError(f"{rid} was admitted with {computed} computed tokens, not "
                               f"whole blocks of {block_size}")
         h = computed // block_size
         if h:
             hits[rid] = ids[:h]
-        fresh[rid] = ids[h:]
+        if len(ids) > h:
+            fresh[rid] = ids[h:]
 
     for new in output.scheduled_new_reqs:
-        split(new.req_id, list(new.block_ids[0]) if new.block_ids else [],
+        split(new.req_id, tuple(new.block_ids[0]) if new.block_ids else (),
               new.num_computed_tokens)
     cached = output.scheduled_cached_reqs
-    for rid, ids, computed in zip(cached.req_ids, cached.new_block_ids,
-                                  cached.num_computed_tokens, strict=True):
-        got = list(ids[0]) if ids is not None else []
-        if rid in cached.resumed_req_ids:
-            split(rid, got, computed)
-        else:
-            fresh[rid] = got
+    resumed = cached.resumed_req_ids
+    if len(cached.req_ids) != len(cached.new_block_ids):
+        raise DriverError(f"the scheduler output lists {len(cached.req_ids)} running "
+                          f"requests but {len(cached.new_block_ids)} new block lists")
+    for at in compress(count(), map(is_not, cached.new_block_ids, repeat(None))):
+        rid, ids = cached.req_ids[at], tuple(cached.new_block_ids[at][0])
+        if rid in resumed:
+            split(rid, ids, cached.num_computed_tokens[at])
+        elif ids:
+            fresh[rid] = ids
     return fresh, hits
 
 
@@ -310,6 +357,7 @@ def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
     scheduler = build_scheduler(job["config"], model_dir)
     pool = scheduler.kv_cache_manager.block_pool
     hasher = block_hasher(scheduler)
+    keys = BlockKeys(pool, scheduler.block_size) if hasher is not None else None
     preempted: list[str] = []
     preempt = scheduler._preempt_request
 
@@ -326,7 +374,6 @@ def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
     contents = Contents(job["requests"])
     pending: list[dict[str, Any]] = sorted(job["requests"], key=lambda w: w["arrival"])
     live: dict[str, Any] = {}  # the Request objects vLLM holds, by id
-    keys_written: dict[str, int] = {}
     aborts: dict[int, list[str]] = {}
     for w in pending:
         if w.get("abort") is not None:
@@ -349,14 +396,17 @@ def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
                 refused.append({"id": w["id"], "reason": reason})
                 continue
             live[w["id"]] = make_request(w, nxt, contents, hasher)
-            keys_written[w["id"]] = 0
             scheduler.add_request(live[w["id"]])
+            if keys is not None:
+                keys.arrived(live[w["id"]])
         aborted: list[str] = []
         for rid in aborts.pop(step, ()):
             if rid in live:
                 scheduler.finish_requests(rid, status.FINISHED_ABORTED)
                 del live[rid]
                 aborted.append(rid)
+                if keys is not None:
+                    keys.forget(rid, unwritten=True)
         preempted.clear()
         output = scheduler.schedule()
         if set(preempted) != set(output.preempted_req_ids):
@@ -376,13 +426,15 @@ def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
             req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
             sampled_token_ids=sampled)
         engine_outputs = scheduler.update_from_output(output, runner_output)
-        keys = new_block_keys(live.values(), keys_written)
         finished = finishes(engine_outputs)
         for f in finished:
             live.pop(f["id"], None)
+            if keys is not None:
+                keys.forget(f["id"])
         emit({"step": step, "arrivals": arrivals, "refused": refused, "aborted": aborted,
               "preempted": list(preempted), "scheduled": [[rid, n] for rid, n in scheduled],
-              "new_block_ids": fresh, "prefix_hits": hits, "block_keys": keys,
+              "new_block_ids": fresh, "prefix_hits": hits,
+              "block_keys": keys.take() if keys is not None else {},
               "finished": finished, "free_blocks": pool.get_num_free_blocks()})
         step += 1
     emit({"done": job["name"], "complete": True, "steps": step})

@@ -25,10 +25,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from kvsched.adapters.vllm_driver import BlockKeys
 from kvsched.integrations.vllm_trace import (
     LiveTrace,
     engine_config,
     header_extra,
+    line_encoder,
     open_trace,
     trace_dir,
 )
@@ -49,9 +51,11 @@ class TracingScheduler(_VllmScheduler):  # type: ignore[misc]
         folder = trace_dir(os.environ, self.vllm_config.additional_config)
         self.kvsched_trace_path, stream = open_trace(folder, pid, started)
         version = str(importlib.import_module("vllm").__version__)
+        keys = BlockKeys(self.kv_cache_manager.block_pool, config.block_size) \
+            if config.prefix_caching else None
         self.kvsched_trace: LiveTrace | None = LiveTrace(
             stream, config, {"name": "vllm", "version": version},
-            header_extra(config.prefix_caching, pid, started))
+            header_extra(config.prefix_caching, pid, started), keys, line_encoder())
         _log.info("kvsched: tracing the scheduler to %s", self.kvsched_trace_path)
 
     def _record(self, what: Callable[[LiveTrace], None]) -> None:
@@ -88,7 +92,7 @@ class TracingScheduler(_VllmScheduler):  # type: ignore[misc]
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         output = super().schedule(*args, **kwargs)
-        self._record(lambda t: t.scheduled(output, self.requests, started))
+        self._record(lambda t: t.scheduled(output, started))
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:

@@ -18,21 +18,22 @@ flight.
 
 from __future__ import annotations
 
+import importlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 from kvsched.adapters.vllm import AdapterError, config_from_vllm
 from kvsched.adapters.vllm_driver import (
+    BlockKeys,
     effective_config,
     finishes,
-    new_block_keys,
     step_blocks,
 )
 from kvsched.spec.model import Config, Preemption, Request, StepRecord
-from kvsched.spec.trace import TraceWriter
+from kvsched.spec.trace import TraceWriter, json_line
 
 TRACE_DIR_ENV = "KVSCHED_TRACE_DIR"
 TRACE_DIR_KEY = "kvsched_trace_dir"  # in vLLM's --additional-config
@@ -121,6 +122,17 @@ def header_extra(prefix_caching: bool, pid: int, started: datetime) -> dict[str,
     return {"preempted_order": True, "adapter": adapter}
 
 
+def line_encoder() -> Callable[[Any], bytes]:
+    """The JSON encoder of a trace line in the engine's process: msgspec's (a dependency
+    of vLLM, ten times as fast as the standard library's on a step's line, which the
+    overhead budget needs), else the trace writer's own."""
+    try:
+        encode = importlib.import_module("msgspec").json.Encoder().encode
+    except ImportError:
+        return json_line
+    return lambda obj: encode(obj) + b"\n"
+
+
 class LiveTrace:
     """The trace of one engine process, written step by step while it serves.
 
@@ -130,10 +142,12 @@ class LiveTrace:
     """
 
     def __init__(self, stream: IO[bytes], config: Config, engine: dict[str, str],
-                 extra: dict[str, Any]) -> None:
+                 extra: dict[str, Any], keys: BlockKeys | None = None,
+                 dumps: Callable[[Any], bytes] = json_line) -> None:
         self.stream = stream
         self.block_size = config.block_size
-        self.writer = TraceWriter(stream)
+        self.keys = keys  # with prefix caching: the blocks' content keys
+        self.writer = TraceWriter(stream, dumps)
         self.writer.header(config, engine, extra)
         stream.flush()
         self.step = 0
@@ -143,19 +157,18 @@ class LiveTrace:
         self.in_flight = False
         self.late_aborts: list[str] = []  # aborted while the step is in flight
         self.late_freed = 0  # blocks they released
-        self.keys_written: dict[str, int] = {}
-        self.key_holders: dict[str, Any] = {}  # requests whose blocks may have new keys
         self.started = 0.0
-        self.batch: list[tuple[str, int]] = []
-        self.fresh: dict[str, list[int]] = {}
-        self.hits: dict[str, list[int]] = {}
+        self.batch: tuple[tuple[str, int], ...] = ()
+        self.fresh: dict[str, tuple[int, ...]] = {}
+        self.hits: dict[str, tuple[int, ...]] = {}
         self.closed = False
 
     def arrived(self, request: Any) -> None:
         rid = request.request_id
         self.arrivals.append(Request(rid, request.num_prompt_tokens, request.max_tokens,
                                      request.priority, self.step))
-        self.key_holders[rid] = request
+        if self.keys is not None:
+            self.keys.arrived(request)
 
     def aborted(self, ids: Iterable[str], freed: int) -> None:
         """Requests finished from outside the scheduler, and the blocks that freed."""
@@ -165,49 +178,50 @@ class LiveTrace:
             self.late_freed += freed
         else:
             self.aborts += ids
-        for rid in ids:
-            self.key_holders.pop(rid, None)
-            self.keys_written.pop(rid, None)
+        if self.keys is not None:
+            for rid in ids:
+                self.keys.forget(rid, unwritten=not self.in_flight)
 
     def preempted(self, rid: str) -> None:
         self.victims.append(rid)
 
-    def scheduled(self, output: Any, requests: Mapping[str, Any], started: float) -> None:
+    def scheduled(self, output: Any, started: float) -> None:
         """After schedule(): the batch in vLLM's order and the blocks it handed out."""
         self.in_flight = True
         self.started = started
-        self.batch = list(output.num_scheduled_tokens.items())
+        self.batch = tuple(output.num_scheduled_tokens.items())
         self.fresh, self.hits = step_blocks(output, self.block_size)
-        for rid, _ in self.batch:
-            self.key_holders[rid] = requests[rid]
 
     def updated(self, engine_outputs: Any, free_blocks: int) -> None:
-        """After update_from_output(): write the step's line and flush it."""
-        late = set(self.late_aborts)
-        finished = [f["id"] for f in finishes(engine_outputs) if f["id"] not in late]
-        keys = new_block_keys(self.key_holders.values(), self.keys_written)
+        """After update_from_output(): write the step's line and flush it. (Its few
+        microseconds count against the engine's step: containers are built only where
+        the step has something to say.)"""
+        finished = tuple(f["id"] for f in finishes(engine_outputs)
+                         if f["id"] not in self.late_aborts)
         rec = StepRecord(
             self.step,
             arrivals=tuple(self.arrivals),
             aborted=tuple(self.aborts),
-            preempted=tuple(Preemption(rid, "recompute") for rid in self.victims),
-            scheduled=tuple(self.batch),
-            finished=tuple(finished),
+            preempted=tuple(Preemption(rid, "recompute") for rid in self.victims)
+            if self.victims else (),
+            scheduled=self.batch,
+            finished=finished,
             free_blocks=free_blocks - self.late_freed,
-            new_blocks={rid: tuple(ids) for rid, ids in self.fresh.items() if ids},
+            new_blocks=self.fresh,
             time_ms=round((time.perf_counter() - self.started) * 1000.0, 3),
-            prefix_hits={rid: tuple(ids) for rid, ids in self.hits.items() if ids},
-            block_keys={rid: tuple(ks) for rid, ks in keys.items()},
+            prefix_hits=self.hits,
+            block_keys=self.keys.take() if self.keys is not None else {},
         )
         self.writer.step(rec)
         self.stream.flush()
-        for rid in finished:
-            self.keys_written.pop(rid, None)
-        self.key_holders.clear()
+        if self.keys is not None:
+            for rid in finished:
+                self.keys.forget(rid)
         self.step += 1
         self.arrivals.clear()
         self.victims.clear()
-        self.aborts, self.late_aborts, self.late_freed = self.late_aborts, [], 0
+        if self.aborts or self.late_aborts:
+            self.aborts, self.late_aborts, self.late_freed = self.late_aborts, [], 0
         self.in_flight = False
 
     def close(self, complete: bool) -> None:
