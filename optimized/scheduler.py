@@ -540,8 +540,11 @@ class OptimizedScheduler:
             dead.extend(victims)
             if self._tail_victims:
                 end -= len(victims)
-            if victims[-1] == e_pos:
-                break  # the request gave itself up: the pass stops (as vLLM's)
+            if victims[-1] == e_pos:  # the request gave itself up
+                if self.knobs.continue_after_self_preemption:
+                    pos = e_pos + 1  # on to the requests after it (vLLM 0.33)
+                    continue
+                break  # the pass stops (vLLM 0.32)
             e_slot = order[e_pos:e_pos + 1]
             self._allocate(e_slot, st[G_, e_slot], need[fit:fit + 1], e_need)
             if self._caching:

@@ -135,6 +135,7 @@ DIMENSIONS: dict[str, tuple[object, ...]] = {
     "admit_after_preempt": (False, True),
     "reserve_full_sequence": (True, False),
     "lift_threshold_when_alone": (True, False),
+    "continue_after_self_preemption": (False, True),
     "policy": ("fcfs", "priority"),
     "preemption": ("recompute", "swap", "auto"),
     "num_cpu_blocks": (1, 2, 4),
@@ -201,7 +202,9 @@ def grid_scope(point: dict[str, object], requests: tuple[Shape, ...]) -> Scope:
     knobs = Knobs(victim=one_of("victim", VICTIMS),
                   admit_after_preempt=value("admit_after_preempt", bool),
                   reserve_full_sequence=value("reserve_full_sequence", bool),
-                  lift_threshold_when_alone=value("lift_threshold_when_alone", bool))
+                  lift_threshold_when_alone=value("lift_threshold_when_alone", bool),
+                  continue_after_self_preemption=value("continue_after_self_preemption",
+                                                       bool))
     block_size, blocks = value("cache", tuple)
     prefill = value("prefill", str)
     config = replace(BASE, block_size=block_size, num_gpu_blocks=blocks,
@@ -215,7 +218,8 @@ def grid_scope(point: dict[str, object], requests: tuple[Shape, ...]) -> Scope:
                      else 0, watermark_blocks=value("watermark_blocks", int))
     label = (f"grid {knobs.victim}{'/admit' if knobs.admit_after_preempt else ''}"
              f"{'/full' if knobs.reserve_full_sequence else ''}"
-             f"{'/lift' if knobs.lift_threshold_when_alone else ''}")
+             f"{'/lift' if knobs.lift_threshold_when_alone else ''}"
+             f"{'/continue' if knobs.continue_after_self_preemption else ''}")
     return Scope(name_of(label, config, requests), "grid", config, knobs, requests)
 
 

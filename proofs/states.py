@@ -52,6 +52,7 @@ class Cfg(NamedTuple):
     admit_after_preempt: bool = False
     reserve_full: bool = True
     lift_threshold: bool = True
+    continue_after_self_preemption: bool = False
 
     def config(self) -> Config:
         return Config(block_size=self.block_size, num_gpu_blocks=self.gpu,
@@ -66,7 +67,8 @@ class Cfg(NamedTuple):
         return Knobs(victim=VICTIMS[self.victim],
                      admit_after_preempt=self.admit_after_preempt,
                      reserve_full_sequence=self.reserve_full,
-                     lift_threshold_when_alone=self.lift_threshold)
+                     lift_threshold_when_alone=self.lift_threshold,
+                     continue_after_self_preemption=self.continue_after_self_preemption)
 
 
 def small_cfg(c: Cfg) -> bool:

@@ -329,8 +329,9 @@ class ReferenceScheduler:
 
     def running_pass(self, plan: StepPlan) -> None:
         """Give each running request its next chunk, in running order while the budget
-        lasts; when its blocks do not fit, preempt victims until they do, and stop when
-        the victim is the request itself."""
+        lasts; when its blocks do not fit, preempt victims until they do. When the victim
+        is the request itself the pass stops, or with continue_after_self_preemption goes
+        on to the next running request."""
         cfg = self.config
         i = 0
         while i < len(self.running) and plan.budget > 0:
@@ -371,6 +372,8 @@ class ReferenceScheduler:
                     fits = False
                     break
             if not fits:
+                if self.knobs.continue_after_self_preemption:
+                    continue  # r left running: i is the next request's index
                 break
             plan.scheduled[rid] = n
             plan.budget -= n

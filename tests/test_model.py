@@ -10,7 +10,7 @@ import pytest
 
 from kvsched.spec import Config, Decision, Preemption, Request, Violation, never_completes
 from kvsched.spec.knobs import CostModel, Knobs
-from kvsched.spec.profiles import ConfigDefaults, get_profile
+from kvsched.spec.profiles import ConfigDefaults, get_profile, pinned_profile
 
 
 @pytest.mark.parametrize("change,problem", [
@@ -123,8 +123,18 @@ def test_profile_defaults_apply_to_fields_not_given() -> None:
     assert swap.configure(config, frozenset({"preemption"})).preemption == "recompute"
     with pytest.raises(ValueError) as e:
         get_profile("nope")
-    assert str(e.value) == ("unknown profile 'nope'; known: vllm-v1, "
-                            "vllm-v1-no-prefix-caching, vllm-v0-swap, sarathi")
+    assert str(e.value) == ("unknown profile 'nope'; known: vllm-v1, vllm-v1@0.32, "
+                            "vllm-v1@0.33, vllm-v1-no-prefix-caching, vllm-v0-swap, sarathi")
+    # Releases: the two differ in one knob, and vllm-v1 names the newest.
+    old, new = get_profile("vllm-v1@0.32"), get_profile("vllm-v1@0.33")
+    assert replace(old.knobs, continue_after_self_preemption=True) == new.knobs
+    assert not old.knobs.continue_after_self_preemption
+    assert get_profile("vllm-v1").knobs == new.knobs and old.defaults == new.defaults
+    assert pinned_profile("vllm-v1", "vllm", "0.32.4") == "vllm-v1@0.32"
+    assert pinned_profile("vllm-v1", "vllm", "0.40.0") is None
+    assert pinned_profile("vllm-v1@0.32", "vllm", "0.33.0") is None  # pinned already
+    assert pinned_profile("vllm-v1", "sglang", "0.32.0") is None
+    assert pinned_profile("sarathi", "vllm", "0.32.0") is None
 
 
 def test_a_prompt_of_max_model_len_can_never_complete() -> None:

@@ -104,3 +104,24 @@ def test_a_crowded_run_with_preemptions_and_aborts_matches() -> None:
     assert reference == fast
     assert any(b'"preempted"' in line for line in fast)
     assert any(b'"aborted"' in line for line in fast)
+
+
+def test_both_vllm_releases_match_on_the_workload_that_tells_them_apart() -> None:
+    """The workload vLLM 0.32 and 0.33 were recorded on (tests/data/vllm-releases):
+    under each release's profile the fast loop writes the reference's trace, and the
+    two releases' traces part (0.33 goes on with the running pass after a request
+    preempts itself)."""
+    from pathlib import Path
+
+    from kvsched.workload import read_workload
+    from tools.vllm_releases import CONFIG
+
+    data = Path(__file__).resolve().parent / "data" / "vllm-releases" / "workload.jsonl"
+    items = read_workload(data)
+    out = {}
+    for release in ("0.32", "0.33"):
+        setup = get_profile(f"vllm-v1@{release}").knobs
+        reference, fast = traces(CONFIG, setup, items, "cpu", True)
+        assert reference == fast, release
+        out[release] = reference
+    assert out["0.32"] != out["0.33"]

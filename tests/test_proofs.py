@@ -228,9 +228,10 @@ def test_the_grid_covers_every_pair_of_values() -> None:
 def test_the_full_scopes_use_every_knob_and_config_value() -> None:
     scopes = full_scopes()
     knobs = {(s.knobs.victim, s.knobs.admit_after_preempt, s.knobs.reserve_full_sequence,
-              s.knobs.lift_threshold_when_alone) for s in scopes}
+              s.knobs.lift_threshold_when_alone, s.knobs.continue_after_self_preemption)
+             for s in scopes}
     for i, name in enumerate(("victim", "admit_after_preempt", "reserve_full_sequence",
-                              "lift_threshold_when_alone")):
+                              "lift_threshold_when_alone", "continue_after_self_preemption")):
         assert {k[i] for k in knobs} == set(DIMENSIONS[name])
     configs = {s.config for s in scopes}
     assert {c.policy for c in configs} == {"fcfs", "priority"}

@@ -45,7 +45,7 @@ from kvsched.spec.checker import Report
 from kvsched.spec.interface import Scheduler as AnyScheduler
 from kvsched.spec.knobs import VICTIMS, Knobs
 from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config, StepRecord
-from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES, get_profile
+from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES, get_profile, pinned_profile
 from kvsched.spec.should import DEFAULT_MAX_PREEMPTIONS
 from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
 from kvsched.spec.violation import INVARIANTS
@@ -327,6 +327,8 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
               help="Override: admission needs the whole sequence to fit.")
 @click.option("--lift-threshold-when-alone/--keep-threshold-when-alone", default=None,
               help="Override: no long-prefill cap for a lone request.")
+@click.option("--continue-after-self-preemption/--stop-after-self-preemption", default=None,
+              help="Override: the running pass goes on after a request preempts itself.")
 @click.option("--swap-bytes-per-block", type=int, help="Auto preemption: bytes per KV block.")
 @click.option("--host-bandwidth", type=float, help="Auto preemption: host link bytes/s.")
 @click.option("--prefill-tokens-per-s", type=float, help="Auto preemption: recompute speed.")
@@ -344,7 +346,8 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
               show_default=True, help="Where the optimized scheduler keeps its tensors.")
 def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
              reserve_full_sequence: bool | None, lift_threshold_when_alone: bool | None,
-             swap_bytes_per_block: int | None, host_bandwidth: float | None,
+             continue_after_self_preemption: bool | None, swap_bytes_per_block: int | None,
+             host_bandwidth: float | None,
              prefill_tokens_per_s: float | None, workload_path: Path | None, generator: str,
              num_requests: int, arrival: str, priorities: str | None,
              max_tokens: int | None, rate: float, seed: int, system_prompts: str | None,
@@ -361,7 +364,8 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
     overrides: dict[str, Any] = {
         k: v for k, v in (("victim", victim), ("admit_after_preempt", admit_after_preempt),
                           ("reserve_full_sequence", reserve_full_sequence),
-                          ("lift_threshold_when_alone", lift_threshold_when_alone))
+                          ("lift_threshold_when_alone", lift_threshold_when_alone),
+                          ("continue_after_self_preemption", continue_after_self_preemption))
         if v is not None}
     cost: dict[str, Any] = {
         k: v for k, v in (("bytes_per_block", swap_bytes_per_block),
@@ -489,6 +493,8 @@ def check_one(path: str, profile: str | None, max_preemptions: int, strict: bool
                 report.missing()  # computed from the fields just set
                 return report
             reader = TraceReader(stream)
+            if profile is not None:
+                release_note(path, profile, reader.header.engine)
             return new_checker(reader.header.config, profile=profile, strict=strict,
                                max_preemptions=max_preemptions, required=required,
                                preempted_order=reader.header.preempted_order
@@ -497,6 +503,16 @@ def check_one(path: str, profile: str | None, max_preemptions: int, strict: bool
         raise Unreadable(f"{path}: {e}") from None
     except (BadInput, InputError) as e:  # the file itself: missing, unreadable, damaged
         raise Unreadable(str(e)) from None
+
+
+def release_note(path: str, profile: str, engine: dict[str, str]) -> None:
+    """A note on standard error when `profile` follows an engine's releases (vllm-v1)
+    and the trace's header names a release whose own profile decides otherwise."""
+    name, version = engine.get("name", ""), engine.get("version", "")
+    pinned = pinned_profile(profile, name, version)
+    if pinned is not None and get_profile(pinned).knobs != get_profile(profile).knobs:
+        err.print(Text(f"kvsched: note: {printable(path)} was recorded by {name} {version}, "
+                       f"whose profile is {pinned} ({profile} follows another release)"))
 
 
 def big_trace(path: str) -> bool:

@@ -81,6 +81,7 @@ def knobs() -> st.SearchStrategy[Knobs]:
         admit_after_preempt=st.booleans(),
         reserve_full_sequence=st.booleans(),
         lift_threshold_when_alone=st.booleans(),
+        continue_after_self_preemption=st.booleans(),
     )
 
 

@@ -1,5 +1,6 @@
 """`make conformance-vllm`: record vLLM's real v1 scheduler on a suite of workloads and
-check every trace at the MUST level and against the `vllm-v1` profile.
+check every trace at the MUST level and against the profile of its vLLM release
+(`vllm-v1@0.32` for vLLM 0.32.x: the release in the trace's header picks it).
 
     python -m kvsched.adapters.vllm_conformance [--out DIR] [--vllm-python PATH]
         [--random N] [--seed S] [--list] [NAME...]
@@ -32,13 +33,13 @@ from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
-from kvsched.spec.profiles import get_profile
+from kvsched.spec.profiles import PROFILES, get_profile, pinned_profile
 from kvsched.spec.replay import ProfileReplay
 from kvsched.spec.trace import TraceReader
 from kvsched.spec.violation import INVARIANTS, MUST, SHOULD, Violation
 from kvsched.workload import WorkItem, validate
 
-PROFILE = "vllm-v1"
+FAMILY = "vllm-v1"  # a trace of vLLM X.Y is checked under FAMILY@X.Y
 DEFAULT_OUT = Path("build/conformance-vllm")
 DEFAULT_RANDOM = 200  # small random configs and workloads beside the named cases
 DEFAULT_RANDOM_PREFIX = 40  # the same with prefix caching and shared prefixes
@@ -380,6 +381,7 @@ class Verdict:
     prefix_caching: bool = False
     hits: int = 0  # requests admitted with a prefix hit
     hit_blocks: int = 0
+    profile: str = FAMILY
 
     @property
     def exact(self) -> bool:
@@ -392,10 +394,26 @@ class Verdict:
         return not self.must and self.complete and self.exact
 
 
+class NoProfile(Exception):
+    """A trace of a vLLM release that has no profile of its own; str() is one line."""
+
+
+def release_profile(engine: dict[str, str]) -> str:
+    """The profile of the vLLM release a trace's header names: vllm-v1@X.Y."""
+    name, version = engine.get("name", "?"), engine.get("version", "?")
+    pinned = pinned_profile(FAMILY, name, version)
+    if pinned is None:
+        known = ", ".join(p for p in PROFILES if p.startswith(FAMILY + "@"))
+        raise NoProfile(f"a trace of {name} {version}, a release no profile follows "
+                        f"(known: {known})")
+    return pinned
+
+
 def check_case(case: str, path: Path) -> Verdict:
     with path.open("rb") as stream:
         reader = TraceReader(stream)
-        checker = new_checker(reader.header.config, profile=PROFILE,
+        profile = release_profile(reader.header.engine)
+        checker = new_checker(reader.header.config, profile=profile,
                               preempted_order=reader.header.preempted_order)
         preemptions = rejected = hits = hit_blocks = 0
         for rec in reader:
@@ -410,39 +428,43 @@ def check_case(case: str, path: Path) -> Verdict:
     should = Counter({k: n for k, n in report.counts.items() if INVARIANTS[k] == SHOULD})
     return Verdict(case, report.steps, report.requests, preemptions, rejected,
                    report.complete, must, should, divergence,
-                   reader.header.config.prefix_caching, hits, hit_blocks)
+                   reader.header.config.prefix_caching, hits, hit_blocks, profile)
 
 
 # Each knob of the profile, flipped: the suite must tell every one of these from vLLM,
-# or agreement with vllm-v1 would prove less than it seems.
-def knob_variants() -> dict[str, Knobs]:
-    base = get_profile(PROFILE).knobs
+# or agreement with the profile would prove less than it seems.
+def knob_variants(profile: str) -> dict[str, Knobs]:
+    base = get_profile(profile).knobs
+    pass_rule = ("stop after self-preemption" if base.continue_after_self_preemption
+                 else "continue after self-preemption")
     return {
         "victim=tail": replace(base, victim="tail"),
         "admit_after_preempt": replace(base, admit_after_preempt=True),
         "no reserve_full_sequence": replace(base, reserve_full_sequence=False),
         "keep threshold when alone": replace(base, lift_threshold_when_alone=False),
+        pass_rule: replace(base, continue_after_self_preemption=not
+                           base.continue_after_self_preemption),
     }
 
 
-def first_divergence(path: Path, knobs: Knobs) -> int | None:
+def first_divergence(path: Path, knobs: Knobs, profile: str) -> int | None:
     """The first step where the reference with `knobs` decides otherwise than the trace."""
     with path.open("rb") as stream:
         reader = TraceReader(stream)
-        replay = ProfileReplay(PROFILE, ReferenceScheduler(reader.header.config, knobs))
+        replay = ProfileReplay(profile, ReferenceScheduler(reader.header.config, knobs))
         for rec in reader:
             if replay.step(rec) is not None:
                 return rec.step
     return None
 
 
-def sensitivity(paths: Sequence[Path]) -> dict[str, str | None]:
+def sensitivity(paths: Sequence[Path], profile: str) -> dict[str, str | None]:
     """For each flipped knob, the first trace (and step) that tells it from vLLM."""
     found: dict[str, str | None] = {}
-    for name, knobs in knob_variants().items():
+    for name, knobs in knob_variants(profile).items():
         found[name] = None
         for path in paths:
-            step = first_divergence(path, knobs)
+            step = first_divergence(path, knobs, profile)
             if step is not None:
                 found[name] = f"{path.stem} step {step}"
                 break
@@ -474,13 +496,13 @@ def line(v: Verdict) -> str:
                else "caching off")
     return (f"{mark} {v.case}: {caching}; {v.steps} steps, {v.requests} requests, "
             f"{v.preemptions} preemptions, {v.rejected} rejected; MUST {counts(v.must)}; "
-            f"SHOULD {counts(v.should)}; {PROFILE} divergence {divergence}"
+            f"SHOULD {counts(v.should)}; {v.profile} divergence {divergence}"
             + ("" if v.complete else "; INCOMPLETE"))
 
 
 def summary(what: str, verdicts: Sequence[Verdict]) -> str:
     """The random cases of one kind in a line."""
-    exact = (f", {sum(v.exact for v in verdicts)} exact under {PROFILE}, "
+    exact = (f", {sum(v.exact for v in verdicts)} exact under {verdicts[0].profile}, "
              f"{sum(v.hits for v in verdicts)} hits" if verdicts and verdicts[0].prefix_caching
              else "")
     return (f"{what}: {sum(v.ok for v in verdicts)} of {len(verdicts)} conform{exact}, "
@@ -527,9 +549,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     try:
         verdicts = run(cases + randoms + prefixed, args.out, args.vllm_python)
-    except AdapterError as e:
+    except (AdapterError, NoProfile) as e:
         print(f"vllm_conformance: error: {e}", file=sys.stderr)
         return 2
+    profile = verdicts[0].profile if verdicts else FAMILY
     for i, v in enumerate(verdicts):
         if i < len(cases) or not v.ok:  # random cases are told one by one only when they fail
             print(line(v))
@@ -545,17 +568,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(summary(what, group))
     caching = [v for v in verdicts if v.prefix_caching]
     print(f"{len(verdicts) - failed} of {len(verdicts)} vLLM traces conform (MUST clean, "
-          f"equal to {PROFILE}); traces in {args.out}")
+          f"equal to {profile}); traces in {args.out}")
     if caching:
         print(f"caching on: {len(caching)} traces, {sum(not v.must for v in caching)} MUST "
-              f"clean, {sum(v.exact for v in caching)} exact under {PROFILE}, "
+              f"clean, {sum(v.exact for v in caching)} exact under {profile}, "
               f"{sum(v.hits for v in caching)} hits of {sum(v.hit_blocks for v in caching)} "
               "blocks")
     blind = []
     if not args.names:  # the whole suite must tell each flipped knob from vLLM
         plain = [args.out / f"{c.name}.jsonl" for c in cases if not c.config.prefix_caching]
-        for name, where in sensitivity(plain).items():
-            print(f"{'OK  ' if where else 'FAIL'} {PROFILE} with {name} diverges from vLLM: "
+        for name, where in sensitivity(plain, profile).items():
+            print(f"{'OK  ' if where else 'FAIL'} {profile} with {name} diverges from vLLM: "
                   f"{where or 'on no trace: the suite cannot tell this knob'}")
             if where is None:
                 blind.append(name)
