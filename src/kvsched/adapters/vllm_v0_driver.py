@@ -208,8 +208,8 @@ def engine_error(e: BaseException) -> str:
 
 
 def run_job(job: dict[str, Any], emit: Any) -> None:
-    version = importlib.metadata.version(V0_DISTRIBUTION)
     scheduler = build_scheduler(job["config"])
+    version = importlib.metadata.version(V0_DISTRIBUTION)  # vllm.__version__ is not set
     manager = scheduler.block_manager
     processor = output_processor(scheduler)
     preempted: list[dict[str, str]] = []
