@@ -575,3 +575,22 @@ def test_v0_watermark_holds_even_with_nothing_running(
     # The spec applies a watermark only while something runs: it would serve "full".
     report = verdict(result.job.out)
     assert must_counts(report) == {"reject": 1}
+
+
+@needs_v0
+def test_cli_record_vllm_v0_drives_v0_with_swap_and_its_own_watermark(tmp_path: Path) -> None:
+    python = v0_python()
+    assert python is not None
+    out = tmp_path / "t.jsonl"
+    result = kvsched("record", "vllm-v0", "--workload",
+                     str(workload_file(tmp_path, KINDS_WORKLOAD)), "--out", str(out),
+                     "--block-size", "2", "--num-gpu-blocks", "100", "--max-model-len", "96",
+                     "--max-num-batched-tokens", "256", "--no-chunked-prefill",
+                     "--max-num-seqs", "8", "--vllm-python", str(python))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"trace written to {out}: vLLM 0.10.1.1 (V0), ")
+    header, records, complete, _ = read_trace(out)
+    # The defaults of profile vllm-v0-swap: swap into as many host blocks as GPU ones.
+    assert (header.config.preemption, header.config.num_cpu_blocks) == ("swap", 100)
+    assert header.config.watermark_blocks == 1 and complete
+    assert any(p.mode == "swap" for rec in records for p in rec.preempted)
