@@ -7,6 +7,7 @@ and exact under that release's profile (vllm-v1@0.32, vllm-v1@0.33)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -85,6 +86,32 @@ def test_open_trace_makes_the_folder_and_never_overwrites_a_trace(tmp_path: Path
     with pytest.raises(TraceSetupError, match="cannot write the trace") as e:
         open_trace(tmp_path / "file", 99, started)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_a_steps_arrivals_are_written_in_the_order_vllm_ranks_equals(policy: str) -> None:
+    # Under priority vLLM breaks ties by the front end's arrival time, and a live
+    # engine core may add two requests of one step in the other order.
+    import io
+    from types import SimpleNamespace
+
+    from kvsched.integrations.vllm_trace import LiveTrace
+
+    stream = io.BytesIO()
+    config = Config(policy="priority") if policy == "priority" else Config(policy="fcfs")
+    trace = LiveTrace(stream, config, {"name": "vllm", "version": "0.32.0"}, {})
+    for rid, stamp in (("late", 2.0), ("early", 1.0), ("middle", 1.5)):
+        trace.arrived(SimpleNamespace(request_id=rid, num_prompt_tokens=5, max_tokens=3,
+                                      priority=0, arrival_time=stamp))
+    empty = SimpleNamespace(req_ids=[], new_block_ids=[], num_computed_tokens=[],
+                            resumed_req_ids=set())
+    trace.scheduled(SimpleNamespace(num_scheduled_tokens={}, scheduled_new_reqs=[],
+                                    scheduled_cached_reqs=empty), 0.0)
+    trace.updated({}, 512)
+    step = json.loads(stream.getvalue().splitlines()[1])
+    order = [a["id"] for a in step["arrivals"]]
+    assert order == (["early", "middle", "late"] if policy == "priority"
+                     else ["late", "early", "middle"])
 
 
 def test_the_plugin_module_loads_vllm_only_when_imported() -> None:

@@ -113,6 +113,9 @@ def header_extra(prefix_caching: bool, pid: int, started: datetime) -> dict[str,
                    "stream, a stop string the front end found); one made while a step was "
                    "in flight is written in the next step, the blocks it released left "
                    "out of the in-flight step's free_blocks",
+        "arrivals": "the requests the engine core added since the last step, in the order "
+                    "vLLM ranks equals: as added under fcfs, by the front end's arrival "
+                    "time under priority",
         "rejected": "not seen: vLLM's front end refuses prompts before the engine core",
         "block_ids": "vLLM's own; its null block 0 is never handed out",
         "time_ms": "schedule() to the end of update_from_output(), the forward pass included",
@@ -147,6 +150,11 @@ class LiveTrace:
         self.stream = stream
         self.block_size = config.block_size
         self.keys = keys  # with prefix caching: the blocks' content keys
+        # Under priority vLLM breaks ties by the time the front end stamped on each
+        # request, and its engine core may receive two requests of one step in the
+        # other order: a step's arrivals are written in stamp order then.
+        self.by_stamp = config.policy == "priority"
+        self.stamps: dict[str, tuple[float, str]] = {}
         self.writer = TraceWriter(stream, dumps)
         self.writer.header(config, engine, extra)
         stream.flush()
@@ -167,6 +175,8 @@ class LiveTrace:
         rid = request.request_id
         self.arrivals.append(Request(rid, request.num_prompt_tokens, request.max_tokens,
                                      request.priority, self.step))
+        if self.by_stamp:
+            self.stamps[rid] = (request.arrival_time, rid)
         if self.keys is not None:
             self.keys.arrived(request)
 
@@ -198,6 +208,8 @@ class LiveTrace:
         the step has something to say.)"""
         finished = tuple(f["id"] for f in finishes(engine_outputs)
                          if f["id"] not in self.late_aborts)
+        if self.by_stamp and len(self.arrivals) > 1:
+            self.arrivals.sort(key=lambda r: self.stamps[r.id])
         rec = StepRecord(
             self.step,
             arrivals=tuple(self.arrivals),
@@ -219,6 +231,7 @@ class LiveTrace:
                 self.keys.forget(rid)
         self.step += 1
         self.arrivals.clear()
+        self.stamps.clear()
         self.victims.clear()
         if self.aborts or self.late_aborts:
             self.aborts, self.late_aborts, self.late_freed = self.late_aborts, [], 0
