@@ -57,6 +57,7 @@ import json
 import os
 import sys
 import tempfile
+import weakref
 from itertools import compress, count, repeat
 from operator import is_not
 from pathlib import Path
@@ -210,6 +211,33 @@ def vllm_class(scheduler: Any) -> type:
     return next(c for c in type(scheduler).__mro__ if c.__module__.startswith("vllm."))
 
 
+# The pools whose caching BlockKeys watch (a pool is vLLM's, garbage when its engine is).
+_WATCHED: weakref.WeakKeyDictionary[Any, BlockKeys] = weakref.WeakKeyDictionary()
+
+
+def watch(pool: Any, keys: BlockKeys) -> None:
+    """Have `keys` told of every block `pool` caches. The hook wraps the method on the
+    pool's class, once, and looks the pool up: an attribute set on the pool itself
+    would cost every other attribute of it CPython's fast lookup, which vLLM's scheduler
+    makes thousands of times a step. Pools nobody watches cache as before."""
+    cls = type(pool)
+    if "_kvsched_watched" not in cls.__dict__:
+        cache = cls.cache_full_blocks
+
+        def cache_full_blocks(self: Any, request: Any, blocks: Any, num_cached_blocks: int,
+                              num_full_blocks: int, *args: Any, **kwargs: Any) -> Any:
+            out = cache(self, request, blocks, num_cached_blocks, num_full_blocks, *args,
+                        **kwargs)
+            watcher = _WATCHED.get(self)
+            if watcher is not None:
+                watcher.known(request, num_full_blocks)
+            return out
+
+        cls.cache_full_blocks = cache_full_blocks
+        cls._kvsched_watched = True
+    _WATCHED[pool] = keys
+
+
 class BlockKeys:
     """The content keys a trace gives for each request's full blocks: vLLM's own
     hashes (Request.block_hashes, hex, the first KEY_HEX digits), each request's list
@@ -227,17 +255,10 @@ class BlockKeys:
                               "keys need the two equal")
         self.written: dict[str, int] = {}  # keys given so far, by request
         self.pending: dict[str, list[str]] = {}  # keys to write in this step's line
-        cache = pool.cache_full_blocks
+        watch(pool, self)
 
-        def cache_full_blocks(request: Any, blocks: Any, num_cached_blocks: int,
-                              num_full_blocks: int, *args: Any, **kwargs: Any) -> Any:
-            out = cache(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
-            self._known(request, num_full_blocks)
-            return out
-
-        pool.cache_full_blocks = cache_full_blocks  # on this pool only, vLLM's unchanged
-
-    def _known(self, request: Any, full: int) -> None:
+    def known(self, request: Any, full: int) -> None:
+        """`request`'s first `full` blocks are cached: the keys of those not given yet."""
         rid = request.request_id
         before = self.written.get(rid, 0)
         if full > before:
@@ -247,7 +268,7 @@ class BlockKeys:
 
     def arrived(self, request: Any) -> None:
         """A new request: its prompt blocks' keys."""
-        self._known(request, len(request.block_hashes))
+        self.known(request, len(request.block_hashes))
 
     def forget(self, rid: str, unwritten: bool = False) -> None:
         """A request that ended: no more keys for it; with `unwritten`, not even those
