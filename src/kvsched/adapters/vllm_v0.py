@@ -35,7 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from kvsched.adapters.vllm import AdapterError, Job, Recorded, config_changes, run_driver
+from kvsched.adapters.vllm import (
+    AdapterError,
+    Job,
+    Recorded,
+    assemble_with,
+    config_changes,
+    run_driver,
+)
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
 from kvsched.spec.trace import TraceWriter, json_line, step_dict
@@ -261,30 +268,9 @@ class _Writer:
 
 def assemble(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
              on_step: Callable[[Job, StepRecord], None] | None = None) -> list[RecordedV0]:
-    """Write each job's trace from the driver's events; the jobs come in order.
-    Returns the jobs recorded, fewer than given if the events stop early. A job V0
+    """Write each job's trace from V0's driver's events (assemble_with). A job V0
     failed in keeps its trace up to the failing step, without an end line."""
-    results: list[RecordedV0] = []
-    current: _Writer | None = None
-    try:
-        for event in events:
-            if "job" in event:
-                if current is not None or len(results) >= len(jobs):
-                    raise AdapterError("the V0 driver started a job out of turn")
-                current = _Writer(jobs[len(results)], event)
-            elif current is None:
-                raise AdapterError("the V0 driver wrote a step outside a job")
-            elif "step" in event:
-                rec = current.step(event)
-                if on_step is not None:
-                    on_step(current.result.job, rec)
-            elif "done" in event:
-                results.append(current.done(event))
-                current = None
-    finally:
-        if current is not None:
-            current.discard()
-    return results
+    return assemble_with(jobs, events, on_step, _Writer, "V0")
 
 
 def driver_input(job: Job) -> dict[str, Any]:
