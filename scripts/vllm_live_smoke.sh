@@ -55,7 +55,7 @@ KVSCHED_TRACE_DIR="$OUT" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
     --scheduler-cls kvsched.integrations.vllm.TracingScheduler > "$OUT/server.log" 2>&1 &
 SERVER=$!
 timeout 240 "$VLLM_PY" - "$PORT" "$WORK" <<'EOF'
-import http.client, json, sys, threading, time, urllib.request
+import http.client, json, socket, sys, threading, time, urllib.request
 port, model = int(sys.argv[1]), sys.argv[2]
 for _ in range(180):
     try:
@@ -81,9 +81,14 @@ def complete(i):
     resp.read()
     conn.close()
 def abandoned():
-    conn, resp = post({"prompt": "w1 w2 w3 w4", "max_tokens": 200, "ignore_eos": True,
+    # Long enough (4 + 480 of 512 tokens) that it is still running when the server
+    # notices the client has gone, however slow the machine: a CI run with 200 tokens
+    # saw it finish before its abort reached the engine.
+    conn, resp = post({"prompt": "w1 w2 w3 w4", "max_tokens": 480, "ignore_eos": True,
                        "stream": True})
-    resp.read(300)  # a few chunks, then the client goes away: vLLM aborts it
+    while not resp.readline().startswith(b"data:"):  # the first token, then away
+        pass
+    conn.sock.shutdown(socket.SHUT_RDWR)  # the FIN now: vLLM aborts the request
     conn.close()
 threads = [threading.Thread(target=complete, args=(i,)) for i in range(8)]
 threads.append(threading.Thread(target=abandoned))
