@@ -753,14 +753,16 @@ def record_vllm_v0(workload_path: Path, out_path: Path, vllm_python: Path | None
 
     Config defaults as profile vllm-v0-swap sets them: preemption swap, num_cpu_blocks
     = num_gpu_blocks, and V0's own watermark, int(0.01 * num_gpu_blocks) (V0 has no
-    other). No prefix caching."""
+    other), applied always; allocation prompt (V0's). No prefix caching."""
     from kvsched.adapters.vllm import AdapterError
-    from kvsched.adapters.vllm_v0 import DEFAULT_VLLM_V0_PYTHON
+    from kvsched.adapters.vllm_v0 import DEFAULT_VLLM_V0_PYTHON, V0_RULES
     from kvsched.adapters.vllm_v0 import record as record_with_v0
 
     if max_steps is not None and max_steps < 1:
         fail(f"--max-steps must be at least 1, got {max_steps}")
-    config = build_config("vllm-v0-swap", config_given)
+    given = {**config_given,
+             **{k: v for k, v in V0_RULES.items() if config_given.get(k) is None}}
+    config = build_config("vllm-v0-swap", given)
     workload = read_workload(workload_path)
     if out_path.is_dir():
         fail(f"{out_path}: is a directory; expected a file to write")
