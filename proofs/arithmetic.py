@@ -64,23 +64,38 @@ def chunks_need_what_the_whole_needs(computed: int, first: int, second: int, hel
 
 
 def rejects_exactly_the_hopeless(block_size: int, num_gpu_blocks: int, max_model_len: int,
-                                 prompt_len: int, max_tokens: int, watermark: int,
-                                 always: bool) -> tuple[bool, bool]:
+                                 prompt_len: int, max_tokens: int) -> tuple[bool, bool]:
     """never_completes refuses exactly the requests that cannot fit alone: P >
     max_model_len, or the longest sequence min(P + O, max_model_len) needs more blocks
-    than the cache has beside the watermark when it applies always; rejectable refuses
-    those and a prompt of exactly max_model_len tokens.
+    than the cache has; rejectable refuses those and a prompt of exactly max_model_len
+    tokens (which an engine may serve one token).
 
     pre: 1 <= block_size <= 4 and 1 <= num_gpu_blocks <= 8 and 1 <= max_model_len <= 16
-    pre: 1 <= prompt_len <= 16 and 1 <= max_tokens <= 16 and 0 <= watermark <= 2
-    post: __return__[0] == (prompt_len <= max_model_len and min(prompt_len + max_tokens, max_model_len) <= (num_gpu_blocks - (watermark if always else 0)) * block_size)
+    pre: 1 <= prompt_len <= 16 and 1 <= max_tokens <= 16
+    post: __return__[0] == (prompt_len <= max_model_len and min(prompt_len + max_tokens, max_model_len) <= num_gpu_blocks * block_size)
     post: __return__[1] == (__return__[0] and prompt_len != max_model_len)
     """  # noqa: E501
     config = Config(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                    max_model_len=max_model_len, watermark_blocks=watermark,
-                    watermark_scope="always" if always else "running")
+                    max_model_len=max_model_len)
     return (never_completes(config, prompt_len, max_tokens) is None,
             rejectable(config, prompt_len, max_tokens) is None)
+
+
+def rejects_beside_an_always_watermark(block_size: int, num_gpu_blocks: int,
+                                       max_model_len: int, prompt_len: int, max_tokens: int,
+                                       watermark: int) -> bool:
+    """Under watermark_scope always, never_completes refuses exactly the requests whose
+    longest sequence does not fit beside the watermark: ceil(min(P + O, max_model_len)
+    / block_size) + watermark > num_gpu_blocks (or P > max_model_len).
+
+    pre: 1 <= block_size <= 2 and 1 <= num_gpu_blocks <= 6 and 1 <= max_model_len <= 8
+    pre: 1 <= prompt_len <= 8 and 1 <= max_tokens <= 8 and 1 <= watermark <= 2
+    post: __return__ == (prompt_len <= max_model_len and min(prompt_len + max_tokens, max_model_len) <= (num_gpu_blocks - watermark) * block_size)
+    """  # noqa: E501
+    config = Config(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                    max_model_len=max_model_len, watermark_blocks=watermark,
+                    watermark_scope="always")
+    return never_completes(config, prompt_len, max_tokens) is None
 
 
 def finish_is_due_exactly_at_the_limits(prompt_len: int, max_tokens: int, outputs: int,

@@ -91,15 +91,21 @@ OBLIGATIONS: tuple[Obligation, ...] = (
     check("chunks-add-up", A + "chunks_need_what_the_whole_needs", PROVEN, ALL_INTEGERS,
           "Db for Dn1 then Dn2 adds up to Db for Dn1 + Dn2", quick=True),
     check("spec-block-contracts", "kvsched.spec.blocks", SEARCHED,
-          "cdiv, blocks_for, blocks_needed: all integers (confirmed); never_completes: "
-          "searched (its reason strings realize the numbers)",
+          "cdiv, blocks_for, blocks_needed, longest_sequence, allocation_reserve, "
+          "admission_watermark: all integers (confirmed); never_completes, rejectable: "
+          "searched (their reason strings realize the numbers)",
           "the contracts in spec/blocks.py's own docstrings hold", quick=True),
     check("reject-exact", A + "rejects_exactly_the_hopeless", EXHAUSTIVE,
-          "block_size 1-4, 1-8 blocks, max_model_len 1-16, prompt and max_tokens 1-16, "
-          "watermark 0-2, scope running or always",
+          "block_size 1-4, 1-8 blocks, max_model_len 1-16, prompt and max_tokens 1-16",
           "never_completes refuses exactly P > max_model_len or "
-          "ceil(min(P + O, max_model_len) / block_size) (+ watermark, scope always) > "
-          "num_gpu_blocks; rejectable also P == max_model_len", quick=True),
+          "ceil(min(P + O, max_model_len) / block_size) > num_gpu_blocks; rejectable "
+          "also P == max_model_len", quick=True),
+    check("reject-watermark", A + "rejects_beside_an_always_watermark", EXHAUSTIVE,
+          "block_size 1-2, 1-6 blocks, max_model_len 1-8, prompt and max_tokens 1-8, "
+          "watermark 1-2",
+          "under watermark_scope always, never_completes refuses exactly P > "
+          "max_model_len or ceil(min(P + O, max_model_len) / block_size) + watermark > "
+          "num_gpu_blocks"),
     check("finish-due", A + "finish_is_due_exactly_at_the_limits", EXHAUSTIVE,
           "prompt, max_tokens and outputs 1-8, max_model_len 2-16",
           "finish is due exactly when outputs reach max_tokens or tokens max_model_len"),

@@ -100,13 +100,11 @@ def never_completes(config: Config, prompt_len: int, max_tokens: int) -> str | N
         return (f"prompt of {prompt_len} tokens is longer than max_model_len "
                 f"{config.max_model_len}")
     need = blocks_for(longest_sequence(config, prompt_len, max_tokens), config.block_size)
-    if config.watermark_scope == "always" and config.watermark_blocks > 0:
-        if need + config.watermark_blocks > config.num_gpu_blocks:
-            return (f"sequence needs {need} blocks and the watermark "
-                    f"{config.watermark_blocks}, cache has {config.num_gpu_blocks}")
-    elif need > config.num_gpu_blocks:
-        return f"sequence needs {need} blocks, cache has {config.num_gpu_blocks}"
-    return None
+    watermark = config.watermark_blocks if config.watermark_scope == "always" else 0
+    if need + watermark <= config.num_gpu_blocks:
+        return None
+    beside = f" and the watermark {watermark}" if watermark else ""
+    return f"sequence needs {need} blocks{beside}, cache has {config.num_gpu_blocks}"
 
 
 def rejectable(config: Config, prompt_len: int, max_tokens: int) -> str | None:
