@@ -21,6 +21,9 @@ class LiveRequest:
     num_tokens: int = 0
     num_computed: int = 0
     num_preemptions: int = 0
+    # It has sampled since its admission (new, or again after recompute): vLLM V0's
+    # decode stage, whose one new token its blocks do not hold yet.
+    decoding: bool = False
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -30,7 +33,9 @@ class LiveRequest:
 
 class WaitingQueue:
     """The waiting requests in policy order: fcfs keeps arrival order and puts preempted
-    requests at the front (as vLLM's prepend); priority orders by `LiveRequest.key`."""
+    requests at the front (as vLLM's prepend); priority orders by `LiveRequest.key`.
+    A fcfs queue may be put in priority order once, by `sort` (vLLM V0 sorts its queue
+    so, only in some steps)."""
 
     def __init__(self, priority: bool) -> None:
         self.priority = priority
@@ -58,6 +63,11 @@ class WaitingQueue:
             heapq.heappop(self._heap)
         else:
             self._fcfs.popleft()
+
+    def sort(self) -> None:
+        """Put a fcfs queue in `LiveRequest.key` order (arrivals and preempted requests
+        join it as before)."""
+        self._fcfs = deque(sorted(self._fcfs, key=lambda r: r.key))
 
     def remove(self, r: LiveRequest) -> None:
         """Take `r` out of the queue wherever it is (aborted, rejected)."""

@@ -39,18 +39,21 @@ else is meant to be overridden):
   `free_cpu` are its own extension points);
 - `token_budget()`, `seq_limit()`: a step's token budget, the most running requests;
 - `reject_arrivals()`: the rejection of `arrived`, each through `reject(r, reason)`;
+  `never_admitted(r)`: why a pass rejects a request it reaches (knob reject);
 - `next_chunk(r, threshold, budget)`: a running or swapped request's next chunk;
 - `blocks_needed(computed, new_tokens, held)`: Db, the blocks to add for new tokens;
 - `can_grow(need)`: whether a running request's new blocks fit, or it must preempt;
+  `grow_need(r, n)`: what a running request's chunk must find free (knob grow_check);
 - `admission_blocks(tokens, held)`: the free blocks a swap-in or admission must find;
 - `choose_victim()`: the running request to preempt;
 - `preempt(victim)`: take it off the GPU, by swap or recompute;
 - `running_pass(plan)`, `swap_in_pass(plan)`, `waiting_pass(plan)`: the passes, which
-  fill one StepPlan;
+  fill one StepPlan (under knob passes "vllm-v0", kvsched.reference.v0 calls the last
+  two in V0's order, with V0's own running pass);
 - `finishes(r, stopped)`: whether a request that just sampled a token finishes.
 
 The state is public for the tests and proofs that build or read one: `live` (every
-live request by id), `running`, `swapped` (in policy order), `waiting` (a
+live request by id), `running`, `swapped` (in policy or swap-out order), `waiting` (a
 WaitingQueue), `arrived` (not yet checked for rejection), `victims` (this step's,
 queued again at its end), `sampled` (the last step's catch-ups) and `blocks`.
 """
@@ -60,9 +63,17 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
+from kvsched.reference import v0
 from kvsched.reference.allocator import BlockAllocator
 from kvsched.reference.requests import LiveRequest, WaitingQueue
-from kvsched.spec.blocks import admission_watermark, allocation_reserve, rejectable
+from kvsched.spec.blocks import (
+    admission_watermark,
+    allocation_reserve,
+    blocks_touched,
+    never_admitted,
+    prompt_too_long,
+    rejectable,
+)
 from kvsched.spec.blocks import blocks_needed as spec_blocks_needed
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import (
@@ -84,6 +95,7 @@ class StepPlan:
 
     budget: int  # tokens left
     threshold: int  # the long-prefill cap of this step (0: none)
+    rejected: list[Rejection] = field(default_factory=list)  # by the passes (knob reject)
     preempted: list[Preemption] = field(default_factory=list)
     swapped_in: list[str] = field(default_factory=list)
     scheduled: dict[str, int] = field(default_factory=dict)  # in batch order
@@ -92,7 +104,8 @@ class StepPlan:
 
 
 class ReferenceScheduler:
-    """The plain scheduler of docs/spec.md section 8 and kvsched.spec.profiles, with knobs."""
+    """The plain scheduler of docs/spec.md section 8 and kvsched.spec.profiles, with knobs
+    (knob passes "vllm-v0": vLLM V0's passes, kvsched.reference.v0)."""
 
     def __init__(self, config: Config, knobs: Knobs | None = None) -> None:
         problems = config.problems() + (knobs or Knobs()).problems()
@@ -104,7 +117,9 @@ class ReferenceScheduler:
         self.live: dict[str, LiveRequest] = {}
         self.running: list[LiveRequest] = []
         self.swapped: list[LiveRequest] = []
-        self.waiting = WaitingQueue(config.policy == "priority")
+        # V0 keeps a fcfs queue whatever the policy, and sorts it itself.
+        self.waiting = WaitingQueue(config.policy == "priority"
+                                    and self.knobs.passes == "running-first")
         self.arrived: list[LiveRequest] = []
         self.victims: list[LiveRequest] = []
         self.sampled: list[LiveRequest] = []
@@ -141,7 +156,7 @@ class ReferenceScheduler:
         elif r.status == Status.RUNNING:
             self.running.remove(r)
         elif r.status == Status.SWAPPED:
-            self.swapped.remove(r)
+            self.dequeue_swapped(r)
         self.blocks.free(request_id)
         r.status = Status.ABORTED
 
@@ -180,15 +195,20 @@ class ReferenceScheduler:
         if self.knobs.lift_threshold_when_alone and len(self.live) <= 1:
             threshold = 0
         plan = StepPlan(self.token_budget(), threshold)
-        self.running_pass(plan)
-        if not plan.preempted or self.knobs.admit_after_preempt:
-            self.swap_in_pass(plan)
-            self.waiting_pass(plan)
+        if self.knobs.passes == "vllm-v0":
+            v0.passes(self, plan)
+        else:
+            self.running_pass(plan)
+            if not plan.preempted or self.knobs.admit_after_preempt:
+                self.swap_in_pass(plan)
+                self.waiting_pass(plan)
+        rejected += plan.rejected
         # Victims queue up only now, so none is admitted again in the step that took it.
         for victim in self.victims:
             if victim.status == Status.SWAPPED:
                 self.swapped.append(victim)
-                self.swapped.sort(key=self.swapped_key)
+                if self.knobs.swapped_order == "policy":
+                    self.swapped.sort(key=self.swapped_key)
             else:
                 self.waiting.push(victim, front=True)
         self.victims = []
@@ -200,6 +220,7 @@ class ReferenceScheduler:
             r.num_computed += n
             if r.num_computed == r.num_tokens:
                 self.sampled.append(r)
+                r.decoding = True
         return Decision(tuple(rejected), tuple(plan.preempted), tuple(plan.swapped_in),
                         tuple(plan.scheduled.items()),
                         tuple(r.request.id for r in self.sampled),
@@ -243,25 +264,51 @@ class ReferenceScheduler:
 
     def reject_arrivals(self) -> list[Rejection]:
         """Reject the arrivals that can never complete, even alone in an empty cache
-        (docs/spec.md section 2, rule 2); every arrival is checked once, in its first step."""
+        (docs/spec.md section 2, rule 2); every arrival is checked once, in its first step.
+        Under knob reject "admission" only a prompt longer than max_model_len is rejected
+        here, and the passes reject the rest when they reach them (`never_admitted`)."""
         out = []
         for r in self.arrived:
             if r.status != Status.WAITING:
                 continue  # aborted before its first step
-            # A prompt of max_model_len tokens may be served one token or rejected:
-            # rejected here, as vLLM v1's front end does.
-            reason = rejectable(self.config, r.request.prompt_len, r.request.max_tokens)
+            if self.knobs.reject == "admission":
+                # A prompt of max_model_len tokens is served one token (vLLM V0).
+                reason = prompt_too_long(self.config, r.request.prompt_len)
+            else:
+                # It may be served one token or rejected: rejected here, as vLLM v1's
+                # front end does.
+                reason = rejectable(self.config, r.request.prompt_len, r.request.max_tokens)
             if reason is not None:
                 out.append(self.reject(r, reason))
         self.arrived = []
         return out
 
+    def never_admitted(self, r: LiveRequest, swap_in: bool = False) -> str | None:
+        """Under knob reject "admission", why a pass must reject `r`, which it reached:
+        its known tokens can never be admitted (or swapped in) even into an empty cache."""
+        if self.knobs.reject != "admission":
+            return None
+        return never_admitted(self.config, r.request, r.num_tokens, swap_in)
+
     def reject(self, r: LiveRequest, reason: str) -> Rejection:
-        """End waiting `r` as rejected."""
-        self.waiting.remove(r)
+        """End waiting or swapped `r` as rejected, releasing what it holds."""
+        if r.status == Status.SWAPPED:
+            self.dequeue_swapped(r)
+        else:
+            self.waiting.remove(r)
+        self.blocks.free(r.request.id)
+        self.keys.forget(r.request.id)
         r.status = Status.REJECTED
         del self.live[r.request.id]
         return Rejection(r.request.id, reason)
+
+    def dequeue_swapped(self, r: LiveRequest) -> None:
+        """Take swapped `r` out of its queue: `swapped`, or the waiting queue where vLLM V0
+        puts a victim of its priority preemption (kvsched.reference.v0)."""
+        if any(s is r for s in self.swapped):
+            self.swapped.remove(r)
+        else:
+            self.waiting.remove(r)
 
     def next_chunk(self, r: LiveRequest, threshold: int, budget: int) -> int:
         """The next chunk: all uncomputed tokens, capped by the threshold and the budget.
@@ -286,6 +333,23 @@ class ReferenceScheduler:
     def can_grow(self, need: int) -> bool:
         """Whether a running request's `need` new blocks fit now (else it preempts)."""
         return need <= self.blocks.free_gpu
+
+    def grow_need(self, r: LiveRequest, n: int) -> int:
+        """The free blocks running `r`'s chunk of `n` tokens must find to go on: its Db,
+        or under knob grow_check "worst_case" (at least) the blocks its new tokens touch
+        beyond what its blocks hold, its partly filled last block counted as new.
+
+        post: __return__ >= self.blocks_needed(r.num_computed, n, self.blocks.gpu_blocks(r.request.id))
+        """  # noqa: E501
+        need = self.blocks_needed(r.num_computed, n, self.blocks.gpu_blocks(r.request.id))
+        if self.knobs.grow_check == "exact":
+            return need
+        # The tokens its blocks hold: all it knew at its admission (or up to where its
+        # allocation reserved), until it samples; then all but the token just sampled.
+        filled = r.num_computed if r.decoding else max(
+            r.num_computed, allocation_reserve(self.config, r.request, r.num_tokens))
+        unseen = max(0, r.num_computed + n - filled)
+        return max(need, blocks_touched(filled, unseen, self.config.block_size))
 
     def admission_blocks(self, tokens: int, held: int) -> int:
         """Blocks a swap-in or admission must find free so that `held` blocks cover
@@ -329,13 +393,14 @@ class ReferenceScheduler:
         else:
             self.blocks.free(rid)
             victim.num_computed = 0
+            victim.decoding = False
             victim.status = Status.WAITING
         self.victims.append(victim)
         return Preemption(rid, mode)
 
     def swapped_key(self, r: LiveRequest) -> tuple[int, ...]:
-        """The order `swapped` is kept in: the policy's."""
-        return r.key if self.waiting.priority else (r.seq,)
+        """The order `swapped` is kept in under knob swapped_order "policy": the policy's."""
+        return r.key if self.config.policy == "priority" else (r.seq,)
 
     # -- extension points: the passes -------------------------------------------------
 
@@ -364,8 +429,8 @@ class ReferenceScheduler:
                 continue
             fits = True
             while True:
-                need = self.blocks_needed(r.num_computed, n, self.blocks.gpu_blocks(rid))
-                if self.can_grow(need):
+                if self.can_grow(self.grow_need(r, n)):
+                    need = self.blocks_needed(r.num_computed, n, self.blocks.gpu_blocks(rid))
                     plan.new_blocks[rid] = self.blocks.allocate(rid, need)
                     self.cache_filled(r, r.num_computed + n)
                     break
@@ -392,14 +457,22 @@ class ReferenceScheduler:
             i += 1
 
     def swap_in_pass(self, plan: StepPlan) -> None:
-        """Swap requests back in, in policy order, while they fit; the first that does
-        not stops the pass."""
+        """Swap requests back in, in their queue's order (knob swapped_order), while they
+        fit; the first that does not stops the pass. A partial prefill comes back with a
+        chunk of its rest, or (no chunked prefill, or knob chunk_swap_in off) only whole."""
         cfg = self.config
-        while self.swapped and plan.budget > 0 and len(self.running) < self.seq_limit():
+        while self.swapped:
             r = self.swapped[0]
             rid = r.request.id
+            reason = self.never_admitted(r, swap_in=True)
+            if reason is not None:
+                plan.rejected.append(self.reject(r, reason))
+                continue
+            if plan.budget <= 0 or len(self.running) >= self.seq_limit():
+                break
             n = self.next_chunk(r, plan.threshold, plan.budget)
-            if not cfg.chunked_prefill and n < r.num_tokens - r.num_computed:
+            chunks = cfg.chunked_prefill and self.knobs.chunk_swap_in
+            if not chunks and n < r.num_tokens - r.num_computed:
                 break
             host = self.blocks.host_blocks(rid)
             # Its host blocks come back, with what its allocation reserves beyond them.
@@ -422,11 +495,24 @@ class ReferenceScheduler:
 
     def waiting_pass(self, plan: StepPlan) -> None:
         """Admit waiting requests, in policy order, while they fit; the first that does
-        not stops the pass (head-of-line blocking)."""
+        not stops the pass (head-of-line blocking). Under knob reject "admission" a
+        request that can never be admitted is rejected when the pass reaches it, even
+        once the budget or the seats have run out."""
         cfg = self.config
-        while plan.budget > 0 and len(self.running) < self.seq_limit():
+        if plan.budget <= 0:
+            return
+        while True:
             r = self.waiting.head()
-            if r is None:
+            if r is None or r.status == Status.SWAPPED:
+                # A swapped request in the waiting queue is a victim of vLLM V0's priority
+                # preemption in swap mode; V0 fails an assertion here (vllm/core/
+                # scheduler.py:1077), the reference stops the pass.
+                break
+            reason = self.never_admitted(r)
+            if reason is not None:
+                plan.rejected.append(self.reject(r, reason))
+                continue
+            if plan.budget <= 0 or len(self.running) >= self.seq_limit():
                 break
             rid = r.request.id
             hits = self.prefix_hit(r)

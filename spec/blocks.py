@@ -46,6 +46,22 @@ def blocks_needed(computed: int, new_tokens: int, held: int, block_size: int,
     return max(0, blocks_for(max(computed + new_tokens, reserve), block_size) - held)
 
 
+def blocks_touched(filled: int, new_tokens: int, block_size: int) -> int:
+    """The blocks that appending `new_tokens` to a table of `filled` tokens touches, its
+    partly filled last block counted as if it needed a new one (copy-on-write of a shared
+    block would): ceil((filled mod block_size + new_tokens) / block_size). vLLM V0's
+    worst case for a running request (BlockTable.get_num_blocks_touched_by_append_slots):
+    1 for a decode, and 1 for a prefill chunk whose blocks already hold all its tokens
+    but the last of them is partly filled.
+
+    pre: filled >= 0 and new_tokens >= 0
+    pre: block_size >= 1
+    post: __return__ >= blocks_for(filled + new_tokens, block_size) - blocks_for(filled, block_size)
+    post: __return__ <= blocks_for(new_tokens, block_size) + 1
+    """
+    return blocks_for(filled % block_size + new_tokens, block_size)
+
+
 def longest_sequence(config: Config, prompt_len: int, max_tokens: int) -> int:
     """min(P + O, max_model_len): the most tokens a request's sequence reaches.
 
@@ -85,6 +101,37 @@ def admission_watermark(config: Config, running: int) -> int:
     return 0
 
 
+def prompt_too_long(config: Config, prompt_len: int) -> str | None:
+    """Why a prompt can never be served, P > max_model_len, or None.
+
+    post: (__return__ is None) == (prompt_len <= config.max_model_len)
+    """
+    if prompt_len > config.max_model_len:
+        return (f"prompt of {prompt_len} tokens is longer than max_model_len "
+                f"{config.max_model_len}")
+    return None
+
+
+def never_admitted(config: Config, request: Request, known: int,
+                   swap_in: bool = False) -> str | None:
+    """Why a request with `known` tokens can never be admitted (or, `swap_in`, swapped
+    back in) even into an empty cache, or None: the blocks its allocation takes for them
+    need more than the cache has, with the watermark of an admission when nothing runs
+    (vLLM V0's AllocStatus.NEVER, whose swap-in check leaves the watermark out).
+
+    pre: known >= 1 and config.block_size >= 1
+    post: (__return__ is None) == (blocks_for(max(known, allocation_reserve(config, request, known)), config.block_size) + (0 if swap_in else admission_watermark(config, 0)) <= config.num_gpu_blocks)
+    """  # noqa: E501
+    need = blocks_for(max(known, allocation_reserve(config, request, known)),
+                      config.block_size)
+    watermark = 0 if swap_in else admission_watermark(config, 0)
+    if need + watermark <= config.num_gpu_blocks:
+        return None
+    beside = f" and the watermark {watermark}" if watermark else ""
+    return (f"its {known} tokens need {need} blocks{beside}, cache has "
+            f"{config.num_gpu_blocks}")
+
+
 def never_completes(config: Config, prompt_len: int, max_tokens: int) -> str | None:
     """Why a request must be rejected, as it can never complete even alone in an empty
     cache, or None if it can.
@@ -96,9 +143,9 @@ def never_completes(config: Config, prompt_len: int, max_tokens: int) -> str | N
     pre: prompt_len >= 1 and max_tokens >= 1 and config.block_size >= 1
     post: (__return__ is None) == (prompt_len <= config.max_model_len and blocks_for(min(prompt_len + max_tokens, config.max_model_len), config.block_size) + (config.watermark_blocks if config.watermark_scope == "always" else 0) <= config.num_gpu_blocks)
     """  # noqa: E501
-    if prompt_len > config.max_model_len:
-        return (f"prompt of {prompt_len} tokens is longer than max_model_len "
-                f"{config.max_model_len}")
+    too_long = prompt_too_long(config, prompt_len)
+    if too_long is not None:
+        return too_long
     need = blocks_for(longest_sequence(config, prompt_len, max_tokens), config.block_size)
     watermark = config.watermark_blocks if config.watermark_scope == "always" else 0
     if need + watermark <= config.num_gpu_blocks:

@@ -11,6 +11,24 @@ from typing import Literal
 # Which running request gives up its blocks when a step runs short of them.
 Victim = Literal["policy", "tail", "lowest_priority"]
 VICTIMS: tuple[Victim, ...] = ("policy", "tail", "lowest_priority")
+# What a running request's next chunk must find free to go on: its new blocks, or the
+# worst case of the blocks its new tokens touch (vLLM V0's can_append_slots).
+GrowCheck = Literal["exact", "worst_case"]
+GROW_CHECKS: tuple[GrowCheck, ...] = ("exact", "worst_case")
+# When a request that cannot be served is rejected: on arrival, or when a pass reaches it.
+RejectAt = Literal["arrival", "admission"]
+REJECT_AT: tuple[RejectAt, ...] = ("arrival", "admission")
+# The order swapped requests come back in: the policy's, or the order they went out.
+SwappedOrder = Literal["policy", "swap_out"]
+SWAPPED_ORDERS: tuple[SwappedOrder, ...] = ("policy", "swap_out")
+# The passes of a step: running first, then swapped, then waiting (vLLM v1, the default),
+# or vLLM V0's (kvsched.reference.v0).
+Passes = Literal["running-first", "vllm-v0"]
+PASSES: tuple[Passes, ...] = ("running-first", "vllm-v0")
+# The knobs whose value is one of a few words, with the words.
+KNOB_CHOICES: dict[str, tuple[str, ...]] = {
+    "victim": VICTIMS, "grow_check": GROW_CHECKS, "reject": REJECT_AT,
+    "swapped_order": SWAPPED_ORDERS, "passes": PASSES}
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,27 @@ class Knobs:
         after it (vLLM 0.33, where under the priority policy they rank above it and may
         fit in what it freed); otherwise the pass stops there (vLLM 0.32). Under vLLM's
         fcfs victim rule the request is then the tail, so both agree.
+    grow_check: what a running request's next chunk must find free, or it preempts:
+        "exact", the blocks it adds (Db); "worst_case", the blocks its new tokens touch
+        with its partly filled last block counted as new (kvsched.spec.blocks.
+        blocks_touched; vLLM V0's can_append_slots, which preempts at zero free blocks
+        even when no new block is needed).
+    reject: "arrival" rejects on arrival a request that can never complete by its longest
+        sequence, and a prompt of max_model_len tokens (vLLM v1's front end);
+        "admission" rejects on arrival only a prompt longer than max_model_len, and
+        rejects a request when the waiting pass reaches it and its known tokens can never
+        be admitted, or the swap-in pass reaches it and its blocks can never come back
+        (vLLM V0's FINISHED_IGNORED; kvsched.spec.blocks.never_admitted).
+    chunk_swap_in: a swapped-out partial prefill may come back with a chunk of its rest;
+        otherwise its whole rest must fit the step's token budget (vLLM V0).
+    swapped_order: swapped requests come back in policy order ("policy") or in the
+        order they were swapped out ("swap_out", vLLM V0's queue).
+    passes: "running-first" (running, then swapped and waiting as the knobs above say),
+        or "vllm-v0": vLLM V0's step (kvsched.reference.v0), whose structure fixes the
+        victim (the tail of the running requests not yet scheduled, else the request
+        itself), when swapped and waiting requests are admitted, the batch and running
+        order, and under the priority policy when the queues are sorted; the knobs
+        victim, admit_after_preempt and continue_after_self_preemption do not apply.
     cost: the cost model `auto` preemption decides by.
     """
 
@@ -63,11 +102,15 @@ class Knobs:
     reserve_full_sequence: bool = True
     lift_threshold_when_alone: bool = True
     continue_after_self_preemption: bool = False
+    grow_check: GrowCheck = "exact"
+    reject: RejectAt = "arrival"
+    chunk_swap_in: bool = True
+    swapped_order: SwappedOrder = "policy"
+    passes: Passes = "running-first"
     cost: CostModel = field(default_factory=CostModel)
 
     def problems(self) -> list[str]:
-        """Every way these knobs are malformed (a victim rule read from text), one
-        sentence each naming the field."""
-        if self.victim not in VICTIMS:
-            return [f"victim must be one of {', '.join(VICTIMS)}, got {self.victim!r}"]
-        return []
+        """Every way these knobs are malformed (a rule read from text), one sentence each
+        naming the field."""
+        return [f"{name} must be one of {', '.join(words)}, got {getattr(self, name)!r}"
+                for name, words in KNOB_CHOICES.items() if getattr(self, name) not in words]

