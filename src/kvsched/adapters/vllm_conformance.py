@@ -22,7 +22,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -409,10 +409,13 @@ def release_profile(engine: dict[str, str]) -> str:
     return pinned
 
 
-def check_case(case: str, path: Path) -> Verdict:
+def check_case(case: str, path: Path, profile: str | None = None) -> Verdict:
+    """One trace's checks against `profile`, by default the profile of the vLLM release
+    its header names."""
     with path.open("rb") as stream:
         reader = TraceReader(stream)
-        profile = release_profile(reader.header.engine)
+        if profile is None:
+            profile = release_profile(reader.header.engine)
         checker = new_checker(reader.header.config, profile=profile,
                               preempted_order=reader.header.preempted_order)
         preemptions = rejected = hits = hit_blocks = 0
@@ -447,24 +450,37 @@ def knob_variants(profile: str) -> dict[str, Knobs]:
     }
 
 
-def first_divergence(path: Path, knobs: Knobs, profile: str) -> int | None:
-    """The first step where the reference with `knobs` decides otherwise than the trace."""
+def first_divergence(path: Path, knobs: Knobs, profile: str,
+                     config_changes: Mapping[str, object] | None = None) -> int | None:
+    """The first step where the reference with `knobs` (on the trace's config with
+    `config_changes`) decides otherwise than the trace."""
     with path.open("rb") as stream:
         reader = TraceReader(stream)
-        replay = ProfileReplay(profile, ReferenceScheduler(reader.header.config, knobs))
+        config = replace(reader.header.config,
+                         **(config_changes or {}))  # type: ignore[arg-type]
+        replay = ProfileReplay(profile, ReferenceScheduler(config, knobs))
         for rec in reader:
             if replay.step(rec) is not None:
                 return rec.step
     return None
 
 
-def sensitivity(paths: Sequence[Path], profile: str) -> dict[str, str | None]:
-    """For each flipped knob, the first trace (and step) that tells it from vLLM."""
+# A flipped rule: other knobs, and changes to the trace's config (a rule an engine
+# declares in its header, as V0's allocation).
+Variant = tuple[Knobs, Mapping[str, object]]
+
+
+def sensitivity(paths: Sequence[Path], profile: str,
+                variants: Mapping[str, Variant] | None = None) -> dict[str, str | None]:
+    """For each flipped knob (by default `knob_variants(profile)`), the first trace (and
+    step) that tells it from the engine."""
+    if variants is None:
+        variants = {name: (knobs, {}) for name, knobs in knob_variants(profile).items()}
     found: dict[str, str | None] = {}
-    for name, knobs in knob_variants(profile).items():
+    for name, (knobs, changes) in variants.items():
         found[name] = None
         for path in paths:
-            step = first_divergence(path, knobs, profile)
+            step = first_divergence(path, knobs, profile, changes)
             if step is not None:
                 found[name] = f"{path.stem} step {step}"
                 break

