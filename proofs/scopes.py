@@ -7,7 +7,7 @@ explorer, which tries them all. Two families make the full run:
 - `profiles`: each named profile in three caches (CACHES), fcfs on every multiset of
   one to three shapes with prompts 1 to 4 and max_tokens 1 to 3 (454 request sets),
   priority on every multiset of two or three of four shapes with both alternating
-  priority patterns; vllm-v0-swap with 2 host blocks;
+  priority patterns; vllm-v1+swap (FAMILY) with 2 host blocks;
 - `grid`: every knob and config value (victim rule, admission after preemption, full
   sequence reservation, threshold lifting, policy, preemption mode, host blocks, block
   size and count, token and sequence budgets, chunking and threshold, watermark and
@@ -36,7 +36,7 @@ from kvsched.spec.model import (
     WATERMARK_SCOPES,
     Config,
 )
-from kvsched.spec.profiles import PROFILES
+from kvsched.spec.profiles import PROFILES, VLLM_V1, ConfigDefaults, Profile
 
 T = TypeVar("T")
 
@@ -71,10 +71,23 @@ BASE = Config(block_size=1, num_gpu_blocks=4, max_num_batched_tokens=4, max_num_
               max_model_len=8)
 
 
+# The profile family: every profile of the reference's running-first passes, and one
+# that swaps: vLLM v1 never swaps, and vllm-v0 follows V0's passes, which reproduce V0's
+# stalls and livelocks (docs/conformance/vllm-v0.md) that this search reports, so the
+# swapping member is vllm-v1's knobs with swap ("vllm-v1+swap", not a profile of the
+# tool: no engine decides so).
+FAMILY: dict[str, Profile] = {
+    **{name: p for name, p in PROFILES.items() if p.knobs.passes == "running-first"},
+    "vllm-v1+swap": Profile("vllm-v1+swap", "vllm-v1's knobs, victims swapped to host "
+                            "blocks", VLLM_V1, ConfigDefaults(preemption="swap")),
+}
+SWAPPING = "vllm-v1+swap"
+
+
 def profile_scope(profile: str, requests: tuple[Shape, ...], family: str = "profiles",
                   **fields: object) -> Scope:
-    """A scope under a named profile: its knobs, its config defaults where not given."""
-    p = PROFILES[profile]
+    """A scope under a profile of FAMILY: its knobs, its config defaults where not given."""
+    p = FAMILY[profile]
     config = p.configure(replace(BASE, **fields), frozenset(fields))  # type: ignore[arg-type]
     return Scope(name_of(profile, config, requests), family, config, p.knobs, requests)
 
@@ -121,8 +134,8 @@ def profile_scopes() -> list[Scope]:
     """Priority sets first, then three requests before two before one, each on every
     cache, so that the request sets that stress a scheduler most come first."""
     out = []
-    for profile in PROFILES:
-        host = {"num_cpu_blocks": 2} if profile == "vllm-v0-swap" else {}
+    for profile in FAMILY:
+        host = {"num_cpu_blocks": 2} if profile == SWAPPING else {}
         for reqs in request_sets(FOUR_SHAPES, (3, 2)):
             for first in (0, 1):
                 for cache in CACHES:
@@ -257,9 +270,9 @@ SHARED = (("s", 2),)
 PREFIX_SHAPES = (Shape(3, 2, prefix=SHARED), Shape(3, 1, prefix=SHARED),
                  Shape(2, 2, prefix=SHARED), Shape(4, 1, prefix=(("s", 4),)), Shape(1, 3))
 TURNS = (Shape(3, 2, prefix=SHARED), Shape(5, 1, prefix=(("s", 2), ("r0", 4))))
-# vllm-v1 caches by default; sarathi and vllm-v0-swap (swapped-in blocks are cached
+# vllm-v1 caches by default; sarathi and vllm-v1+swap (swapped-in blocks are cached
 # again) are given caching.
-CACHING_PROFILES = ("vllm-v1", "sarathi", "vllm-v0-swap")
+CACHING_PROFILES = ("vllm-v1", "sarathi", SWAPPING)
 # Caches in which requests sharing "s" outgrow the blocks, so that victims come back
 # and hit what they (or their sharers) left cached: roomy (the conversation fits), 3
 # blocks of 2, 5 of 1, and capped (max_model_len 4 on 2 blocks).
@@ -297,7 +310,7 @@ def prefix_scopes(profiles: tuple[str, ...] = CACHING_PROFILES) -> list[Scope]:
     alternating patterns."""
     out = []
     for profile in profiles:
-        host = {"num_cpu_blocks": 2} if profile == "vllm-v0-swap" else {}
+        host = {"num_cpu_blocks": 2} if profile == SWAPPING else {}
         for cache in PREFIX_CACHES:
             for reqs in prefix_request_sets():
                 out.append(prefix_scope(profile, reqs, "prefix", **cache, **host))
@@ -312,26 +325,26 @@ def quick_scopes() -> list[Scope]:
     """Seconds, for `make test`: each profile in each cache, three requests of the grid's
     shapes, fcfs and priority."""
     out = []
-    for profile in PROFILES:
-        host = {"num_cpu_blocks": 2} if profile == "vllm-v0-swap" else {}
+    for profile in FAMILY:
+        host = {"num_cpu_blocks": 2} if profile == SWAPPING else {}
         for cache in CACHES:
             for reqs in request_sets(FOUR_SHAPES, (3,)):
                 out.append(profile_scope(profile, reqs, "quick", **cache, **host))
                 out.append(profile_scope(profile, alternate(reqs, 1), "quick",
                                          policy="priority", **cache, **host))
     for profile in CACHING_PROFILES:
-        host = {"num_cpu_blocks": 2} if profile == "vllm-v0-swap" else {}
+        host = {"num_cpu_blocks": 2} if profile == SWAPPING else {}
         for cache, reqs in QUICK_PREFIX:
             out.append(prefix_scope(profile, reqs, "quick", **cache, **host))
     return out + mode_scopes("quick", list(request_sets(FOUR_SHAPES, (3,))))
 
 
-# Allocations that reserve ahead, each under the profile of engines that use it: vLLM
-# V0's whole-prompt allocation with a watermark of one block applied always (and swap
-# space), and reservation to completion (Orca, TGI) under vllm-v1, prefix caching on.
+# Allocations that reserve ahead: vLLM V0's whole-prompt allocation with a watermark of
+# one block applied always, swapping (under vllm-v1+swap: V0's own passes are not in
+# FAMILY), and reservation to completion (Orca, TGI) under vllm-v1, prefix caching on.
 MODES: tuple[tuple[str, dict[str, object]], ...] = (
-    ("vllm-v0-swap", {"allocation": "prompt", "watermark_scope": "always",
-                      "watermark_blocks": 1, "num_cpu_blocks": 2}),
+    (SWAPPING, {"allocation": "prompt", "watermark_scope": "always",
+                "watermark_blocks": 1, "num_cpu_blocks": 2}),
     ("vllm-v1", {"allocation": "full"}),
 )
 
@@ -369,6 +382,6 @@ def full_scopes() -> list[Scope]:
 SCOPE_SETS: dict[str, Callable[[], list[Scope]]] = {
     "quick": quick_scopes, "profiles": profile_scopes, "grid": grid_scopes,
     "modes": mode_scopes,
-    "prefix": prefix_scopes, "prefix-swap": lambda: prefix_scopes(("vllm-v0-swap",)),
+    "prefix": prefix_scopes, "prefix-swap": lambda: prefix_scopes((SWAPPING,)),
     "full": full_scopes,
 }

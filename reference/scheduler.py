@@ -503,10 +503,15 @@ class ReferenceScheduler:
             return
         while True:
             r = self.waiting.head()
-            if r is None or r.status == Status.SWAPPED:
-                # A swapped request in the waiting queue is a victim of vLLM V0's priority
-                # preemption in swap mode; V0 fails an assertion here (vllm/core/
-                # scheduler.py:1077), the reference stops the pass.
+            if r is None:
+                break
+            if r.status == Status.SWAPPED:
+                # A victim of vLLM V0's priority preemption in swap mode, which V0 queues
+                # here; V0 fails an assertion when its pass reaches it (vllm/core/
+                # scheduler.py:1077). The reference goes on: it moves the victim to the
+                # front of the swapped queue, where it comes back from, and stops.
+                self.waiting.remove(r)
+                self.swapped.insert(0, r)
                 break
             reason = self.never_admitted(r)
             if reason is not None:

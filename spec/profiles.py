@@ -106,11 +106,12 @@ VLLM_V0 = Knobs(grow_check="worst_case", reject="admission", chunk_swap_in=False
                 swapped_order="swap_out", passes="vllm-v0", lift_threshold_when_alone=False)
 # V0's own rules as config: blocks for all known tokens at admission and swap-in, its
 # watermark of 1% at every admission and swap-in, no prefix caching (V0 has it, off by
-# default, and the adapter drives V0 without it), recompute (V0's default for a request
-# of one sequence), and swap space beside the cache as V0's engine always has.
-VLLM_V0_DEFAULTS = ConfigDefaults(preemption="recompute", watermark_fraction=0.01,
-                                  host_blocks_as_gpu=True, prefix_caching=False,
-                                  allocation="prompt", watermark_scope="always")
+# default, and the adapter drives V0 without it), and swap space beside the cache as
+# V0's engine always has. Preemption stays as given: recompute unless asked (V0's
+# default for a request of one sequence, and the config's).
+VLLM_V0_DEFAULTS = ConfigDefaults(watermark_fraction=0.01, host_blocks_as_gpu=True,
+                                  prefix_caching=False, allocation="prompt",
+                                  watermark_scope="always")
 
 _V1_RULES = ("running first, preempt the tail (fcfs) or the lowest priority by recompute, "
              "no admission in a step that preempted, admission needs the whole sequence "

@@ -38,6 +38,7 @@ from kvsched.adapters.vllm_v0 import (
     v0_settings,
     v0_watermark,
 )
+from kvsched.adapters.vllm_v0_conformance import DEFECTS, EDGES, KIND_WORKLOAD, KINDS
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.checker import Report, check_trace
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
@@ -373,7 +374,8 @@ def test_cli_record_vllm_v0_writes_the_steps_before_v0_failed_and_exits_1(
                      str(workload_file(tmp_path, SWAP_WORKLOAD)), "--out", str(out),
                      "--block-size", "2", "--num-gpu-blocks", "4", "--max-model-len", "8",
                      "--max-num-batched-tokens", "16", "--max-num-seqs", "4",
-                     "--no-chunked-prefill", "--vllm-python", str(python))
+                     "--no-chunked-prefill", "--preemption", "swap", "--vllm-python",
+                     str(python))
     assert result.returncode == 1, result.stderr
     assert "2 steps" in result.stdout and "1 preemptions (1 by swap)" in result.stdout
     assert result.stderr.startswith("kvsched: V0 failed in step 2: AssertionError at "
@@ -399,37 +401,11 @@ needs_v0 = pytest.mark.skipif(
     reason="V0's environment .venv-vllm-v0 is absent (`make vllm-v0-env` creates it; or "
            "set KVSCHED_VLLM_V0_PYTHON); these tests drive V0's scheduler for real")
 
-# Four requests at step 0 and four later ones, less urgent, in 100 blocks of 2 tokens
-# (a watermark of 1): they outgrow the cache, so V0 preempts and, in swap mode, swaps
-# back in. The later ones' priorities keep V0's forced priority preemption from
-# sending a swapped victim to the waiting queue (the bug of test_v0_priority_swap_...).
-KINDS_WORKLOAD = [WorkItem(i, a, p, o, o + 8, priority=pr) for i, a, p, o, pr in [
-    ("a", 0, 30, 40, 1), ("b", 0, 12, 50, 0), ("c", 0, 40, 30, 2), ("d", 0, 20, 44, 1),
-    ("e", 4, 36, 30, 3), ("f", 4, 16, 40, 3), ("g", 6, 24, 36, 4), ("h", 7, 28, 20, 5)]]
-KINDS = [f"{mode}-{prefill}-{policy}" for mode in ("swap", "recompute")
-         for prefill in ("whole", "chunked") for policy in ("fcfs", "priority")]
-
-
-def kind_config(kind: str) -> Config:
-    mode, prefill, policy = kind.split("-")
-    chunked = prefill == "chunked"
-    return replace(CONFIG, num_cpu_blocks=200 if mode == "swap" else 0,
-                   max_num_batched_tokens=32 if chunked else 256, chunked_prefill=chunked,
-                   policy="priority" if policy == "priority" else "fcfs",
-                   preemption="swap" if mode == "swap" else "recompute")
-
-
-# V0's forced priority preemption (no chunked prefill) puts a swapped victim in the
-# waiting queue, and the next prefill pass asserts (engines.md).
-PRIORITY_SWAP_BUG = [WorkItem("a", 0, 30, 40, 48, priority=1),
-                     WorkItem("b", 0, 30, 40, 48, priority=1),
-                     WorkItem("urgent", 2, 30, 4, 4, priority=0)]
-# Swap-in never chunks: b, swapped out mid-prefill with more prompt left than the token
-# budget of 4, never comes back (engines.md's V0 liveness bug).
-PARTIAL_SWAP_BUG = [WorkItem("a", 0, 6, 40, 40), WorkItem("b", 1, 50, 4, 4)]
-# A prompt whose blocks fill the cache exactly: it fits alone, but not beside V0's
-# watermark, which V0 applies even with nothing running.
-WATERMARK = [WorkItem("full", 0, 199, 1, 1), WorkItem("small", 0, 10, 2, 2)]
+# The suite's kinds, its edge of the watermark and V0's defects
+# (kvsched.adapters.vllm_v0_conformance), recorded in one V0 process; traces of the same
+# cases stay in tests/data/vllm-v0/, which tests/test_vllm_v0_profile.py checks.
+LIVE = {c.name: c for c in (*KINDS, *EDGES, *(d.case for d in DEFECTS))}
+KIND_NAMES = [c.name for c in KINDS]
 
 
 @pytest.fixture(scope="module")
@@ -437,18 +413,9 @@ def v0_traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Re
     python = v0_python()
     assert python is not None
     folder = tmp_path_factory.mktemp("vllm-v0")
-    jobs = [Job(kind, kind_config(kind), KINDS_WORKLOAD, folder / f"{kind}.jsonl",
-                max_steps=400) for kind in KINDS]
-    jobs.append(Job("priority-swap-bug", replace(CONFIG, num_gpu_blocks=40, watermark_blocks=0,
-                                                 policy="priority", max_model_len=80),
-                    PRIORITY_SWAP_BUG, folder / "priority-swap-bug.jsonl", max_steps=100))
-    jobs.append(Job("partial-swap-bug", replace(CONFIG, num_gpu_blocks=32, watermark_blocks=0,
-                                                chunked_prefill=True, max_num_batched_tokens=4,
-                                                max_num_seqs=4, max_model_len=64),
-                    PARTIAL_SWAP_BUG, folder / "partial-swap-bug.jsonl", max_steps=100))
-    jobs.append(Job("watermark", replace(CONFIG, preemption="recompute", num_cpu_blocks=0,
-                                         max_model_len=200),
-                    WATERMARK, folder / "watermark.jsonl", max_steps=100))
+    steps = {d.case.name: d.max_steps for d in DEFECTS}
+    jobs = [Job(name, c.config, c.workload(), folder / f"{name}.jsonl",
+                max_steps=steps.get(name, 400)) for name, c in LIVE.items()]
     yield {r.job.name: r for r in record_jobs(jobs, python)}
 
 
@@ -462,18 +429,18 @@ def must_counts(report: Report) -> Counter[str]:
 
 
 @needs_v0
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KIND_NAMES)
 def test_v0_trace_of_each_kind_is_complete_with_preemptions(
         v0_traces: dict[str, RecordedV0], kind: str) -> None:
     result = v0_traces[kind]
     header, records, complete, unknown = read_trace(result.job.out)
     assert header.engine == {"name": "vllm", "version": "0.10.1.1"}
     cfg = header.config
-    assert cfg == kind_config(kind) and cfg.watermark_blocks == 1  # int(0.01 * 100)
+    assert cfg == LIVE[kind].config and cfg.watermark_blocks == 1  # int(0.01 * 100)
     assert complete and result.complete and result.engine_error is None
-    assert unknown.keys() == {"free_host_blocks"}
+    assert result.stalled is None and unknown.keys() == {"free_host_blocks"}
     finished = [rid for rec in records for rid in rec.finished]
-    assert sorted(finished) == sorted(w.id for w in KINDS_WORKLOAD)
+    assert sorted(finished) == sorted(w.id for w in KIND_WORKLOAD)
     modes = {p.mode for rec in records for p in rec.preempted}
     swapped_in = [rid for rec in records for rid in rec.swapped_in]
     assert modes == {cfg.preemption}  # V0 uses the one mode it was given, every time
@@ -484,7 +451,7 @@ def test_v0_trace_of_each_kind_is_complete_with_preemptions(
 
 
 @needs_v0
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KIND_NAMES)
 def test_v0_must_verdict_is_clean_under_its_allocation_and_breaks_it_read_as_lazy(
         v0_traces: dict[str, RecordedV0], kind: str, tmp_path: Path) -> None:
     path = v0_traces[kind].job.out
@@ -501,7 +468,7 @@ def test_v0_must_verdict_is_clean_under_its_allocation_and_breaks_it_read_as_laz
     as_lazy = tmp_path / "as-lazy.jsonl"
     as_lazy.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
     lazy = must_counts(verdict(as_lazy))
-    if not kind_config(kind).chunked_prefill:
+    if not LIVE[kind].config.chunked_prefill:
         # A whole prompt is scheduled at once: prompt allocation is lazy allocation.
         assert lazy == {}
     else:
@@ -512,8 +479,8 @@ def test_v0_must_verdict_is_clean_under_its_allocation_and_breaks_it_read_as_laz
 @needs_v0
 def test_v0_admits_a_chunk_with_blocks_for_its_whole_prompt(
         v0_traces: dict[str, RecordedV0]) -> None:
-    _, records, _, _ = read_trace(v0_traces["swap-chunked-fcfs"].job.out)
-    prompts = {w.id: w.prompt_len for w in KINDS_WORKLOAD}
+    _, records, _, _ = read_trace(v0_traces["kind-swap-chunked-fcfs"].job.out)
+    prompts = {w.id: w.prompt_len for w in KIND_WORKLOAD}
     admitted: set[str] = set()
     chunked_admissions = 0
     for rec in records:
@@ -527,27 +494,10 @@ def test_v0_admits_a_chunk_with_blocks_for_its_whole_prompt(
 
 
 @needs_v0
-def test_v0_ignores_the_policy_with_chunked_prefill(v0_traces: dict[str, RecordedV0]) -> None:
-    for mode in ("swap", "recompute"):
-        fcfs = read_trace(v0_traces[f"{mode}-chunked-fcfs"].job.out)[1]
-        priority = read_trace(v0_traces[f"{mode}-chunked-priority"].job.out)[1]
-        assert [r.decision for r in fcfs] == [r.decision for r in priority]
-
-
-@needs_v0
-def test_v0_priority_without_chunking_differs_from_fcfs(
-        v0_traces: dict[str, RecordedV0]) -> None:
-    for mode in ("swap", "recompute"):
-        fcfs = read_trace(v0_traces[f"{mode}-whole-fcfs"].job.out)[1]
-        priority = read_trace(v0_traces[f"{mode}-whole-priority"].job.out)[1]
-        assert [r.decision for r in fcfs] != [r.decision for r in priority]
-
-
-@needs_v0
 def test_v0_priority_swap_victim_in_waiting_asserts(v0_traces: dict[str, RecordedV0]) -> None:
-    result = v0_traces["priority-swap-bug"]
+    result = v0_traces["defect-priority-swap"]
     assert not result.complete and result.engine_error is not None
-    assert result.engine_error.startswith("AssertionError at vllm/core/scheduler.py:")
+    assert result.engine_error.startswith("AssertionError at vllm/core/scheduler.py:1077")
     assert "Waiting sequence group should have only one prompt sequence" in \
         result.engine_error
     _, records, complete, _ = read_trace(result.job.out)
@@ -560,22 +510,43 @@ def test_v0_priority_swap_victim_in_waiting_asserts(v0_traces: dict[str, Recorde
 @needs_v0
 def test_v0_never_swaps_back_a_partial_prefill_larger_than_the_budget(
         v0_traces: dict[str, RecordedV0]) -> None:
-    result = v0_traces["partial-swap-bug"]
-    assert not result.complete and result.engine_error is None and result.steps == 100
-    _, records, _, _ = read_trace(result.job.out)
+    result = v0_traces["defect-partial-swap"]
+    # The driver ends the run where V0 stalls: two steps deciding nothing, no input left.
+    assert result.complete and result.engine_error is None and result.stalled is not None
+    assert result.steps == result.stalled + 2
+    _, records, complete, _ = read_trace(result.job.out)
+    assert complete
     [(step, victim)] = [(rec.step, p) for rec in records for p in rec.preempted]
     assert victim == Preemption("b", "swap")
     computed = sum(n for rec in records[:step] for rid, n in rec.scheduled if rid == "b")
     assert computed > 0 and 50 - computed > 4  # more prompt left than the token budget
     assert not [rec for rec in records if rec.swapped_in]
     assert [rid for rec in records for rid in rec.finished] == ["a"]
-    assert all(not rec.scheduled for rec in records[-40:])  # idle with b swapped, forever
+    assert all(not rec.scheduled for rec in records[result.stalled:])
+
+
+@needs_v0
+def test_v0_fails_on_a_full_host_where_the_victims_blocks_would_fit(
+        v0_traces: dict[str, RecordedV0]) -> None:
+    result = v0_traces["defect-host-full"]
+    assert not result.complete and result.engine_error is not None
+    assert result.engine_error.startswith("RuntimeError at vllm/core/scheduler.py:1832: "
+                                          "Aborted due to the lack of CPU swap space.")
+
+
+@needs_v0
+def test_v0_livelocks_two_prompts_that_each_fill_the_cache(
+        v0_traces: dict[str, RecordedV0]) -> None:
+    result = v0_traces["defect-livelock"]
+    # Neither an error nor a stall: it preempts every step until max_steps.
+    assert not result.complete and result.engine_error is None and result.stalled is None
+    assert result.steps == 100 and result.preemptions == 99
 
 
 @needs_v0
 def test_v0_watermark_holds_even_with_nothing_running(
         v0_traces: dict[str, RecordedV0]) -> None:
-    result = v0_traces["watermark"]
+    result = v0_traces["watermark-alone"]
     _, records, complete, _ = read_trace(result.job.out)
     assert complete and records[0].rejected[0].id == "full"
     assert "FINISHED_IGNORED" in records[0].rejected[0].reason
@@ -595,16 +566,40 @@ def test_cli_record_vllm_v0_drives_v0_with_swap_and_its_own_watermark(tmp_path: 
     python = v0_python()
     assert python is not None
     out = tmp_path / "t.jsonl"
-    result = kvsched("record", "vllm-v0", "--workload",
-                     str(workload_file(tmp_path, KINDS_WORKLOAD)), "--out", str(out),
-                     "--block-size", "2", "--num-gpu-blocks", "100", "--max-model-len", "96",
-                     "--max-num-batched-tokens", "256", "--no-chunked-prefill",
-                     "--max-num-seqs", "8", "--vllm-python", str(python))
+    base = ["record", "vllm-v0", "--workload", str(workload_file(tmp_path, list(KIND_WORKLOAD))),
+            "--out", str(out), "--block-size", "2", "--num-gpu-blocks", "100",
+            "--max-model-len", "96", "--max-num-batched-tokens", "256",
+            "--no-chunked-prefill", "--max-num-seqs", "8", "--vllm-python", str(python)]
+    result = kvsched(*base, "--preemption", "swap")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"trace written to {out}: vLLM 0.10.1.1 (V0), ")
     header, records, complete, _ = read_trace(out)
-    # The defaults of profile vllm-v0-swap: swap into as many host blocks as GPU ones.
+    # Profile vllm-v0's defaults: as many host blocks as GPU ones, V0's watermark and rules.
     assert (header.config.preemption, header.config.num_cpu_blocks) == ("swap", 100)
     assert header.config.watermark_blocks == 1 and complete
     assert (header.config.allocation, header.config.watermark_scope) == ("prompt", "always")
     assert any(p.mode == "swap" for rec in records for p in rec.preempted)
+    # Without --preemption, V0's default: recompute.
+    assert kvsched(*base).returncode == 0
+    header, records, _, _ = read_trace(out)
+    assert header.config.preemption == "recompute"
+    assert {p.mode for rec in records for p in rec.preempted} == {"recompute"}
+
+
+@needs_v0
+def test_cli_record_vllm_v0_says_where_v0_stalled_and_exits_1(tmp_path: Path) -> None:
+    python = v0_python()
+    assert python is not None
+    out = tmp_path / "t.jsonl"
+    stall = next(d.case for d in DEFECTS if d.case.name == "defect-partial-swap")
+    c = stall.config
+    result = kvsched("record", "vllm-v0", "--workload",
+                     str(workload_file(tmp_path, stall.workload())), "--out", str(out),
+                     "--block-size", str(c.block_size), "--num-gpu-blocks",
+                     str(c.num_gpu_blocks), "--max-model-len", str(c.max_model_len),
+                     "--max-num-batched-tokens", str(c.max_num_batched_tokens),
+                     "--max-num-seqs", str(c.max_num_seqs), "--preemption", "swap",
+                     "--vllm-python", str(python))
+    assert result.returncode == 1
+    assert result.stderr.startswith("kvsched: V0 stalled from step 41: ")
+    assert read_trace(out)[2]  # complete: the requests V0 left are live at its end

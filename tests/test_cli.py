@@ -62,16 +62,34 @@ def test_simulate_json_summary_has_metrics_and_no_violations() -> None:
 
 
 def test_profile_defaults_and_explicit_options(tmp_path: Path) -> None:
-    out = tmp_path / "swap.jsonl"
-    result = kvsched("simulate", *SMALL, "--profile", "vllm-v0-swap", "--out", str(out))
+    out = tmp_path / "v0.jsonl"
+    result = kvsched("simulate", *SMALL, "--profile", "vllm-v0", "--preemption", "swap",
+                     "--out", str(out))
     assert result.returncode == 0, result.stderr
     config = json.loads(out.read_text().splitlines()[0])["config"]
     assert config["preemption"] == "swap" and config["num_cpu_blocks"] == 64
     assert config["watermark_blocks"] == 0  # 1% of 64 blocks, rounded down
-    result = kvsched("simulate", *SMALL, "--profile", "vllm-v0-swap", "--preemption",
-                     "recompute", "--out", str(out))
-    assert json.loads(out.read_text().splitlines()[0])["config"]["preemption"] == "recompute"
-    assert kvsched("check", "--profile", "vllm-v0-swap", str(out)).returncode == 0
+    assert (config["allocation"], config["watermark_scope"]) == ("prompt", "always")
+    result = kvsched("simulate", *SMALL, "--profile", "vllm-v0", "--allocation", "lazy",
+                     "--out", str(out))
+    config = json.loads(out.read_text().splitlines()[0])["config"]
+    assert (config["preemption"], config["allocation"]) == ("recompute", "lazy")
+    assert kvsched("check", "--profile", "vllm-v0", str(out)).returncode == 0
+
+
+def test_a_deprecated_profile_says_so_in_one_line_whenever_it_is_used(
+        tmp_path: Path) -> None:
+    out = tmp_path / "swap.jsonl"
+    note = ("kvsched: note: profile vllm-v0-swap is deprecated: it is vllm-v0 with "
+            "preemption swap (--profile vllm-v0 --preemption swap)\n")
+    simulated = kvsched("simulate", *SMALL, "--profile", "vllm-v0-swap", "--out", str(out))
+    assert simulated.returncode == 0 and simulated.stderr == note
+    config = json.loads(out.read_text().splitlines()[0])["config"]
+    assert config["preemption"] == "swap" and config["allocation"] == "prompt"
+    checked = kvsched("check", "--profile", "vllm-v0-swap", str(out))
+    assert checked.returncode == 0 and checked.stderr == note
+    same = kvsched("check", "--profile", "vllm-v0", str(out))
+    assert same.returncode == 0 and same.stderr == ""
 
 
 def test_max_steps_leaves_an_incomplete_trace(tmp_path: Path) -> None:
@@ -143,7 +161,8 @@ def test_metrics_text_and_json(trace: Path) -> None:
 def test_profiles_lists_every_profile() -> None:
     result = kvsched("profiles")
     assert result.returncode == 0
-    for name in ("vllm-v1", "vllm-v1-no-prefix-caching", "vllm-v0-swap", "sarathi"):
+    for name in ("vllm-v1", "vllm-v1-no-prefix-caching", "vllm-v0", "vllm-v0-swap",
+                 "sarathi"):
         assert name in result.stdout
 
 

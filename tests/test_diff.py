@@ -117,7 +117,7 @@ def test_divergence_shows_both_sides_and_the_state_before(name: str) -> None:
     assert state in d.divergence.state
 
 
-@pytest.mark.parametrize("name", ["vllm-v1", "vllm-v0-swap", "sarathi"])
+@pytest.mark.parametrize("name", ["vllm-v1", "vllm-v0", "sarathi"])
 def test_a_profile_against_itself_does_not_diverge(name: str) -> None:
     bug = SEEDED_BUGS["tail-victim-under-priority"]
     config = get_profile(name).configure(bug.config)

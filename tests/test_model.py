@@ -127,7 +127,7 @@ def test_profile_defaults_apply_to_fields_not_given() -> None:
         watermark_scope="always")
     assert v0.configure(config, frozenset({"allocation"})).allocation == "lazy"
     assert v0.defaults.describe() == (
-        "preemption=recompute, watermark_blocks=1% of num_gpu_blocks, "
+        "watermark_blocks=1% of num_gpu_blocks, "
         "num_cpu_blocks=num_gpu_blocks, prefix_caching=off, allocation=prompt, "
         "watermark_scope=always")
     assert swap.knobs == v0.knobs and not v0.deprecated and "vllm-v0" in swap.deprecated

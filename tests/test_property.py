@@ -8,9 +8,13 @@ and hypothesis.target on preemption counts, up to 16 requests per run):
 - completion, no-idle, needed-preemption: never broken, for any profile or knobs;
   asserted for all.
 - no-thrash (a request preempted more than 8 times): never for vllm-v1 (at most 3);
-  broken legitimately by sarathi and vllm-v0-swap (admission checks only the first
-  chunk, so admitted prefills keep pushing each other out) and by knob mixes such as
+  broken legitimately by sarathi (admission checks only the first chunk, so admitted
+  prefills keep pushing each other out) and by knob mixes such as
   victim=lowest_priority under fcfs. Asserted for vllm-v1 only.
+
+The profiles drawn are those of the running-first passes: vllm-v0 reproduces V0's own
+stalls, livelocks and needless preemptions, so tests/test_vllm_v0_profile.py asserts
+only the MUST invariants of its runs.
 """
 
 from __future__ import annotations

@@ -86,8 +86,9 @@ SIMULATIONS: list[tuple[str, dict[str, Any], int, bool, bool, bool]] = [
     ("vllm-v1", {"policy": "priority"}, 2, True, True, True),
     ("vllm-v1", {"long_prefill_token_threshold": 8}, 3, False, False, False),
     ("vllm-v1", {"chunked_prefill": False, "max_num_batched_tokens": 64}, 4, False, True, True),
-    ("vllm-v0-swap", {}, 5, False, True, True),
-    ("vllm-v0-swap", {"policy": "priority"}, 6, True, False, True),
+    ("vllm-v0", {"preemption": "swap"}, 5, False, True, True),
+    ("vllm-v0", {"preemption": "swap", "chunked_prefill": False,
+                 "max_num_batched_tokens": 64}, 6, True, False, True),
     ("sarathi", {"preemption": "auto", "num_cpu_blocks": 24}, 7, False, False, True),
 ]
 
@@ -95,7 +96,7 @@ SIMULATIONS: list[tuple[str, dict[str, Any], int, bool, bool, bool]] = [
 def simulate(profile: str, changes: dict[str, Any], seed: int, priorities: bool,
              timed: bool, block_ids: bool) -> list[bytes]:
     p = get_profile(profile)
-    config = p.configure(replace(SMALL, **changes))
+    config = p.configure(replace(SMALL, **changes), frozenset(changes))
     records: list[StepRecord] = list(run(reference_scheduler(p, config),
                                          workload(seed, 40, 48, 16, priorities),
                                          block_ids=block_ids))
@@ -140,7 +141,7 @@ def test_the_simulations_cover_every_field(traces: dict[int, list[dict[str, Any]
                     "scheduled", "finished", "free_blocks", "new_blocks", "time_ms",
                     "prefix_hits", "block_keys"}
     assert modes == {"recompute", "swap"}
-    swap = [i for i, s in enumerate(SIMULATIONS) if s[0] == "vllm-v0-swap"]
+    swap = [i for i, s in enumerate(SIMULATIONS) if s[1].get("preemption") == "swap"]
     for i in swap:
         assert any(p["mode"] == "swap" for line in traces[i][1:-1]
                    for p in line.get("preempted", ())), f"no swap-out in {SIMULATIONS[i]}"

@@ -2,11 +2,13 @@
 suite of workloads and check every trace at the MUST level and against profile vllm-v0.
 
     python -m kvsched.adapters.vllm_v0_conformance [--out DIR] [--vllm-python PATH]
-        [--random N] [--seed S] [--list] [NAME...]
+        [--random N] [--seed S] [--list] [--stored] [NAME...]
 
 Named cases first (each exercises one of V0's rules), then V0's defects (each a
 workload on which V0 itself is at fault, with what kvsched must say of it), then N small
 random ones (seeds S..S+N-1; none when names are given), all recorded in one V0 process.
+--stored records only the kinds and the defects, the real V0 traces tests/data/vllm-v0/
+keeps (`make vllm-v0-traces`).
 
 A case conforms when its trace is complete, MUST-clean and equal to vllm-v0 step for
 step. A random case on which V0 fails (an exception inside its scheduler: the trace
@@ -91,7 +93,22 @@ KINDS: tuple[Case, ...] = tuple(kind_case(mode, prefill, policy)
                                 for prefill in ("whole", "chunked")
                                 for policy in ("fcfs", "priority"))
 
-CASES: tuple[Case, ...] = (*KINDS,
+# Two of V0's rules on a few requests: its watermark holds back even a request alone in
+# an empty cache (one whose blocks fill it exactly is ignored), and a prompt of
+# max_model_len tokens is served, one token.
+EDGES: tuple[Case, ...] = (
+    Case("watermark-alone", "100 blocks of 2, a watermark of 1: a 199-token prompt would "
+         "fill the cache alone, but not beside the watermark, and is ignored",
+         v0(block_size=2, num_gpu_blocks=100, max_num_batched_tokens=256, max_num_seqs=8,
+            max_model_len=200, chunked_prefill=False),
+         lambda: [WorkItem("small", 0, 10, 4, 4), WorkItem("full", 0, 199, 1, 1)]),
+    Case("prompt-of-max-model-len", "a prompt of max_model_len tokens, served one token",
+         v0(block_size=2, num_gpu_blocks=120, max_num_batched_tokens=256, max_num_seqs=8,
+            max_model_len=200, chunked_prefill=False),
+         lambda: [WorkItem("edge", 0, 200, 1, 5), WorkItem("small", 1, 10, 4, 4)]),
+)
+
+CASES: tuple[Case, ...] = (*KINDS, *EDGES,
     Case("whole-recompute", "no chunked prefill, recompute, 48 blocks of 8: steps of "
          "prompts only, decodes preempting the tail at zero free blocks",
          v0(block_size=8, num_gpu_blocks=48, max_num_batched_tokens=256, max_num_seqs=16,
@@ -271,6 +288,12 @@ V0_VARIANTS: dict[str, Variant] = {
 }
 
 
+# The real V0 traces tests/data/vllm-v0/ keeps: one of each kind, the edges, and each
+# defect.
+STORED: tuple[str, ...] = (*(c.name for c in (*KINDS, *EDGES)),
+                           *(d.case.name for d in DEFECTS))
+
+
 @dataclass
 class Outcome:
     """One case's verdict (kvsched.adapters.vllm_conformance.Verdict) and how V0 ran."""
@@ -355,7 +378,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"also N small random cases (default {DEFAULT_RANDOM})")
     parser.add_argument("--seed", type=int, default=0, help="first random case's seed")
     parser.add_argument("--list", action="store_true", help="list the cases and stop")
+    parser.add_argument("--stored", action="store_true",
+                        help="only the kinds and the defects (tests/data/vllm-v0/)")
     args = parser.parse_args(argv)
+    if args.stored:
+        args.names = [*args.names, *STORED]
     if args.random < 0:
         print(f"vllm_v0_conformance: error: --random must not be negative, got "
               f"{args.random}", file=sys.stderr)

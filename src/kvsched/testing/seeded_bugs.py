@@ -377,7 +377,7 @@ SEEDED_BUGS: dict[str, SeededBug] = {b.name: b for b in (
     seeded("finished-blocks-not-freed", FinishedBlocksNotFreed, "finish", MUST,
            tight_config(), workload((0, 8, 2, 4), (0, 8, 6, 8))),
     seeded("swapped-scheduled-without-swap-in", ScheduledWithoutSwapIn, "one-state", MUST,
-           tight_config("vllm-v0-swap", num_cpu_blocks=8), GROWING, profile="vllm-v0-swap"),
+           tight_config(preemption="swap", num_cpu_blocks=8), GROWING),
     seeded("waiting-request-preempted", PreemptsWaiting, "preempt", MUST, tight_config(),
            GROWING_AND_WAITING),
     # 20 + 100 tokens would need 30 blocks, but max_model_len 64 stops it at 16.
@@ -394,9 +394,8 @@ SEEDED_BUGS: dict[str, SeededBug] = {b.name: b for b in (
     # Beyond the first twelve: the other MUST and SHOULD invariants.
     # r2 swaps out 4 blocks of the 6 on the host; then r1 swaps out 6.
     seeded("swap-out-beyond-host", HostCapacityNotFree, "cpu-budget", MUST,
-           tight_config("vllm-v0-swap", num_gpu_blocks=12, num_cpu_blocks=6),
-           workload((0, 12, 20, 20), (0, 12, 20, 20), (0, 12, 20, 20)),
-           profile="vllm-v0-swap"),
+           tight_config(preemption="swap", num_gpu_blocks=12, num_cpu_blocks=6),
+           workload((0, 12, 20, 20), (0, 12, 20, 20), (0, 12, 20, 20))),
     # No end-of-sequence before max_tokens 3.
     seeded("finish-missed-at-max-tokens", MissesMaxTokens, "finish", MUST, tight_config(),
            workload((0, 8, 10, 3))),
