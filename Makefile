@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 vllm-v0-env vllm-release-traces vllm-plugin serve-check proofs mutation clean
+.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 conformance-vllm-v0 vllm-v0-env vllm-v0-traces vllm-release-traces vllm-plugin serve-check proofs mutation clean
 VLLM_VENV ?= .venv-vllm
 VLLM033_VENV ?= .venv-vllm-0.33
 VLLM_V0_VENV ?= .venv-vllm-v0
@@ -86,6 +86,17 @@ conformance-vllm-0.33: $(STAMP)
 # tests/test_adapter_vllm_v0.py.
 vllm-v0-env:
 	PYTHON=$(PYTHON) VLLM_V0_VENV=$(VLLM_V0_VENV) scripts/vllm_env.sh v0
+
+# vLLM's real V0 scheduler against the spec and profile vllm-v0 (creates $(VLLM_V0_VENV)
+# once), docs/conformance/vllm-v0.md; about a minute.
+conformance-vllm-v0: $(STAMP)
+	PYTHON=$(PYTHON) VENV=$(VENV) VLLM_V0_VENV=$(VLLM_V0_VENV) VLLM_RELEASE=v0 \
+		scripts/conformance_vllm.sh
+
+# Record again the real V0 traces tests/data/vllm-v0/ holds (tests/test_vllm_v0_profile.py).
+vllm-v0-traces: $(STAMP)
+	PYTHON=$(PYTHON) VENV=$(VENV) VLLM_V0_VENV=$(VLLM_V0_VENV) VLLM_RELEASE=v0 \
+		scripts/conformance_vllm.sh --stored --out tests/data/vllm-v0
 
 # Record again, with both releases, the traces tests/data/vllm-releases/ holds (the
 # upgrade's audit in docs/audit.md and the tests of the two profiles read them).

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# `make conformance-vllm` (VLLM_RELEASE=0.32) and `make conformance-vllm-0.33`: create
-# that release's environment if it is missing (scripts/vllm_env.sh), then record its
-# real v1 scheduler on the suite of kvsched.adapters.vllm_conformance and check every
-# trace at the MUST level and against the release's profile (vllm-v1@X.Y).
-# Extra arguments go to the suite (case names, --out DIR, --list).
+# `make conformance-vllm` (VLLM_RELEASE=0.32), `make conformance-vllm-0.33` and `make
+# conformance-vllm-v0` (VLLM_RELEASE=v0): create that release's environment if it is
+# missing (scripts/vllm_env.sh), then record its real scheduler on its suite
+# (kvsched.adapters.vllm_conformance for v1, vllm_v0_conformance for V0) and check every
+# trace at the MUST level and against the release's profile (vllm-v1@X.Y, vllm-v0).
+# Extra arguments go to the suite (case names, --out DIR, --list); a later --out wins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -16,5 +17,6 @@ fi
 python=$(scripts/vllm_env.sh "$RELEASE")
 out=build/conformance-vllm
 [ "$RELEASE" = 0.32 ] || out=build/conformance-vllm-$RELEASE
-exec "$VENV/bin/python" -m kvsched.adapters.vllm_conformance \
-    --vllm-python "$python" --out "$out" "$@"
+suite=kvsched.adapters.vllm_conformance
+[ "$RELEASE" = v0 ] && suite=kvsched.adapters.vllm_v0_conformance
+exec "$VENV/bin/python" -m "$suite" --vllm-python "$python" --out "$out" "$@"
