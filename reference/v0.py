@@ -27,11 +27,12 @@ ends their prefill, the other running prefills, the new prompts (`order`).
 
 These are functions of the reference scheduler `s`, which calls `passes` in its step
 when its knob passes is "vllm-v0". The swap-in and waiting passes are its own methods
-(its extension points), with V0's knobs: blocks for all
-known tokens at an admission or a swap-in (config allocation prompt), the watermark
-always (config watermark_scope always), a swapped prefill only whole (chunk_swap_in),
-swapped requests in swap-out order (swapped_order), requests that can never be admitted
-rejected when a pass reaches them (reject).
+(its extension points), with V0's knobs and config: blocks for all known tokens at an
+admission or a swap-in (config allocation prompt), the watermark always (config
+watermark_scope always), a swapped prefill only whole (chunk_swap_in), swapped requests
+in swap-out order (swapped_order), requests that can never be admitted rejected when a
+pass reaches them (reject). V0's own defects are reproduced up to where V0 fails
+(docs/conformance/vllm-v0.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The vLLM V0 adapter: config mapping both ways, driver events to trace v1, the driver
 process protocol and the CLI's errors, all without vLLM; then, where V0's environment
-exists (`make vllm-v0-env` creates .venv-vllm-v0), V0's real scheduler on a workload
-of each kind (swap or recompute, chunked prefill or not, fcfs or priority) and on two
-V0 bugs engines.md lists.
+exists (`make vllm-v0-env` creates .venv-vllm-v0), V0's real scheduler on the
+conformance suite's workload of each kind (swap or recompute, chunked prefill or not,
+fcfs or priority), its watermark edge and V0's defects (an assertion, a stall, a full
+host, a livelock: docs/conformance/vllm-v0.md), with what the adapter and
+`kvsched record vllm-v0` make of them.
 
 V0 allocates blocks for a whole prompt at admission (allocation `prompt`) and applies
 its watermark always (watermark_scope `always`); its traces say so in their header, and

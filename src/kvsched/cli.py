@@ -43,7 +43,7 @@ from kvsched.progress import Reporter, reading
 from kvsched.reference import reference_scheduler
 from kvsched.spec.checker import Report
 from kvsched.spec.interface import Scheduler as AnyScheduler
-from kvsched.spec.knobs import VICTIMS, Knobs
+from kvsched.spec.knobs import GROW_CHECKS, PASSES, REJECT_AT, SWAPPED_ORDERS, VICTIMS, Knobs
 from kvsched.spec.model import (
     ALLOCATIONS,
     POLICIES,
@@ -353,6 +353,18 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
               help="Override: no long-prefill cap for a lone request.")
 @click.option("--continue-after-self-preemption/--stop-after-self-preemption", default=None,
               help="Override: the running pass goes on after a request preempts itself.")
+@click.option("--grow-check", type=click.Choice(GROW_CHECKS),
+              help="Override: what a running request's chunk must find free (worst_case: "
+                   "vLLM V0's).")
+@click.option("--reject", type=click.Choice(REJECT_AT),
+              help="Override: reject on arrival, or when a pass reaches a request that "
+                   "can never be admitted (admission: vLLM V0's).")
+@click.option("--chunk-swap-in/--whole-swap-in", default=None,
+              help="Override: a swapped partial prefill may come back in chunks.")
+@click.option("--swapped-order", type=click.Choice(SWAPPED_ORDERS),
+              help="Override: swapped requests come back in policy or swap-out order.")
+@click.option("--passes", type=click.Choice(PASSES),
+              help="Override: the passes of a step (vllm-v0: vLLM V0's).")
 @click.option("--swap-bytes-per-block", type=int, help="Auto preemption: bytes per KV block.")
 @click.option("--host-bandwidth", type=float, help="Auto preemption: host link bytes/s.")
 @click.option("--prefill-tokens-per-s", type=float, help="Auto preemption: recompute speed.")
@@ -370,7 +382,9 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
               show_default=True, help="Where the optimized scheduler keeps its tensors.")
 def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
              reserve_full_sequence: bool | None, lift_threshold_when_alone: bool | None,
-             continue_after_self_preemption: bool | None, swap_bytes_per_block: int | None,
+             continue_after_self_preemption: bool | None, grow_check: str | None,
+             reject: str | None, chunk_swap_in: bool | None, swapped_order: str | None,
+             passes: str | None, swap_bytes_per_block: int | None,
              host_bandwidth: float | None,
              prefill_tokens_per_s: float | None, workload_path: Path | None, generator: str,
              num_requests: int, arrival: str, priorities: str | None,
@@ -390,7 +404,10 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
         k: v for k, v in (("victim", victim), ("admit_after_preempt", admit_after_preempt),
                           ("reserve_full_sequence", reserve_full_sequence),
                           ("lift_threshold_when_alone", lift_threshold_when_alone),
-                          ("continue_after_self_preemption", continue_after_self_preemption))
+                          ("continue_after_self_preemption", continue_after_self_preemption),
+                          ("grow_check", grow_check), ("reject", reject),
+                          ("chunk_swap_in", chunk_swap_in), ("swapped_order", swapped_order),
+                          ("passes", passes))
         if v is not None}
     cost: dict[str, Any] = {
         k: v for k, v in (("bytes_per_block", swap_bytes_per_block),
