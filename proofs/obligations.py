@@ -91,9 +91,10 @@ OBLIGATIONS: tuple[Obligation, ...] = (
     check("chunks-add-up", A + "chunks_need_what_the_whole_needs", PROVEN, ALL_INTEGERS,
           "Db for Dn1 then Dn2 adds up to Db for Dn1 + Dn2", quick=True),
     check("spec-block-contracts", "kvsched.spec.blocks", SEARCHED,
-          "cdiv, blocks_for, blocks_needed, longest_sequence, allocation_reserve, "
-          "admission_watermark: all integers (confirmed); never_completes, rejectable: "
-          "searched (their reason strings realize the numbers)",
+          "cdiv, blocks_for, blocks_needed, blocks_touched, longest_sequence, "
+          "allocation_reserve, admission_watermark: all integers (confirmed); "
+          "never_completes, rejectable, prompt_too_long, never_admitted: searched (their "
+          "reason strings realize the numbers)",
           "the contracts in spec/blocks.py's own docstrings hold", quick=True),
     check("reject-exact", A + "rejects_exactly_the_hopeless", EXHAUSTIVE,
           "block_size 1-4, 1-8 blocks, max_model_len 1-16, prompt and max_tokens 1-16",
