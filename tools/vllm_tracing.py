@@ -15,7 +15,8 @@ same workload in interleaved rounds. From kvsched's Python, `run_lockstep` and
 
 A job is the vLLM driver's (kvsched.adapters.vllm.driver_input) plus "late_aborts":
 {step: [ids]}, aborted between schedule() and update_from_output(), as the engine core
-does with a client's abort that arrives during the forward pass.
+does with a client's abort that arrives during the forward pass, and for `lockstep`
+"break_trace_after": a step after which the trace's file fails under the plugin.
 """
 
 from __future__ import annotations
@@ -150,11 +151,15 @@ def lockstep(job: dict[str, Any], trace_dir: Path, model_dir: Path) -> dict[str,
         lines = path.read_bytes().splitlines()
         if json.loads(lines[-1]).get("step") == step and len(lines) == step + 2:
             flushed.append(step)
+        if step == job.get("break_trace_after"):
+            # The trace's file fails under the engine (as a full disk would): the next
+            # write raises, the tracing stops, the scheduler goes on.
+            os.close(traced.scheduler.kvsched_trace.stream.fileno())
 
     steps = run_job(job, model_dir, [plain, traced], compare)
     traced.scheduler.shutdown()
     return {"job": job["name"], "steps": steps, "trace": str(path),
-            "flushed": len(flushed)}
+            "flushed": len(flushed), "tracing": traced.scheduler.kvsched_trace is not None}
 
 
 def bench(job: dict[str, Any], rounds: int, model_dir: Path) -> dict[str, Any]:
