@@ -177,6 +177,15 @@ def victims_sentence(o: Outcome, cost: CostModel) -> str:
             "(prefill that much faster against the copy).")
 
 
+def ratio_sentence(recompute: Outcome, swap: Outcome, cost: CostModel) -> str:
+    """Recompute's preemption time against swap's, at `cost`."""
+    r, w = recompute.modeled_seconds(cost), swap.modeled_seconds(cost)
+    if not r or not w:
+        return ""
+    return (f"At the calibrated costs the preemptions of `recompute` take {r / w:,.1f} times "
+            "the time of those of `swap`.")
+
+
 COLUMNS = ("preemption", "steps", "preemptions", "swaps", "recomputes", "swap-ins",
            "recomputed tokens", "blocks swapped out",
            "preemption time at the calibrated costs (s)")
@@ -216,8 +225,9 @@ Machine: {machine}.
 ({s['layers']} layers, {s['heads']} heads of {s['head_dim']} dims, {s['kv_heads']} of them
 KV heads, {s['dtype']}, {s['block_size']}-token blocks), {calibration['blocks']} blocks
 copied out and back, a {calibration['tokens']}-token prompt, medians of
-{calibration['repeats']} rounds, one torch thread (the machine's cores are shared with
-other jobs, and intra-op threads then mostly wait on each other).
+{calibration['repeats']} rounds, one torch thread (steadier where the cores are shared
+with other jobs: intra-op threads then mostly wait on each other). The absolute figures
+move from run to run with the machine's load; the crossover is their ratio.
 
 | bytes per block | host bandwidth | prefill tokens / s | crossover (computed tokens per block) |
 |---:|---:|---:|---:|
@@ -239,6 +249,7 @@ costs: the swapped blocks out and back in, the recomputed tokens prefilled again
 {rows}
 
 `auto` with the calibrated costs wrote {same}. {victims_sentence(auto, cost)}
+{ratio_sentence(recompute, swap, cost)}
 A victim that does not fit in the free host blocks is recomputed in every mode, which
 is why `swap` recomputes too. The simulation's clock is the step: a recompute pays
 again in later steps' token budgets, a swap costs no step (the copy's time is not
