@@ -165,7 +165,7 @@ def victims_sentence(o: Outcome, cost: CostModel) -> str:
     per_block = [v.computed / v.held for v in o.victims if v.held]
     preferred = [v for v in o.victims if cost.prefers_swap(v.held, v.computed)]
     no_room = sum(1 for v in preferred if v.held > v.free_host)
-    crossover = 2 * cost.bytes_per_block * cost.prefill_tokens_per_s / cost.host_bandwidth
+    crossover = cost.crossover
     return (f"Its {len(o.victims):,} victims held {min(per_block):.1f} to "
             f"{max(per_block):.1f} computed tokens per block (median "
             f"{statistics.median(per_block):.1f}); the calibrated cost model preferred swap "
@@ -213,8 +213,7 @@ def render(calibration: dict[str, Any], outcomes: Sequence[Outcome], command: st
     ended = ("All runs completed" if not incomplete
              else "All runs completed except " + ", ".join(incomplete))
     builtin = CostModel()
-    builtin_crossover = (2 * builtin.bytes_per_block * builtin.prefill_tokens_per_s
-                         / builtin.host_bandwidth)
+    builtin_crossover = builtin.crossover
     return f"""{START}
 ## `auto` preemption: the cost model calibrated on this machine
 

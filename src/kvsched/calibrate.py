@@ -94,9 +94,9 @@ class Calibration:
 
     @property
     def crossover(self) -> float:
-        """Computed tokens per held block at which swap and recompute cost the same:
-        `prefers_swap(g, c)` holds exactly when `c / g > crossover`."""
-        return 2 * self.bytes_per_block * self.prefill_tokens_per_s / self.host_bandwidth
+        """Computed tokens per held block at which swap and recompute cost the same
+        (CostModel.crossover)."""
+        return self.cost.crossover
 
     def simulate_flags(self) -> list[str]:
         """The `kvsched simulate` options that set this cost model (4 significant digits:
