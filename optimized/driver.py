@@ -16,6 +16,7 @@ from typing import IO, Any
 import numpy as np
 
 from kvsched.optimized import scan as sc
+from kvsched.optimized.exact import spec_alone
 from kvsched.optimized.lines import parse_fast
 from kvsched.optimized.runs import Part, Run, ScannedLines, part_of_step
 from kvsched.optimized.vectorized import VectorizedChecker
@@ -92,7 +93,7 @@ class TraceDriver:
         self.complete = False
         self.number = 0  # the number of the last line read
         self.as_json = 0  # lines read as JSON (the scanner reads the others)
-        self.exact_only = False  # every step through the spec's Checker (prefix caching)
+        self.exact_only = False  # every step through the spec's Checker (exact.spec_alone)
 
     @property
     def checker(self) -> VectorizedChecker:
@@ -204,8 +205,9 @@ class TraceDriver:
                 header = parse_header(obj, line)
                 self.vc = VectorizedChecker(header.config, self.max_preemptions,
                                             preempted_order=header.preempted_order)
-                # A prefix-caching trace goes to the spec's Checker line by line.
-                self.exact_only = header.config.prefix_caching
+                # A prefix-caching trace, or one under an allocation or a watermark scope
+                # the vectorized rules do not know, goes to the spec's Checker line by line.
+                self.exact_only = spec_alone(header.config)
             return
         if self.complete:
             if load_line(raw, line) is not BLANK:

@@ -17,9 +17,18 @@ import numpy as np
 
 from kvsched.optimized.columns import CODE_OF, STATUS_OF, Columns
 from kvsched.spec.checker import Checker, CheckOptions, Report
-from kvsched.spec.model import Request, Status, StepRecord
+from kvsched.spec.model import Config, Request, Status, StepRecord
 from kvsched.spec.state import LiveRequest
 from kvsched.spec.trace import STEP_KEYS, TraceError, load_line, parse_step
+
+
+def spec_alone(config: Config) -> bool:
+    """Whether every step of a trace under `config` goes to the spec's Checker: the
+    vectorized rules know neither prefix caching nor an allocation other than lazy or a
+    watermark that applies when nothing runs, so under those configs the verdict is the
+    spec's own, step by step."""
+    return (config.prefix_caching or config.allocation != "lazy"
+            or config.watermark_scope != "running")
 
 
 class SpecBridge:
@@ -28,7 +37,7 @@ class SpecBridge:
     def __init__(self, state: Columns, max_preemptions: int, keep: int,
                  preempted_order: bool = True) -> None:
         self.state = state
-        self.alone = state.config.prefix_caching
+        self.alone = spec_alone(state.config)
         # The kernel's needed-preemption test asks about the last victim only; where the
         # victims are a set that is stricter, so a run it passes passes here too.
         self.checker = Checker(state.config, CheckOptions(max_preemptions=max_preemptions,

@@ -36,7 +36,7 @@ from kvsched.optimized.columns import (
 )
 from kvsched.optimized.runs import EMPTY, Run
 from kvsched.spec import should
-from kvsched.spec.blocks import never_completes
+from kvsched.spec.blocks import rejectable
 from kvsched.spec.model import Status
 
 I64 = np.int64
@@ -126,7 +126,7 @@ def apply_head(state: Columns, run: Run, first_new: int, max_preemptions: int, u
     done = Head(state.free)
     for rid in head.rejected:
         x = lookup(rid)
-        if (int(c["STATUS"][x]) != WAITING or never_completes(
+        if (int(c["STATUS"][x]) != WAITING or rejectable(
                 cfg, int(c["P"][x]), int(c["O"][x])) is None):
             return None
         end(x, REJECTED)
@@ -241,7 +241,9 @@ def check_run(state: Columns, run: Run, ended: Collection[str], max_preemptions:
     sc.chain_exclusive(prev, sampled.astype(I64), known)
     known += N0
     bad = (n < 1) | (after > known) | (after > cfg.max_model_len)
-    bad |= sampled & (known >= cfg.max_model_len)  # samples past max_model_len
+    # Samples past max_model_len (a prompt of exactly max_model_len tokens may sample one).
+    whole_prompt = (known == c["P"][ri]) & (known == cfg.max_model_len)
+    bad |= sampled & (known >= cfg.max_model_len) & ~whole_prompt
     if not cfg.chunked_prefill:
         bad |= n != known - computed
     if np.any(bad):

@@ -18,8 +18,11 @@ version), computed without a Python loop over requests:
   preemption events loop, and the pass resumes after the request that caused them;
 - swap-in and waiting passes: the admission cut is the first index where a prefix-sum
   condition fails (token budget, blocks for the whole sequence plus the watermark when
-  something runs, the sequence limit), taken over the head of the queue in doubling
-  windows, so their cost grows with the admitted requests, not with the queue;
+  something runs, or always under watermark_scope always, the sequence limit), taken
+  over the head of the queue in doubling windows, so their cost grows with the admitted
+  requests, not with the queue. An admission or a swap-in takes the blocks of
+  max(C + n, R) tokens, R being what config `allocation` reserves (0 lazy, N prompt,
+  LIMIT full: the spec's allocation_reserve);
 - computed tokens advance for the scheduled set; those that catch up sample in
   `update`, which finishes requests with vectorized tests.
 
@@ -48,7 +51,7 @@ from torch import Tensor
 
 from kvsched.optimized.blocks import BlockTable, FreeList, cdiv, spans
 from kvsched.optimized.queues import FcfsQueue, PriorityQueue
-from kvsched.spec.blocks import never_completes
+from kvsched.spec.blocks import rejectable
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import (
     Config,
@@ -179,7 +182,11 @@ class OptimizedScheduler:
         self._pending: list[tuple[int, int, int, int, int, int]] = []
         self._arrived: list[tuple[Tensor, Tensor]] = []  # (slots, seqs) to check for rejection
 
-        most_blocks = -(-max(config.max_model_len - 1, 1) // config.block_size)
+        # A live request computes at most max_model_len - 1 tokens; under full allocation
+        # it holds blocks for its longest sequence, up to max_model_len.
+        most_tokens = config.max_model_len - (config.allocation != "full")
+        most_blocks = -(-max(most_tokens, 1) // config.block_size)
+        self._always_watermark = config.watermark_scope == "always"
         self.gpu_free = FreeList(config.num_gpu_blocks, dev)
         self.cpu_free = FreeList(config.num_cpu_blocks, dev)
         self.gpu_table = BlockTable(most_blocks, dev)
@@ -443,8 +450,9 @@ class OptimizedScheduler:
         live = (st[STATUS, slots] == WAITING) & (st[SEQ, slots] == seqs)
         longest = torch.minimum(prompt + max_tokens,
                                 torch.full_like(prompt, cfg.max_model_len))
-        never = (prompt >= cfg.max_model_len) | (cdiv(longest, cfg.block_size)
-                                                 > cfg.num_gpu_blocks)
+        # A prompt of max_model_len tokens is rejected too (the reference's choice).
+        room = cfg.num_gpu_blocks - (cfg.watermark_blocks if self._always_watermark else 0)
+        never = (prompt >= cfg.max_model_len) | (cdiv(longest, cfg.block_size) > room)
         bad = slots[live & never]
         if bad.numel() == 0:
             return []
@@ -453,7 +461,7 @@ class OptimizedScheduler:
         bad_list = bad.tolist()
         numbers = st[P_:O_ + 1, bad].T.tolist()
         for rid, (p, o) in zip(self._forget(bad_list), numbers, strict=True):
-            out.append(Rejection(rid, never_completes(cfg, p, o) or ""))
+            out.append(Rejection(rid, rejectable(cfg, p, o) or ""))
         return out
 
     # -- running pass -----------------------------------------------------------------
@@ -700,11 +708,12 @@ class OptimizedScheduler:
         want = rest.clamp_max(threshold) if threshold > 0 else rest
         left = budget - (torch.cumsum(want, 0) - want)
         n = torch.minimum(want, left)
-        extra = (cdiv((computed + n).clamp_min(0), cfg.block_size) - host).clamp_min(0)
+        covered = torch.maximum((computed + n).clamp_min(0), self._reserve(known, nch[1]))
+        extra = (cdiv(covered, cfg.block_size) - host).clamp_min(0)
         take = host + extra
         free_before = self.gpu_free.count - (torch.cumsum(take, 0) - take)
         watermark = torch.full_like(take, cfg.watermark_blocks)
-        if running == 0:
+        if running == 0 and not self._always_watermark:
             watermark[0] = 0
         ok = (left > 0) & (take + watermark <= free_before)
         if not cfg.chunked_prefill:
@@ -749,17 +758,19 @@ class OptimizedScheduler:
             m = cand.numel()
             if m == 0:
                 break
-            known = st[N_, cand]  # waiting requests have C = 0 and hold no blocks
+            # Waiting requests have C = 0 and hold no blocks.
+            known, limit = st[N_:LIMIT + 1, cand]
             want = known.clamp_max(threshold) if threshold > 0 else known
             left = budget - (torch.cumsum(want, 0) - want)
             n = torch.minimum(want, left)
             ok = left > 0
             if not cfg.chunked_prefill:
                 ok &= want <= left
-            blocks = cdiv(n.clamp_min(0), cfg.block_size)
+            blocks = cdiv(torch.maximum(n.clamp_min(0), self._reserve(known, limit)),
+                          cfg.block_size)
             free_before = free - (torch.cumsum(blocks, 0) - blocks)
             watermark = torch.full_like(blocks, cfg.watermark_blocks)
-            if running == 0:
+            if running == 0 and not self._always_watermark:
                 watermark[0] = 0
             if self.knobs.reserve_full_sequence:
                 full = cdiv(known.clamp_max(cfg.max_model_len), cfg.block_size)
@@ -784,6 +795,16 @@ class OptimizedScheduler:
             if a < m or m < asked:
                 break
             window *= 2
+
+    def _reserve(self, known: Tensor, limit: Tensor) -> Tensor:
+        """R per request, the tokens its admission or swap-in covers whatever its chunk
+        (the spec's allocation_reserve): none (lazy), N (prompt), LIMIT (full)."""
+        allocation = self.config.allocation
+        if allocation == "prompt":
+            return known
+        if allocation == "full":
+            return limit
+        return torch.zeros_like(known)
 
     def _waiting_pass_cached(self, budget: int, threshold: int, step: _Step) -> None:
         """The waiting pass with prefix caching: one admission at a time, since each may
@@ -820,13 +841,16 @@ class OptimizedScheduler:
                 if not cfg.chunked_prefill and n > budget:
                     break
                 n = min(n, budget)
-                watermark = cfg.watermark_blocks if running else 0
+                watermark = (cfg.watermark_blocks if running or self._always_watermark
+                             else 0)
                 free = self.gpu_free.count
                 if self.knobs.reserve_full_sequence:
                     full = min(known, cfg.max_model_len)
                     if max(0, -(-full // bs) - h) + watermark + taken > free:
                         break
-                need = max(0, -(-(computed + n) // bs) - h)
+                reserve = {"lazy": 0, "prompt": known,
+                           "full": int(st[LIMIT, slot])}[cfg.allocation]
+                need = max(0, -(-max(computed + n, reserve) // bs) - h)
                 if need + watermark + taken > free:
                     break
                 a += 1

@@ -9,7 +9,7 @@ bounds (every path inside the bounds is still explored).
 from __future__ import annotations
 
 from kvsched.spec import must
-from kvsched.spec.blocks import blocks_for, blocks_needed, cdiv, never_completes
+from kvsched.spec.blocks import blocks_for, blocks_needed, cdiv, never_completes, rejectable
 from kvsched.spec.model import Config, Request, Status
 from kvsched.spec.state import Action, Chunk, LiveRequest, StepFacts
 
@@ -35,16 +35,19 @@ def blocks_for_is_least(tokens: int, block_size: int) -> int:
     return blocks_for(tokens, block_size)
 
 
-def blocks_needed_is_least(computed: int, new_tokens: int, held: int, block_size: int) -> int:
-    """Db is the least number of new blocks with which the held ones cover C + Dn tokens.
+def blocks_needed_is_least(computed: int, new_tokens: int, held: int, block_size: int,
+                           reserve: int) -> int:
+    """Db is the least number of new blocks with which the held ones cover C + Dn tokens,
+    and the R tokens an admission or a swap-in reserves.
 
     pre: computed >= 0 and new_tokens >= 0 and held >= 0 and block_size >= 1
+    pre: reserve >= 0
     post: __return__ >= 0
-    post: (held + __return__) * block_size >= computed + new_tokens
-    post: __return__ == 0 or (held + __return__ - 1) * block_size < computed + new_tokens
-    post: (__return__ == 0) == (held * block_size >= computed + new_tokens)
-    """
-    return blocks_needed(computed, new_tokens, held, block_size)
+    post: (held + __return__) * block_size >= max(computed + new_tokens, reserve)
+    post: __return__ == 0 or (held + __return__ - 1) * block_size < max(computed + new_tokens, reserve)
+    post: (__return__ == 0) == (held * block_size >= max(computed + new_tokens, reserve))
+    """  # noqa: E501
+    return blocks_needed(computed, new_tokens, held, block_size, reserve)
 
 
 def chunks_need_what_the_whole_needs(computed: int, first: int, second: int, held: int,
@@ -61,16 +64,37 @@ def chunks_need_what_the_whole_needs(computed: int, first: int, second: int, hel
 
 
 def rejects_exactly_the_hopeless(block_size: int, num_gpu_blocks: int, max_model_len: int,
-                                 prompt_len: int, max_tokens: int) -> bool:
-    """never_completes refuses exactly the requests that cannot fit alone: P >= max_model_len,
-    or the longest sequence min(P + O, max_model_len) needs more blocks than the cache has.
+                                 prompt_len: int, max_tokens: int) -> tuple[bool, bool]:
+    """never_completes refuses exactly the requests that cannot fit alone: P >
+    max_model_len, or the longest sequence min(P + O, max_model_len) needs more blocks
+    than the cache has; rejectable refuses those and a prompt of exactly max_model_len
+    tokens (which an engine may serve one token).
 
     pre: 1 <= block_size <= 4 and 1 <= num_gpu_blocks <= 8 and 1 <= max_model_len <= 16
     pre: 1 <= prompt_len <= 16 and 1 <= max_tokens <= 16
-    post: __return__ == (prompt_len < max_model_len and min(prompt_len + max_tokens, max_model_len) <= num_gpu_blocks * block_size)
+    post: __return__[0] == (prompt_len <= max_model_len and min(prompt_len + max_tokens, max_model_len) <= num_gpu_blocks * block_size)
+    post: __return__[1] == (__return__[0] and prompt_len != max_model_len)
     """  # noqa: E501
     config = Config(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
                     max_model_len=max_model_len)
+    return (never_completes(config, prompt_len, max_tokens) is None,
+            rejectable(config, prompt_len, max_tokens) is None)
+
+
+def rejects_beside_an_always_watermark(block_size: int, num_gpu_blocks: int,
+                                       max_model_len: int, prompt_len: int, max_tokens: int,
+                                       watermark: int) -> bool:
+    """Under watermark_scope always, never_completes refuses exactly the requests whose
+    longest sequence does not fit beside the watermark: ceil(min(P + O, max_model_len)
+    / block_size) + watermark > num_gpu_blocks (or P > max_model_len).
+
+    pre: 1 <= block_size <= 2 and 1 <= num_gpu_blocks <= 6 and 1 <= max_model_len <= 8
+    pre: 1 <= prompt_len <= 8 and 1 <= max_tokens <= 8 and 1 <= watermark <= 2
+    post: __return__ == (prompt_len <= max_model_len and min(prompt_len + max_tokens, max_model_len) <= (num_gpu_blocks - watermark) * block_size)
+    """  # noqa: E501
+    config = Config(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                    max_model_len=max_model_len, watermark_blocks=watermark,
+                    watermark_scope="always")
     return never_completes(config, prompt_len, max_tokens) is None
 
 

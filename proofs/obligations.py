@@ -86,17 +86,26 @@ OBLIGATIONS: tuple[Obligation, ...] = (
     check("blocks-for-least", A + "blocks_for_is_least", PROVEN, ALL_INTEGERS,
           "blocks_for(tokens) is the fewest blocks that hold the tokens", quick=True),
     check("blocks-needed-least", A + "blocks_needed_is_least", PROVEN, ALL_INTEGERS,
-          "Db is the least number of new blocks with which G covers C + Dn", quick=True),
+          "Db is the least number of new blocks with which G covers C + Dn and the R "
+          "tokens an admission reserves", quick=True),
     check("chunks-add-up", A + "chunks_need_what_the_whole_needs", PROVEN, ALL_INTEGERS,
           "Db for Dn1 then Dn2 adds up to Db for Dn1 + Dn2", quick=True),
     check("spec-block-contracts", "kvsched.spec.blocks", SEARCHED,
-          "cdiv, blocks_for, blocks_needed: all integers (confirmed); never_completes: "
-          "searched (its reason strings realize the numbers)",
+          "cdiv, blocks_for, blocks_needed, longest_sequence, allocation_reserve, "
+          "admission_watermark: all integers (confirmed); never_completes, rejectable: "
+          "searched (their reason strings realize the numbers)",
           "the contracts in spec/blocks.py's own docstrings hold", quick=True),
     check("reject-exact", A + "rejects_exactly_the_hopeless", EXHAUSTIVE,
           "block_size 1-4, 1-8 blocks, max_model_len 1-16, prompt and max_tokens 1-16",
-          "never_completes refuses exactly P >= max_model_len or "
-          "ceil(min(P + O, max_model_len) / block_size) > num_gpu_blocks", quick=True),
+          "never_completes refuses exactly P > max_model_len or "
+          "ceil(min(P + O, max_model_len) / block_size) > num_gpu_blocks; rejectable "
+          "also P == max_model_len", quick=True),
+    check("reject-watermark", A + "rejects_beside_an_always_watermark", EXHAUSTIVE,
+          "block_size 1-2, 1-6 blocks, max_model_len 1-8, prompt and max_tokens 1-8, "
+          "watermark 1-2",
+          "under watermark_scope always, never_completes refuses exactly P > "
+          "max_model_len or ceil(min(P + O, max_model_len) / block_size) + watermark > "
+          "num_gpu_blocks"),
     check("finish-due", A + "finish_is_due_exactly_at_the_limits", EXHAUSTIVE,
           "prompt, max_tokens and outputs 1-8, max_model_len 2-16",
           "finish is due exactly when outputs reach max_tokens or tokens max_model_len"),
@@ -159,19 +168,21 @@ OBLIGATIONS: tuple[Obligation, ...] = (
           "a next turn nesting the first `cut` tokens of turn r0 keys each block within "
           "them as r0 keys its own"),
     pair("admission-blocks", "admission_blocks", EXHAUSTIVE,
-         "block_size 1-4, watermark 0-4, C 0-32, Dn 1-32, G 0-16",
+         "block_size 1-4, watermark 0-4, C 0-32, Dn 1-32, G 0-16, scope running or always",
          "the reference's admission blocks are the spec's Db plus the watermark when a "
-         "request runs", quick=True),
+         "request runs, or always under scope always", quick=True),
     pair("finish-rule", "finish_rule", EXHAUSTIVE,
          "prompt and max_tokens 1-8, max_model_len 2-16",
          "the reference's update finishes exactly the requests the spec's finish rule "
          "says must finish"),
     pair("reject-rule", "reject_rule", SEARCHED,
-         "block_size 1-4, 1-8 blocks, max_model_len 2-16, prompt and max_tokens 1-16",
-         "the reference rejects exactly the arrivals never_completes refuses"),
+         "block_size 1-4, 1-8 blocks, max_model_len 2-16, prompt and max_tokens 1-16, "
+         "watermark 0-2 below the blocks, scope running or always",
+         "the reference rejects exactly the arrivals rejectable refuses"),
     pair("first-chunk-blocks", "first_chunk_blocks", SEARCHED,
-         "block_size 1-4, prompt 1-16, token budget 1-16",
-         "the reference hands a first chunk exactly Db new block ids"),
+         "block_size 1-4, prompt 1-16, max_tokens 1-16, token budget 1-16, each allocation",
+         "the reference hands a first chunk exactly Db new block ids, covering what its "
+         "allocation reserves"),
 )
 
 

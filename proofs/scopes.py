@@ -10,11 +10,13 @@ explorer, which tries them all. Two families make the full run:
   priority patterns; vllm-v0-swap with 2 host blocks;
 - `grid`: every knob and config value (victim rule, admission after preemption, full
   sequence reservation, threshold lifting, policy, preemption mode, host blocks, block
-  size and count, token and sequence budgets, chunking and threshold, watermark,
-  max_model_len), every pair of values in at least one config (a greedy pairwise
-  covering array), each config on every multiset of two or three of six shapes
-  (under priority, with both alternating priority patterns).
-A third, `quick`, is a few seconds' worth of the first for `make test`.
+  size and count, token and sequence budgets, chunking and threshold, watermark and
+  its scope, allocation, max_model_len), every pair of values in at least one config
+  (a greedy pairwise covering array), each config on every multiset of two or three of
+  six shapes (under priority, with both alternating priority patterns).
+Beside them, `modes` puts the allocations that reserve ahead under the profiles of
+engines that use them (MODES), and `prefix` shares prompts under prefix caching.
+A last one, `quick`, is a few seconds' worth of these for `make test`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ from typing import TypeVar
 
 from kvsched.spec.blocks import never_completes
 from kvsched.spec.knobs import VICTIMS, Knobs
-from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config
+from kvsched.spec.model import (
+    ALLOCATIONS,
+    POLICIES,
+    PREEMPTION_MODES,
+    WATERMARK_SCOPES,
+    Config,
+)
 from kvsched.spec.profiles import PROFILES
 
 T = TypeVar("T")
@@ -80,6 +88,8 @@ def name_of(prefix: str, c: Config, requests: tuple[Shape, ...]) -> str:
     flags += [] if c.chunked_prefill else ["whole"]
     flags += [f"thr{c.long_prefill_token_threshold}"] if c.long_prefill_token_threshold else []
     flags += [f"wm{c.watermark_blocks}"] if c.watermark_blocks else []
+    flags += ["wm-always"] if c.watermark_scope != "running" else []
+    flags += [c.allocation] if c.allocation != "lazy" else []
     flags += ["cache"] if c.prefix_caching else []
     return (f"{prefix} bs{c.block_size} gpu{c.num_gpu_blocks} tok{c.max_num_batched_tokens} "
             f"seq{c.max_num_seqs} len{c.max_model_len} {'/'.join(flags)} [{reqs}]")
@@ -144,6 +154,8 @@ DIMENSIONS: dict[str, tuple[object, ...]] = {
     "max_num_seqs": (1, 2, 3),
     "prefill": ("chunked", "threshold1", "threshold2", "whole"),
     "watermark_blocks": (0, 1),
+    "watermark_scope": ("running", "always"),
+    "allocation": ("lazy", "prompt", "full"),
     "max_model_len": (4, 5, 8),
 }
 
@@ -215,7 +227,9 @@ def grid_scope(point: dict[str, object], requests: tuple[Shape, ...]) -> Scope:
                      max_model_len=value("max_model_len", int),
                      chunked_prefill=prefill != "whole",
                      long_prefill_token_threshold=int(prefill[-1]) if "threshold" in prefill
-                     else 0, watermark_blocks=value("watermark_blocks", int))
+                     else 0, watermark_blocks=value("watermark_blocks", int),
+                     watermark_scope=one_of("watermark_scope", WATERMARK_SCOPES),
+                     allocation=one_of("allocation", ALLOCATIONS))
     label = (f"grid {knobs.victim}{'/admit' if knobs.admit_after_preempt else ''}"
              f"{'/full' if knobs.reserve_full_sequence else ''}"
              f"{'/lift' if knobs.lift_threshold_when_alone else ''}"
@@ -309,6 +323,36 @@ def quick_scopes() -> list[Scope]:
         host = {"num_cpu_blocks": 2} if profile == "vllm-v0-swap" else {}
         for cache, reqs in QUICK_PREFIX:
             out.append(prefix_scope(profile, reqs, "quick", **cache, **host))
+    return out + mode_scopes("quick", list(request_sets(FOUR_SHAPES, (3,))))
+
+
+# Allocations that reserve ahead, each under the profile of engines that use it: vLLM
+# V0's whole-prompt allocation with a watermark of one block applied always (and swap
+# space), and reservation to completion (Orca, TGI) under vllm-v1, prefix caching on.
+MODES: tuple[tuple[str, dict[str, object]], ...] = (
+    ("vllm-v0-swap", {"allocation": "prompt", "watermark_scope": "always",
+                      "watermark_blocks": 1, "num_cpu_blocks": 2}),
+    ("vllm-v1", {"allocation": "full"}),
+)
+
+
+def mode_scopes(family: str = "modes", requests: list[tuple[Shape, ...]] | None = None
+                ) -> list[Scope]:
+    """Each of MODES in each profile cache, on the request sets given (by default every
+    multiset of two or three of the four shapes, fcfs, and under priority both
+    alternating patterns). A scope's name starts with its profile and allocation, so
+    that one profile's scopes can be picked out without them."""
+    out = []
+    for profile, fields in MODES:
+        label = f"{profile}/{fields['allocation']}"
+        for cache in CACHES:
+            sets = requests if requests is not None else [
+                variant for reqs in request_sets(FOUR_SHAPES, (3, 2))
+                for variant in (reqs, alternate(reqs, 0), alternate(reqs, 1))]
+            for reqs in sets:
+                policy = {"policy": "priority"} if any(s.priority for s in reqs) else {}
+                scope = profile_scope(profile, reqs, family, **cache, **fields, **policy)
+                out.append(replace(scope, name=name_of(label, scope.config, reqs)))
     return out
 
 
@@ -319,11 +363,12 @@ QUICK_PREFIX = ((PREFIX_CACHES[1], (PREFIX_SHAPES[0], PREFIX_SHAPES[0], PREFIX_S
 
 
 def full_scopes() -> list[Scope]:
-    return profile_scopes() + grid_scopes() + prefix_scopes()
+    return profile_scopes() + grid_scopes() + prefix_scopes() + mode_scopes()
 
 
 SCOPE_SETS: dict[str, Callable[[], list[Scope]]] = {
     "quick": quick_scopes, "profiles": profile_scopes, "grid": grid_scopes,
+    "modes": mode_scopes,
     "prefix": prefix_scopes, "prefix-swap": lambda: prefix_scopes(("vllm-v0-swap",)),
     "full": full_scopes,
 }

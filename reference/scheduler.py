@@ -4,7 +4,8 @@ NOTE on the algorithm (after vLLM's v1 scheduler). There is no prefill phase and
 decode phase: each request has N known tokens and C computed ones, and each step
 assigns tokens so that C catches up with N. A step goes:
 
-1. reject the new arrivals that can never complete, even alone in an empty cache;
+1. reject the new arrivals that can never complete, even alone in an empty cache
+   (and those whose prompt fills max_model_len, as vLLM v1's front end does);
 2. running pass, in running order while the token budget lasts: give each request
    its next chunk; when its blocks do not fit, preempt a victim (tail of running, or
    the lowest priority) and retry, stopping the pass when the victim is the request;
@@ -13,6 +14,11 @@ assigns tokens so that C catches up with N. A step goes:
    sequence, plus the watermark when something runs) allow; the first that does not
    fit stops the pass (head-of-line blocking, as vLLM);
 4. computed tokens advance; those that catch up sample a token in `update`.
+
+Config `allocation` says what an admission or a swap-in takes: the blocks of its chunk
+(lazy), of all its known tokens (prompt) or of its longest sequence (full); later
+chunks take the blocks they fill. Config `watermark_scope` says whether the watermark
+holds back an admission or a swap-in only while something runs, or always.
 
 With prefix caching (config prefix_caching), as vLLM v1: the blocks a chunk fills are
 cached under their content keys when it is scheduled (so a request admitted later in
@@ -56,7 +62,7 @@ from dataclasses import dataclass, field
 
 from kvsched.reference.allocator import BlockAllocator
 from kvsched.reference.requests import LiveRequest, WaitingQueue
-from kvsched.spec.blocks import blocks_for, never_completes
+from kvsched.spec.blocks import admission_watermark, allocation_reserve, rejectable
 from kvsched.spec.blocks import blocks_needed as spec_blocks_needed
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import (
@@ -242,7 +248,9 @@ class ReferenceScheduler:
         for r in self.arrived:
             if r.status != Status.WAITING:
                 continue  # aborted before its first step
-            reason = never_completes(self.config, r.request.prompt_len, r.request.max_tokens)
+            # A prompt of max_model_len tokens may be served one token or rejected:
+            # rejected here, as vLLM v1's front end does.
+            reason = rejectable(self.config, r.request.prompt_len, r.request.max_tokens)
             if reason is not None:
                 out.append(self.reject(r, reason))
         self.arrived = []
@@ -268,24 +276,28 @@ class ReferenceScheduler:
             n = threshold
         return min(n, budget)
 
-    def blocks_needed(self, computed: int, new_tokens: int, held: int) -> int:
-        """Db: the blocks to add so that `held` blocks cover `computed + new_tokens`."""
-        return spec_blocks_needed(computed, new_tokens, held, self.config.block_size)
+    def blocks_needed(self, computed: int, new_tokens: int, held: int,
+                      reserve: int = 0) -> int:
+        """Db: the blocks to add so that `held` blocks cover `computed + new_tokens`, and
+        the `reserve` tokens of an admission or a swap-in (the spec's allocation_reserve)."""
+        return spec_blocks_needed(computed, new_tokens, held, self.config.block_size,
+                                  reserve)
 
     def can_grow(self, need: int) -> bool:
         """Whether a running request's `need` new blocks fit now (else it preempts)."""
         return need <= self.blocks.free_gpu
 
     def admission_blocks(self, tokens: int, held: int) -> int:
-        """Blocks a swap-in or admission must find free for `tokens`, with the watermark
-        when something is running.
+        """Blocks a swap-in or admission must find free so that `held` blocks cover
+        `tokens`, with the watermark (when something is running, or always: the config's
+        watermark_scope).
 
         pre: tokens >= 0 and held >= 0
-        post: __return__ >= blocks_for(tokens, self.config.block_size) - held
+        post: __return__ >= spec_blocks_needed(0, tokens, held, self.config.block_size)
         post: __return__ >= 0
         """
-        watermark = self.config.watermark_blocks if self.running else 0
-        return max(0, blocks_for(tokens, self.config.block_size) - held) + watermark
+        return (spec_blocks_needed(0, tokens, held, self.config.block_size)
+                + admission_watermark(self.config, len(self.running)))
 
     # -- extension points: preemption -------------------------------------------------
 
@@ -390,12 +402,16 @@ class ReferenceScheduler:
             if not cfg.chunked_prefill and n < r.num_tokens - r.num_computed:
                 break
             host = self.blocks.host_blocks(rid)
-            need = host + self.admission_blocks(r.num_computed + n, host)
+            # Its host blocks come back, with what its allocation reserves beyond them.
+            reserve = allocation_reserve(cfg, r.request, r.num_tokens)
+            covered = max(r.num_computed + n, reserve)
+            need = host + self.admission_blocks(covered, host)
             if need > self.blocks.free_gpu:
                 break
             self.swapped.pop(0)
             ids = self.blocks.swap_in(rid)
-            ids += self.blocks.allocate(rid, self.blocks_needed(r.num_computed, n, host))
+            ids += self.blocks.allocate(rid, self.blocks_needed(r.num_computed, n, host,
+                                                                reserve))
             self.cache_filled(r, r.num_computed + n)
             r.status = Status.RUNNING
             self.running.append(r)
@@ -426,7 +442,10 @@ class ReferenceScheduler:
                 full = min(r.num_tokens, cfg.max_model_len)
                 if self.admission_blocks(full, len(hits)) + taken > self.blocks.free_gpu:
                     break
-            if self.admission_blocks(computed + n, len(hits)) + taken > self.blocks.free_gpu:
+            # The blocks it takes: its chunk's, or more when its allocation reserves more.
+            reserve = allocation_reserve(cfg, r.request, r.num_tokens)
+            covered = max(computed + n, reserve)
+            if self.admission_blocks(covered, len(hits)) + taken > self.blocks.free_gpu:
                 break
             self.waiting.pop()
             if hits:
@@ -434,7 +453,7 @@ class ReferenceScheduler:
                 plan.prefix_hits[rid] = hits
                 r.num_computed = computed
             plan.new_blocks[rid] = self.blocks.allocate(
-                rid, self.blocks_needed(computed, n, len(hits)))
+                rid, self.blocks_needed(computed, n, len(hits), reserve))
             self.cache_filled(r, computed + n)
             r.status = Status.RUNNING
             self.running.append(r)

@@ -6,7 +6,7 @@ by CrossHair (proofs/).
 
 from __future__ import annotations
 
-from kvsched.spec.model import Config
+from kvsched.spec.model import Config, Request
 
 
 def cdiv(a: int, b: int) -> int:
@@ -31,33 +31,93 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return cdiv(tokens, block_size)
 
 
-def blocks_needed(computed: int, new_tokens: int, held: int, block_size: int) -> int:
-    """Db = max(0, ceil((C + Dn) / block_size) - G): blocks to add for Dn more tokens.
+def blocks_needed(computed: int, new_tokens: int, held: int, block_size: int,
+                  reserve: int = 0) -> int:
+    """Db = max(0, ceil(max(C + Dn, R) / block_size) - G): the blocks to add so that the
+    G held cover the chunk's C + Dn tokens and the R tokens an admission or a swap-in
+    reserves (`allocation_reserve`; R = 0 for any other chunk, and under lazy allocation).
 
-    pre: computed >= 0 and new_tokens >= 0 and held >= 0
+    pre: computed >= 0 and new_tokens >= 0 and held >= 0 and reserve >= 0
     pre: block_size >= 1
     post: __return__ >= 0
-    post: (held + __return__) * block_size >= computed + new_tokens
-    post: __return__ == 0 or (held + __return__ - 1) * block_size < computed + new_tokens
+    post: (held + __return__) * block_size >= max(computed + new_tokens, reserve)
+    post: __return__ == 0 or (held + __return__ - 1) * block_size < max(computed + new_tokens, reserve)
+    """  # noqa: E501
+    return max(0, blocks_for(max(computed + new_tokens, reserve), block_size) - held)
+
+
+def longest_sequence(config: Config, prompt_len: int, max_tokens: int) -> int:
+    """min(P + O, max_model_len): the most tokens a request's sequence reaches.
+
+    pre: prompt_len >= 1 and max_tokens >= 1
+    post: __return__ <= config.max_model_len and __return__ <= prompt_len + max_tokens
     """
-    return max(0, blocks_for(computed + new_tokens, block_size) - held)
+    return min(prompt_len + max_tokens, config.max_model_len)
+
+
+def allocation_reserve(config: Config, request: Request, known: int) -> int:
+    """R: the tokens an admission (of a new request, or of one resumed after recompute)
+    or a swap-in covers with blocks whatever its chunk, by config `allocation`: none
+    beyond the chunk (lazy, vLLM v1), all N known tokens (prompt, vLLM V0), or the
+    longest sequence min(P + O, max_model_len) (full, Orca and TGI). Every later chunk
+    is lazy, so under full no block is ever added after the admission.
+
+    pre: known >= 0
+    post: __return__ in (0, known, longest_sequence(config, request.prompt_len, request.max_tokens))
+    """
+    if config.allocation == "prompt":
+        return known
+    if config.allocation == "full":
+        return longest_sequence(config, request.prompt_len, request.max_tokens)
+    return 0
+
+
+def admission_watermark(config: Config, running: int) -> int:
+    """The blocks an admission or a swap-in must leave free beyond its own: the watermark
+    while some request runs (`running` of them), or at every admission under
+    watermark_scope always (vLLM V0); none when nothing runs under scope running (vLLM v1).
+
+    pre: running >= 0
+    post: __return__ in (0, config.watermark_blocks)
+    """
+    if config.watermark_scope == "always" or running > 0:
+        return config.watermark_blocks
+    return 0
 
 
 def never_completes(config: Config, prompt_len: int, max_tokens: int) -> str | None:
-    """Why a request can never complete even alone in an empty cache, or None if it can.
+    """Why a request must be rejected, as it can never complete even alone in an empty
+    cache, or None if it can.
 
-    Section 2, rule 2: P >= max_model_len leaves no room for one output token;
-    otherwise the longest sequence it can reach, min(P + O, max_model_len), must
-    fit in the GPU blocks.
+    Section 2, rule 2: P > max_model_len, or the longest sequence it can reach,
+    min(P + O, max_model_len), needs more blocks than the cache has (with the watermark
+    when its scope is always: then even a lone admission leaves it free).
 
     pre: prompt_len >= 1 and max_tokens >= 1 and config.block_size >= 1
-    post: (__return__ is None) == (prompt_len < config.max_model_len and blocks_for(min(prompt_len + max_tokens, config.max_model_len), config.block_size) <= config.num_gpu_blocks)
+    post: (__return__ is None) == (prompt_len <= config.max_model_len and blocks_for(min(prompt_len + max_tokens, config.max_model_len), config.block_size) + (config.watermark_blocks if config.watermark_scope == "always" else 0) <= config.num_gpu_blocks)
     """  # noqa: E501
-    if prompt_len >= config.max_model_len:
+    if prompt_len > config.max_model_len:
+        return (f"prompt of {prompt_len} tokens is longer than max_model_len "
+                f"{config.max_model_len}")
+    need = blocks_for(longest_sequence(config, prompt_len, max_tokens), config.block_size)
+    watermark = config.watermark_blocks if config.watermark_scope == "always" else 0
+    if need + watermark <= config.num_gpu_blocks:
+        return None
+    beside = f" and the watermark {watermark}" if watermark else ""
+    return f"sequence needs {need} blocks{beside}, cache has {config.num_gpu_blocks}"
+
+
+def rejectable(config: Config, prompt_len: int, max_tokens: int) -> str | None:
+    """Why a request may be rejected, or None when it must be served: it never completes
+    (`never_completes`), or its prompt fills max_model_len, which leaves no room for an
+    output token. Rule 2 lets an engine reject that one (vLLM v1's front end does) or
+    serve it: it computes its prompt, samples one token and finishes on max_model_len
+    (vLLM V0 does).
+
+    pre: prompt_len >= 1 and max_tokens >= 1 and config.block_size >= 1
+    post: (__return__ is None) == (never_completes(config, prompt_len, max_tokens) is None and prompt_len != config.max_model_len)
+    """  # noqa: E501
+    if prompt_len == config.max_model_len:
         return (f"prompt of {prompt_len} tokens leaves no room for an output token "
                 f"(max_model_len {config.max_model_len})")
-    longest = min(prompt_len + max_tokens, config.max_model_len)
-    need = blocks_for(longest, config.block_size)
-    if need > config.num_gpu_blocks:
-        return f"sequence needs {need} blocks, cache has {config.num_gpu_blocks}"
-    return None
+    return never_completes(config, prompt_len, max_tokens)

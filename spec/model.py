@@ -12,8 +12,21 @@ from typing import Literal
 
 Policy = Literal["fcfs", "priority"]
 PreemptionMode = Literal["recompute", "swap", "auto"]
+# When blocks are handed out (kvsched.spec.blocks.allocation_reserve): as the chunks
+# need them (vLLM v1), for all known tokens at admission and swap-in (vLLM V0), or for
+# the longest sequence at admission (Orca, TGI).
+Allocation = Literal["lazy", "prompt", "full"]
+# When the watermark applies to an admission or a swap-in: while some request runs
+# (vLLM v1), or always (vLLM V0).
+WatermarkScope = Literal["running", "always"]
 POLICIES: tuple[Policy, ...] = ("fcfs", "priority")
 PREEMPTION_MODES: tuple[PreemptionMode, ...] = ("recompute", "swap", "auto")
+ALLOCATIONS: tuple[Allocation, ...] = ("lazy", "prompt", "full")
+WATERMARK_SCOPES: tuple[WatermarkScope, ...] = ("running", "always")
+# The fields whose value is one of a few words, with the words.
+CHOICES: dict[str, tuple[str, ...]] = {"policy": POLICIES, "preemption": PREEMPTION_MODES,
+                                       "allocation": ALLOCATIONS,
+                                       "watermark_scope": WATERMARK_SCOPES}
 # A preemption as it happened: auto resolves to one of these two per victim.
 VICTIM_MODES: tuple[str, ...] = ("recompute", "swap")
 
@@ -38,6 +51,8 @@ class Config:
     watermark_blocks: int = 0
     first_block_id: int = 0  # the engine's first block id (vLLM: 1, its block 0 is null)
     prefix_caching: bool = False  # full blocks are cached by content and may be hit
+    allocation: Allocation = "lazy"  # when blocks are handed out: lazy, prompt or full
+    watermark_scope: WatermarkScope = "running"  # when the watermark applies
 
     def problems(self) -> list[str]:
         """Every way this config is malformed, one sentence each naming the field (a
@@ -53,8 +68,8 @@ class Config:
                 if not isinstance(value, bool):
                     out.append(f"config.{f.name} must be true or false, got {value!r}")
                 continue
-            if f.name in ("policy", "preemption"):
-                allowed = POLICIES if f.name == "policy" else PREEMPTION_MODES
+            if f.name in CHOICES:
+                allowed = CHOICES[f.name]
                 if value not in allowed:
                     out.append(f"config.{f.name} must be one of {', '.join(allowed)}, "
                                f"got {value!r}")
@@ -80,7 +95,8 @@ class Config:
 
 
 # Config fields a trace header may leave out, with the value that then holds.
-OPTIONAL_CONFIG: dict[str, object] = {"first_block_id": 0, "prefix_caching": False}
+OPTIONAL_CONFIG: dict[str, object] = {"first_block_id": 0, "prefix_caching": False,
+                                      "allocation": "lazy", "watermark_scope": "running"}
 
 
 def config_field_names() -> tuple[str, ...]:

@@ -8,7 +8,7 @@ the sentences they say. The checker (checker.py) calls them in the order of INVA
 
 from __future__ import annotations
 
-from kvsched.spec.blocks import never_completes
+from kvsched.spec.blocks import rejectable
 from kvsched.spec.model import Config
 from kvsched.spec.state import NEVER_ARRIVED, Action, HitBlock, StepFacts
 from kvsched.spec.violation import Violation
@@ -149,12 +149,14 @@ def preempt(f: StepFacts) -> list[Violation]:
 
 def finish(f: StepFacts, config: Config) -> list[Violation]:
     """finish: a request finishes only right after it sampled a token; it samples only
-    while N < max_model_len (a prompt of max_model_len tokens leaves no room); outputs
-    never exceed max_tokens, and one that reached max_tokens or max_model_len finishes
-    in the step that reached it. (A leak at the finish is told by `accounting`.)"""
+    while N < max_model_len, except a prompt of exactly max_model_len tokens, which an
+    engine may serve one token (section 2, rule 2); outputs never exceed max_tokens, and
+    one that reached max_tokens or max_model_len finishes in the step that reached it.
+    (A leak at the finish is told by `accounting`.)"""
     out = []
     for c in f.chunks:
-        if c.sampled and c.known >= config.max_model_len:
+        whole_prompt = c.known == c.prompt_len == config.max_model_len
+        if c.sampled and c.known >= config.max_model_len and not whole_prompt:
             out.append(Violation("finish", f.step,
                                  f"{c.action.request} samples a token with {c.known} tokens "
                                  f"known, taking its sequence past max_model_len "
@@ -179,12 +181,13 @@ def finish(f: StepFacts, config: Config) -> list[Violation]:
 
 
 def reject(f: StepFacts, config: Config) -> list[Violation]:
-    """reject: only a request that can never complete, even alone, is rejected."""
+    """reject: only a request that can never complete, even alone, is rejected, or one
+    whose prompt fills max_model_len (the engine's choice: kvsched.spec.blocks.rejectable)."""
     return [Violation("reject", f.step,
                       f"{r.id} is rejected but it fits alone in an empty cache "
                       f"(prompt {r.prompt_len}, max_tokens {r.max_tokens})", request=r.id)
             for a, r in f.rejections
-            if r is not None and never_completes(config, r.prompt_len, r.max_tokens) is None]
+            if r is not None and rejectable(config, r.prompt_len, r.max_tokens) is None]
 
 
 def block_ids(f: StepFacts, config: Config) -> list[Violation]:

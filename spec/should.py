@@ -6,7 +6,12 @@ completion, the state at the end of a complete trace).
 
 from __future__ import annotations
 
-from kvsched.spec.blocks import blocks_needed, never_completes
+from kvsched.spec.blocks import (
+    admission_watermark,
+    allocation_reserve,
+    blocks_needed,
+    never_completes,
+)
 from kvsched.spec.model import Config, Status
 from kvsched.spec.state import State, StepFacts
 from kvsched.spec.violation import Violation
@@ -15,9 +20,9 @@ DEFAULT_MAX_PREEMPTIONS = 8
 
 
 def runnable(state: State) -> str | None:
-    """A live request whose smallest next chunk fits right now (the free blocks, the
-    token budget, the sequence limit, the watermark of an admission while something
-    runs), if any."""
+    """A live request whose smallest next chunk fits right now (the free blocks, with
+    what an admission or a swap-in reserves, the token budget, the sequence limit, the
+    watermark of an admission or a swap-in), if any."""
     cfg = state.config
     for rid, t in state.live.items():
         if t.status != Status.RUNNING and state.running >= cfg.max_num_seqs:
@@ -27,11 +32,13 @@ def runnable(state: State) -> str | None:
         if n > cfg.max_num_batched_tokens:
             continue
         held = t.host_blocks if t.status == Status.SWAPPED else t.gpu_blocks
-        need = blocks_needed(t.num_computed, n, held, cfg.block_size)
+        admitted = t.status != Status.RUNNING
+        reserve = allocation_reserve(cfg, t.request, t.num_tokens) if admitted else 0
+        need = blocks_needed(t.num_computed, n, held, cfg.block_size, reserve)
         if t.status == Status.SWAPPED:
             need += t.host_blocks
-        if t.status != Status.RUNNING and state.running > 0:
-            need += cfg.watermark_blocks
+        if admitted:
+            need += admission_watermark(cfg, state.running)
         if need <= state.free:
             return rid
     return None

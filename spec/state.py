@@ -7,8 +7,11 @@ step applies its six phases in order: arrivals and aborts; rejections; preemptio
 (recompute: release G, C = 0, back to waiting; swap: G blocks move to host, H = G);
 swap-ins (H blocks back to the GPU); the scheduled set (Db = blocks_needed(C, Dn, G),
 G += Db, C += Dn, and a request whose C reaches N samples: N += 1); finishes (release
-everything). An action applies only in a state that allows it (ALLOWED): one that
-does not is recorded, not applied, so the state stays one the spec can describe.
+everything). Under config `allocation` prompt or full an admission, and a swap-in,
+also reserves R tokens (kvsched.spec.blocks.allocation_reserve): Db = blocks_needed(C,
+Dn, G, R), a swap-in taking its blocks beyond H at the swap-in itself. An action
+applies only in a state that allows it (ALLOWED): one that does not is recorded, not
+applied, so the state stays one the spec can describe.
 
 With prefix caching (config prefix_caching) a block may have several holders. A block
 becomes cached, with its table index and (when the trace gives one) its content key,
@@ -33,7 +36,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from kvsched.spec.blocks import blocks_needed
+from kvsched.spec.blocks import allocation_reserve, blocks_needed
 from kvsched.spec.model import Config, Request, RequestView, Status, StepRecord
 
 # The state of an id that is not live and never was.
@@ -177,7 +180,8 @@ class StepFacts:
     aborts: list[Action] = field(default_factory=list)
     rejections: list[tuple[Action, Request | None]] = field(default_factory=list)
     victims: list[Victim] = field(default_factory=list)
-    swap_ins: list[tuple[Action, int]] = field(default_factory=list)  # with its H
+    # each swap-in with the GPU blocks it took: its H, plus what its allocation reserves
+    swap_ins: list[tuple[Action, int]] = field(default_factory=list)
     chunks: list[Chunk] = field(default_factory=list)
     handouts: list[Handout] | None = None  # None while block ids are not tracked
     hits: list[Hit] = field(default_factory=list)
@@ -350,11 +354,17 @@ class State:
             f.swap_ins.append((a, t.host_blocks if t is not None else 0))
             if t is None:
                 continue
-            t.gpu_blocks = t.host_blocks
-            self.free -= t.host_blocks
+            # Its host blocks come back, and the blocks its allocation reserves beyond
+            # them (all N known tokens under prompt, the longest sequence under full).
+            reserve = allocation_reserve(self.config, t.request, t.num_tokens)
+            taken = t.host_blocks + blocks_needed(t.num_computed, 0, t.host_blocks,
+                                                  self.config.block_size, reserve)
+            f.swap_ins[-1] = (a, taken)
+            t.gpu_blocks = taken
+            self.free -= taken
             self.free_host += t.host_blocks
-            f.demand += t.host_blocks
-            handouts.expect(rid, t.host_blocks)
+            f.demand += taken
+            handouts.expect(rid, taken)
             t.host_blocks = 0
             self._set_status(t, Status.RUNNING)
             tags[rid] = "swapped in"
@@ -383,9 +393,13 @@ class State:
                 f.chunks.append(Chunk(a, n, known, computed, t.request.prompt_len, 0, False,
                                       None))
                 continue
+            # An admission (new, or resumed after recompute) reserves what its allocation
+            # says; every other chunk takes only the blocks it fills.
+            reserve = 0
             if t.status == Status.WAITING:
                 self._set_status(t, Status.RUNNING)
-            db = blocks_needed(computed, n, t.gpu_blocks, bs)
+                reserve = allocation_reserve(self.config, t.request, known)
+            db = blocks_needed(computed, n, t.gpu_blocks, bs, reserve)
             f.demand += db
             self.free -= db
             t.gpu_blocks += db

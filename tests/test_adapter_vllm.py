@@ -106,6 +106,8 @@ def test_watermark_fraction_gives_back_the_same_block_count(blocks: int,
     ({"max_num_seqs": 65}, "below max_num_seqs"),
     ({"long_prefill_token_threshold": 129}, "above max_model_len"),
     ({"num_gpu_blocks": 31}, "cannot hold one max_model_len sequence (32 blocks)"),
+    ({"allocation": "prompt"}, "use allocation lazy"),
+    ({"watermark_scope": "always"}, "watermark_scope running"),
 ])
 def test_settings_refuse_what_vllm_cannot_do(changes: dict[str, Any], words: str) -> None:
     with pytest.raises(AdapterError) as e:

@@ -5,13 +5,15 @@ of each kind (swap or recompute, chunked prefill or not, fcfs or priority) and o
 V0 bugs engines.md lists.
 
 V0 allocates blocks for a whole prompt at admission (allocation `prompt`) and applies
-its watermark always; the spec cannot say so yet, so the MUST checker's verdict on V0's
-traces is asserted to hold only the violations those rules explain, never to be clean.
+its watermark always (watermark_scope `always`); its traces say so in their header, and
+the MUST checker finds them clean; read as lazy, the chunked admissions break
+`block-ids`.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import subprocess
@@ -46,7 +48,8 @@ from kvsched.workload import WorkItem
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = Config(block_size=2, num_gpu_blocks=100, num_cpu_blocks=200,
                 max_num_batched_tokens=256, max_num_seqs=8, max_model_len=96,
-                chunked_prefill=False, policy="fcfs", preemption="swap", watermark_blocks=1)
+                chunked_prefill=False, policy="fcfs", preemption="swap", watermark_blocks=1,
+                allocation="prompt", watermark_scope="always")
 
 
 def effective(settings: dict[str, Any], **changes: Any) -> dict[str, Any]:
@@ -105,6 +108,8 @@ def test_v0_watermark_is_one_percent_of_the_gpu_blocks_rounded_down(blocks: int,
     ({"max_num_seqs": 300}, "below max_num_seqs"),
     ({"num_gpu_blocks": 47, "watermark_blocks": 0}, "cannot hold one max_model_len sequence"),
     ({"max_num_batched_tokens": 64}, "max_num_batched_tokens must be at least max_model_len"),
+    ({"allocation": "lazy"}, "V0's allocation is prompt, not lazy: use allocation prompt"),
+    ({"watermark_scope": "running"}, "use watermark_scope always"),
 ])
 def test_settings_refuse_what_v0_cannot_do(changes: dict[str, Any], words: str) -> None:
     with pytest.raises(AdapterError) as e:
@@ -171,7 +176,8 @@ def test_a_step_event_becomes_a_trace_step() -> None:
 # it comes back in step 4, after a finished, with new ids for the blocks it held.
 SWAP_CONFIG = Config(block_size=2, num_gpu_blocks=4, num_cpu_blocks=8,
                      max_num_batched_tokens=16, max_num_seqs=4, max_model_len=8,
-                     chunked_prefill=False, preemption="swap", watermark_blocks=0)
+                     chunked_prefill=False, preemption="swap", watermark_blocks=0,
+                     allocation="prompt", watermark_scope="always")
 SWAP_WORKLOAD = [WorkItem("a", 0, 3, 4, 4), WorkItem("b", 0, 3, 2, 2)]
 HEADER = {"job": "t", "vllm": VLLM_V0_VERSION, "free_blocks": 4, "free_host_blocks": 8,
           "config": effective(v0_settings(SWAP_CONFIG))}
@@ -209,7 +215,8 @@ def test_assembled_trace_reads_back_with_free_host_blocks(tmp_path: Path) -> Non
     assert complete and header.engine == {"name": "vllm", "version": "0.10.1.1"}
     assert header.config == SWAP_CONFIG and header.preempted_order
     lines = job.out.read_text().splitlines()
-    assert "allocation" not in json.loads(lines[0])["config"]  # no such Config field yet
+    written = json.loads(lines[0])["config"]
+    assert (written["allocation"], written["watermark_scope"]) == ("prompt", "always")
     adapter = header.extra["adapter"]
     assert adapter["allocation"].startswith("prompt") and \
         adapter["watermark_scope"].startswith("always")
@@ -344,8 +351,10 @@ def test_cli_record_vllm_v0_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     missing = kvsched(*base, "--vllm-python", str(tmp_path / "none" / "python"))
     auto = kvsched(*base, "--preemption", "auto", "--vllm-python", sys.executable)
     caching = kvsched(*base, "--prefix-caching", "--vllm-python", sys.executable)
+    lazy = kvsched(*base, "--allocation", "lazy", "--vllm-python", sys.executable)
     for result, words in ((missing, "make vllm-v0-env"), (auto, "is not V0's"),
-                          (caching, "without prefix caching")):
+                          (caching, "without prefix caching"),
+                          (lazy, "use allocation prompt")):
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith("kvsched: error: ") and words in result.stderr
         assert result.stderr.count("\n") == 1
@@ -476,30 +485,28 @@ def test_v0_trace_of_each_kind_is_complete_with_preemptions(
 
 @needs_v0
 @pytest.mark.parametrize("kind", KINDS)
-def test_v0_must_verdict_holds_only_what_prompt_allocation_explains(
-        v0_traces: dict[str, RecordedV0], kind: str) -> None:
-    report = verdict(v0_traces[kind].job.out)
+def test_v0_must_verdict_is_clean_under_its_allocation_and_breaks_it_read_as_lazy(
+        v0_traces: dict[str, RecordedV0], kind: str, tmp_path: Path) -> None:
+    path = v0_traces[kind].job.out
+    report = verdict(path)
     must = must_counts(report)
     print(f"{kind}: {report.steps} steps, MUST {dict(must)}, SHOULD "
           f"{dict(report.counts - must)}")
     assert report.unchecked == {}  # block ids and free counts on every step
+    assert must == {}, [v.message for v in report.violations]
+    # The same trace with the header's allocation said lazy.
+    lines = path.read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    header["config"]["allocation"] = "lazy"
+    as_lazy = tmp_path / "as-lazy.jsonl"
+    as_lazy.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    lazy = must_counts(verdict(as_lazy))
     if not kind_config(kind).chunked_prefill:
         # A whole prompt is scheduled at once: prompt allocation is lazy allocation.
-        assert must == {}, [v.message for v in report.violations]
+        assert lazy == {}
     else:
-        # A chunk admitted with blocks for the whole prompt: more ids than its Db
-        # first, then none for the chunks after it; the free count parts from the
-        # spec's, and so does a recompute victim's restart.
-        assert must["block-ids"] > 0
-        assert set(must) <= {"block-ids", "accounting", "preempt"}, must
-        first: dict[str | None, tuple[int, int]] = {}
-        for v in report.violations:
-            if v.invariant == "block-ids":
-                assert "new block ids where it needs" in v.message
-                given, needed = v.lhs, v.rhs
-                assert isinstance(given, int) and isinstance(needed, int)
-                first.setdefault(v.request, (given, needed))
-        assert all(given > needed for given, needed in first.values()), first
+        # A chunk admitted with blocks for the whole prompt: more ids than its Db.
+        assert lazy["block-ids"] > 0 and set(lazy) <= {"block-ids", "accounting", "preempt"}
 
 
 @needs_v0
@@ -572,9 +579,15 @@ def test_v0_watermark_holds_even_with_nothing_running(
     _, records, complete, _ = read_trace(result.job.out)
     assert complete and records[0].rejected[0].id == "full"
     assert "FINISHED_IGNORED" in records[0].rejected[0].reason
-    # The spec applies a watermark only while something runs: it would serve "full".
+    # Under watermark_scope always, the header's, "full" can never be admitted.
     report = verdict(result.job.out)
-    assert must_counts(report) == {"reject": 1}
+    assert must_counts(report) == {}
+    # Under scope running the watermark would not hold it back: it must be served.
+    lines = result.job.out.read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    header["config"]["watermark_scope"] = "running"
+    with io.BytesIO((json.dumps(header) + "\n" + "".join(lines[1:])).encode()) as f:
+        assert must_counts(check_trace(TraceReader(f))) == {"reject": 1}
 
 
 @needs_v0
@@ -593,4 +606,5 @@ def test_cli_record_vllm_v0_drives_v0_with_swap_and_its_own_watermark(tmp_path: 
     # The defaults of profile vllm-v0-swap: swap into as many host blocks as GPU ones.
     assert (header.config.preemption, header.config.num_cpu_blocks) == ("swap", 100)
     assert header.config.watermark_blocks == 1 and complete
+    assert (header.config.allocation, header.config.watermark_scope) == ("prompt", "always")
     assert any(p.mode == "swap" for rec in records for p in rec.preempted)

@@ -80,12 +80,32 @@ def test_an_invalid_victim_is_preempt_and_not_needed_preemption() -> None:
 
 
 def test_sampling_past_max_model_len_breaks_finish() -> None:
-    # A 32-token prompt with max_model_len 32 has no room for an output token.
-    report = check({"step": 0, "arrivals": [arrive("a", 32, 1)], "scheduled": [["a", 32]],
-                    "finished": ["a"]}, num_gpu_blocks=8)
-    [v] = only(report, "finish")
-    assert (v.lhs, v.relation, v.rhs) == (33, "<=", 32)
-    assert "past max_model_len 32" in v.message
+    # a reaches max_model_len 32 at its first output, is not finished, and samples again.
+    report = check({"step": 0, "arrivals": [arrive("a", 31, 4)], "scheduled": [["a", 31]]},
+                   {"step": 1, "scheduled": [["a", 1]], "finished": ["a"]}, num_gpu_blocks=8)
+    first, second = only(report, "finish")
+    assert first.step == 0 and "reached max_model_len 32 but did not finish" in first.message
+    assert second.step == 1 and (second.lhs, second.relation, second.rhs) == (33, "<=", 32)
+    assert "past max_model_len 32" in second.message
+
+
+def test_a_prompt_of_max_model_len_may_be_served_one_token_or_rejected() -> None:
+    # Rule 2: vLLM V0 serves it (one token, then it finishes on max_model_len), vLLM v1's
+    # front end rejects it; both are right, and serving it is not sampling past the limit.
+    served = check({"step": 0, "arrivals": [arrive("a", 32, 4)], "scheduled": [["a", 32]],
+                    "finished": ["a"], "free_blocks": 8, "new_blocks": {"a": list(range(8))}})
+    rejected = check({"step": 0, "arrivals": [arrive("a", 32, 4)],
+                      "rejected": [{"id": "a", "reason": "no room"}]})
+    assert served.counts == {} and rejected.counts == {}
+    # Served, it must finish at its first token.
+    unfinished = check({"step": 0, "arrivals": [arrive("a", 32, 4)], "scheduled": [["a", 32]]},
+                       end=False)
+    [v] = only(unfinished, "finish")
+    assert "reached max_model_len 32 but did not finish" in v.message
+    # One token longer is longer than max_model_len: it must be rejected.
+    left = check({"step": 0, "arrivals": [arrive("b", 33, 4)]})
+    [c] = only(left, "completion")
+    assert "longer than max_model_len 32" in c.message and "should have been rejected" in c.message
 
 
 def test_a_request_at_max_tokens_must_finish_that_step() -> None:

@@ -13,10 +13,11 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kvsched.optimized.checker import check_trace_vectorized
+from kvsched.optimized.exact import spec_alone
 from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
 from kvsched.spec import Config, Report, StepRecord, TraceError, TraceReader, check_trace
@@ -79,7 +80,12 @@ def simulate(config: Config, scheduler: Any, items: Any, block_ids: bool = True
     return records, not scheduler.has_unfinished()
 
 
-@given(config=configs(), setup=st.one_of(profiles(), knobs()), data=st.data(),
+# The vectorized rules' own configs: lazy allocation, the watermark while something runs
+# (traces under the others go to the spec's checker: the last test of this file).
+VECTORIZED = configs(allocation="lazy", watermark_scope="running")
+
+
+@given(config=VECTORIZED, setup=st.one_of(profiles(), knobs()), data=st.data(),
        run_steps=st.sampled_from([1, 2, 3, 2048]), block_ids=st.booleans())
 def test_correct_traces_agree_and_take_the_fast_path(config: Config, setup: str | Knobs,
                                                      data: st.DataObject, run_steps: int,
@@ -171,7 +177,7 @@ def plant(lines: list[dict[str, Any]], fault: str, pick: st.DataObject) -> None:
         line["step"] += 1
 
 
-@given(config=configs(), setup=st.one_of(profiles(), knobs()), data=st.data(),
+@given(config=VECTORIZED, setup=st.one_of(profiles(), knobs()), data=st.data(),
        faults=st.lists(st.sampled_from(FAULTS), min_size=1, max_size=3),
        run_steps=st.sampled_from([1, 2, 5, 2048]))
 def test_traces_with_planted_faults_agree(config: Config, setup: str | Knobs,
@@ -184,6 +190,23 @@ def test_traces_with_planted_faults_agree(config: Config, setup: str | Knobs,
     for fault in faults:
         plant(lines, fault, data)
     assert_agree(both(b"".join(orjson.dumps(x) + b"\n" for x in lines), run_steps))
+
+
+@settings(max_examples=20)
+@given(config=configs(), setup=st.one_of(profiles(), knobs()), data=st.data(),
+       faults=st.lists(st.sampled_from(FAULTS), max_size=2))
+def test_traces_under_other_allocations_and_scopes_agree_through_the_spec_checker(
+        config: Config, setup: str | Knobs, data: st.DataObject, faults: list[str]) -> None:
+    assume(spec_alone(config))
+    config, setup = resolve(config, setup)
+    items = data.draw(workloads(config), label="workload")
+    records, complete = simulate(config, ReferenceScheduler(config, setup), items)
+    lines = [orjson.loads(x) for x in trace_bytes(config, records, complete).splitlines()]
+    for fault in faults:
+        plant(lines, fault, data)
+    v = both(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    assert_agree(v)
+    assert v.stats.get("fast", 0) == 0
 
 
 HEADER = (b'{"kvsched":"trace","version":1,"config":{"block_size":4,"num_gpu_blocks":8,'

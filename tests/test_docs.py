@@ -58,7 +58,7 @@ def only_examples(docs: DocExamples, *names: str) -> DocExamples:
 
 def test_an_example_shows_what_the_checker_reports(docs: DocExamples) -> None:
     block = render("{{ex:finish-length}}", only_examples(docs, "finish-length"))
-    assert "MUST finish at step 0, r0 (33 <= 32): r0 samples a token with 32 tokens known" \
+    assert "MUST finish at step 1, r0 (33 <= 32): r0 samples a token with 32 tokens known" \
         in block
     assert block.startswith("```json\n{\"step\": 0, ")
 
@@ -124,6 +124,8 @@ MALFORMED: dict[str, bytes] = {
     "a config field missing": header_config_without("watermark_blocks"),
     "a config field out of range": header_line(
         config={**json.loads(HEADER)["config"], "block_size": 0}),
+    "a config word it does not know": header_line(
+        config={**json.loads(HEADER)["config"], "allocation": "eager"}),
     "a line that is not JSON": HEADER + b'{"step": 0,,}\n',
     "a last line cut short": HEADER + b'{"step": 0, "sched',
     "bytes that are not UTF-8": HEADER + b'{"step": 0, "x": "\xff"}\n',

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from kvsched.spec import Config, Decision, Preemption, Request, Violation, never_completes
+from kvsched.spec.blocks import rejectable
 from kvsched.spec.knobs import CostModel, Knobs
 from kvsched.spec.profiles import ConfigDefaults, get_profile, pinned_profile
 
@@ -137,11 +138,15 @@ def test_profile_defaults_apply_to_fields_not_given() -> None:
     assert pinned_profile("sarathi", "vllm", "0.32.0") is None
 
 
-def test_a_prompt_of_max_model_len_can_never_complete() -> None:
+def test_a_prompt_of_max_model_len_may_be_rejected_and_a_longer_one_must() -> None:
     config = Config(block_size=4, num_gpu_blocks=8, max_model_len=32)
-    assert never_completes(config, 32, 1) == ("prompt of 32 tokens leaves no room for an "
-                                              "output token (max_model_len 32)")
-    assert never_completes(config, 31, 1) is None
+    assert never_completes(config, 33, 1) == "prompt of 33 tokens is longer than " \
+                                             "max_model_len 32"
+    assert never_completes(config, 32, 1) is None  # served, it samples one token
+    assert rejectable(config, 32, 1) == ("prompt of 32 tokens leaves no room for an "
+                                         "output token (max_model_len 32)")
+    assert rejectable(config, 33, 1) == never_completes(config, 33, 1)
+    assert never_completes(config, 31, 1) is None and rejectable(config, 31, 1) is None
 
 
 def test_decisions_compare_their_victims_in_order_by_default() -> None:

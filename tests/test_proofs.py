@@ -240,6 +240,10 @@ def test_the_full_scopes_use_every_knob_and_config_value() -> None:
     assert {c.num_gpu_blocks for c in configs} == {2, 3, 4, 5}  # 5 of 1: prefix caching
     assert {c.max_num_batched_tokens for c in configs} == {1, 2, 3, 4}
     assert {c.chunked_prefill for c in configs} == {True, False}
+    assert {c.allocation for c in configs} == {"lazy", "prompt", "full"}
+    assert {c.watermark_scope for c in configs} == {"running", "always"}
+    assert {(c.allocation, c.prefix_caching) for c in configs} >= {("full", True),
+                                                                    ("prompt", False)}
     assert max(len(s.shapes) for s in scopes) == 3
 
 
@@ -395,16 +399,15 @@ def test_floor_for_ceiling_in_cdiv_fails_cdiv_ceiling(tmp_path: Path) -> None:
 
 
 def test_off_by_one_in_never_completes_fails_reject_exact(tmp_path: Path) -> None:
-    copy = planted(tmp_path, "spec/blocks.py", "if prompt_len >= config.max_model_len:",
-                   "if prompt_len > config.max_model_len:")
+    copy = planted(tmp_path, "spec/blocks.py", "if prompt_len > config.max_model_len:",
+                   "if prompt_len >= config.max_model_len:")
     proc = run_in(copy, "proofs.run", "--only", "reject-exact")
     assert_fails_naming(proc, "reject-exact", "counterexample")
 
 
 def test_admission_forgetting_the_watermark_fails_admission_blocks(tmp_path: Path) -> None:
     copy = planted(tmp_path, "reference/scheduler.py",
-                   "watermark = self.config.watermark_blocks if self.running else 0",
-                   "watermark = 0")
+                   "+ admission_watermark(self.config, len(self.running)))", "+ 0)")
     proc = run_in(copy, "proofs.run", "--only", "admission-blocks")
     assert_fails_naming(proc, "admission-blocks", "the spec and the reference differ")
 
@@ -442,8 +445,9 @@ def test_blocks_needed_ignoring_held_blocks_fails_blocks_needed_least(tmp_path: 
     # Db forgets the blocks already held: too many blocks, so "least" breaks, both in the
     # obligation and in spec/blocks.py's own contract.
     copy = planted(tmp_path, "spec/blocks.py",
-                   "return max(0, blocks_for(computed + new_tokens, block_size) - held)",
-                   "return max(0, blocks_for(computed + new_tokens, block_size))")
+                   "return max(0, blocks_for(max(computed + new_tokens, reserve), block_size) "
+                   "- held)",
+                   "return max(0, blocks_for(max(computed + new_tokens, reserve), block_size))")
     proc = run_in(copy, "proofs.run", "--only", "blocks-needed-least,spec-block-contracts")
     assert_fails_naming(proc, "blocks-needed-least", "counterexample")
     assert_fails_naming(proc, "spec-block-contracts", "counterexample")

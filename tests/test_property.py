@@ -22,7 +22,14 @@ from hypothesis import strategies as st
 
 from kvsched.simulate import run
 from kvsched.spec import Config, Report, Scheduler, StepRecord, check_steps
-from kvsched.spec.blocks import blocks_for, blocks_needed, cdiv, never_completes
+from kvsched.spec.blocks import (
+    admission_watermark,
+    blocks_for,
+    blocks_needed,
+    cdiv,
+    never_completes,
+    rejectable,
+)
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.profiles import get_profile
 from kvsched.strategies import configs, knobs, profiles, workloads
@@ -90,7 +97,8 @@ def test_a_burst_that_overflows_the_cache_preempts_and_still_completes(
     every profile finishes them all, with no MUST violation and no needless preemption."""
     profile = get_profile(name)
     config = profile.configure(config)
-    capacity = config.block_size * config.num_gpu_blocks
+    # What a lone request may fill: the cache, less a watermark that applies always.
+    capacity = config.block_size * (config.num_gpu_blocks - admission_watermark(config, 0))
     longest = min(config.max_model_len - 1, capacity) // 2
     assume(longest >= 1 and config.max_num_seqs >= 2)
     lengths = data.draw(st.lists(st.integers(max(1, longest // 2), longest),
@@ -163,16 +171,22 @@ small_configs = st.builds(Config, block_size=st.integers(1, 6),
 @given(config=small_configs, prompt_len=st.integers(1, 45), max_tokens=st.integers(1, 45))
 @example(config=Config(block_size=4, num_gpu_blocks=1, max_model_len=64), prompt_len=4,
          max_tokens=1)
-def test_never_completes_agrees_with_running_alone(config: Config, prompt_len: int,
-                                                  max_tokens: int) -> None:
-    """never_completes is the brute force, except that it also counts the last sampled
-    token's KV slot, which is never computed. Known gap, kept as the design states it
-    (docs/spec.md section 2, rule 2: ceil(min(P + O, max_model_len) / block_size)): a
-    request whose final length L = min(P + O, max_model_len) is one token past a block
-    boundary that fills the cache (blocks_for(L - 1) == num_gpu_blocks) is rejected
-    although it could complete. It cannot arise under a config vLLM accepts
-    (ceil(max_model_len / block_size) <= num_gpu_blocks), checked below."""
-    never = never_completes(config, prompt_len, max_tokens) is not None
+def test_rejectable_agrees_with_running_alone(config: Config, prompt_len: int,
+                                             max_tokens: int) -> None:
+    """rejectable (what the reference rejects) is the brute force under vLLM v1's
+    position cap, except that it also counts the last sampled token's KV slot, which is
+    never computed. Known gap, kept as the design states it (docs/spec.md section 2, rule
+    2: ceil(min(P + O, max_model_len) / block_size)): a request whose final length L =
+    min(P + O, max_model_len) is one token past a block boundary that fills the cache
+    (blocks_for(L - 1) == num_gpu_blocks) is rejected although it could complete. It
+    cannot arise under a config vLLM accepts (ceil(max_model_len / block_size) <=
+    num_gpu_blocks), checked below. never_completes, what must be rejected, leaves out
+    only the prompt of exactly max_model_len tokens that fits: an engine may serve it."""
+    never = rejectable(config, prompt_len, max_tokens) is not None
+    must = never_completes(config, prompt_len, max_tokens) is not None
+    servable = (prompt_len == config.max_model_len
+                and blocks_for(prompt_len, config.block_size) <= config.num_gpu_blocks)
+    assert must == (never and not servable)
     alone = completes_alone(config, prompt_len, max_tokens)
     final = min(prompt_len + max_tokens, config.max_model_len)
     off_by_last_token = (prompt_len < config.max_model_len

@@ -17,7 +17,8 @@ Placeholders (NAME is a key of the matching `DocExamples` mapping):
   line (or error line) and exit code;
 - `{{error:NAME}}`: the reader's refusal of a header with a malformed config;
 - `{{change:NAME}}`: that malformed config's fields, as they differ from the base;
-- `{{reason:NAME}}`: `never_completes`'s sentence for a request under a config.
+- `{{reason:NAME}}`: `rejectable`'s sentence for a request under a config (why it may be
+  rejected: `never_completes`'s, or that its prompt fills max_model_len).
 
 Rendering is deterministic: no time, path or terminal width reaches the output.
 """
@@ -39,7 +40,7 @@ from click.testing import CliRunner
 
 from kvsched.conformance import check_reader
 from kvsched.spec import should
-from kvsched.spec.blocks import never_completes
+from kvsched.spec.blocks import rejectable
 from kvsched.spec.model import Config
 from kvsched.spec.trace import TraceError, TraceReader, header_dict
 from kvsched.spec.violation import Violation
@@ -168,9 +169,9 @@ def config_error(docs: DocExamples, name: str) -> str:
 
 def rejection_reason(docs: DocExamples, name: str) -> str:
     r = docs.rejections[name]
-    reason = never_completes(replace(docs.base, **r.config), r.prompt_len, r.max_tokens)
+    reason = rejectable(replace(docs.base, **r.config), r.prompt_len, r.max_tokens)
     if reason is None:
-        raise ValueError(f"rejection {name} can complete, so it has no reason")
+        raise ValueError(f"rejection {name} must be served, so it has no reason")
     return reason
 
 

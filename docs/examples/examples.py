@@ -53,6 +53,16 @@ R0_CACHES: tuple[Line, Line] = (
      "free_blocks": 8},
 )
 
+# A 16-token prompt admitted in two chunks of 8 by an engine that allocates for the whole
+# prompt at admission (vLLM V0): 4 blocks at once, none for its second chunk.
+PROMPT_ALLOCATED: tuple[Line, ...] = (
+    {"step": 0, "arrivals": [arrival("r0", 16, 2)], "scheduled": [["r0", 8]],
+     "new_blocks": {"r0": [0, 1, 2, 3]}, "free_blocks": 4},
+    {"step": 1, "scheduled": [["r0", 8]], "new_blocks": {}, "free_blocks": 4},
+    {"step": 2, "scheduled": [["r0", 1]], "finished": ["r0"], "new_blocks": {"r0": [4]},
+     "free_blocks": 8},
+)
+
 EXAMPLES: dict[str, Example] = {
     # -- section 4: bad input --
     "unknown-id": Example([
@@ -138,6 +148,10 @@ EXAMPLES: dict[str, Example] = {
         {"step": 0, "arrivals": [arrival("r0", 4, 1)], "scheduled": [["r0", 4]]},
     ]),
     "finish-length": Example([
+        {"step": 0, "arrivals": [arrival("r0", 31)], "scheduled": [["r0", 31]]},
+        {"step": 1, "scheduled": [["r0", 1]], "finished": ["r0"]},
+    ], config={"max_num_batched_tokens": 32}),
+    "finish-length-served": Example([
         {"step": 0, "arrivals": [arrival("r0", 32)], "scheduled": [["r0", 32]],
          "finished": ["r0"]},
     ], config={"max_num_batched_tokens": 32}),
@@ -176,6 +190,16 @@ EXAMPLES: dict[str, Example] = {
         {"step": 2, "swapped_in": ["r1"], "scheduled": [["r1", 1]],
          "new_blocks": {"r1": [0, 1]}},
     ], config=SWAP),
+    "block-ids-prompt-as-lazy": Example(PROMPT_ALLOCATED),
+    "block-ids-prompt": Example(PROMPT_ALLOCATED, config={"allocation": "prompt"}),
+    "block-ids-full": Example([
+        {"step": 0, "arrivals": [arrival("r0", 12, 4)], "scheduled": [["r0", 12]],
+         "new_blocks": {"r0": [0, 1, 2, 3]}, "free_blocks": 4},
+        {"step": 1, "scheduled": [["r0", 1]], "new_blocks": {}, "free_blocks": 4},
+        {"step": 2, "scheduled": [["r0", 1]], "new_blocks": {}, "free_blocks": 4},
+        {"step": 3, "scheduled": [["r0", 1]], "finished": ["r0"], "new_blocks": {},
+         "free_blocks": 8},
+    ], config={"allocation": "full"}),
     "accounting": Example([
         {"step": 0, "arrivals": [arrival("r0", 6)], "scheduled": [["r0", 6]], "free_blocks": 5},
         {"step": 1, "scheduled": [["r0", 1]], "free_blocks": 5},
@@ -251,5 +275,8 @@ DOCS = DocExamples(
         "blocks": Rejection(prompt_len=1400, max_tokens=100,
                             config={"block_size": 16, "num_gpu_blocks": 79,
                                     "max_model_len": 2048}),
+        "watermark": Rejection(prompt_len=24, max_tokens=8,
+                               config={"watermark_blocks": 1, "watermark_scope": "always"}),
+        "prompt-fills": Rejection(prompt_len=32, max_tokens=8),
     },
 )

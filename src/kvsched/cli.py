@@ -44,7 +44,14 @@ from kvsched.reference import reference_scheduler
 from kvsched.spec.checker import Report
 from kvsched.spec.interface import Scheduler as AnyScheduler
 from kvsched.spec.knobs import VICTIMS, Knobs
-from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config, StepRecord
+from kvsched.spec.model import (
+    ALLOCATIONS,
+    POLICIES,
+    PREEMPTION_MODES,
+    WATERMARK_SCOPES,
+    Config,
+    StepRecord,
+)
 from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES, get_profile, pinned_profile
 from kvsched.spec.should import DEFAULT_MAX_PREEMPTIONS
 from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
@@ -207,8 +214,18 @@ def config_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--preemption", type=click.Choice(PREEMPTION_MODES),
                      help="How victims give up their blocks." + default("preemption")),
         click.option("--watermark-blocks", type=int,
-                     help="Blocks kept free at admission while others run."
-                          + default("watermark_blocks")),
+                     help="Blocks an admission or a swap-in leaves free (while others run, "
+                          "or always: --watermark-scope)." + default("watermark_blocks")),
+        click.option("--watermark-scope", type=click.Choice(WATERMARK_SCOPES),
+                     help="When the watermark applies: only while some request runs "
+                          "(running, vLLM v1) or at every admission and swap-in (always, "
+                          "vLLM V0)." + default("watermark_scope")),
+        click.option("--allocation", type=click.Choice(ALLOCATIONS),
+                     help="What an admission or a swap-in takes: the blocks of its chunk "
+                          "(lazy, vLLM v1), of all its known tokens (prompt, vLLM V0), or "
+                          "of its longest sequence, min(prompt + max_tokens, max_model_len) "
+                          "(full, Orca and TGI); later chunks take the blocks they fill."
+                          + default("allocation")),
         click.option("--first-block-id", type=int,
                      help="The first GPU block id (vLLM: 1); ids in the trace run from it."
                           + default("first_block_id")),
@@ -800,14 +817,16 @@ def record_vllm_v0(workload_path: Path, out_path: Path, vllm_python: Path | None
 
     Config defaults as profile vllm-v0-swap sets them: preemption swap, num_cpu_blocks
     = num_gpu_blocks, and V0's own watermark, int(0.01 * num_gpu_blocks) (V0 has no
-    other). No prefix caching."""
+    other), applied always; allocation prompt (V0's). No prefix caching."""
     from kvsched.adapters.vllm import AdapterError
-    from kvsched.adapters.vllm_v0 import DEFAULT_VLLM_V0_PYTHON
+    from kvsched.adapters.vllm_v0 import DEFAULT_VLLM_V0_PYTHON, V0_RULES
     from kvsched.adapters.vllm_v0 import record as record_with_v0
 
     if max_steps is not None and max_steps < 1:
         fail(f"--max-steps must be at least 1, got {max_steps}")
-    config = build_config("vllm-v0-swap", config_given)
+    given = {**config_given,
+             **{k: v for k, v in V0_RULES.items() if config_given.get(k) is None}}
+    config = build_config("vllm-v0-swap", given)
     workload = read_workload(workload_path)
     if out_path.is_dir():
         fail(f"{out_path}: is a directory; expected a file to write")
@@ -1050,7 +1069,8 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
                  profile: str | None, strict: bool, fmt: str, **config_given: Any) -> None:
     """Fuzz a scheduler (module:factory) with hypothesis-drawn workloads.
 
-    Each example draws a small config (the config options given pin those fields)
+    Each example draws a small config (the config options given pin those fields;
+    allocation and watermark scope are vLLM v1's, lazy and running, unless given)
     and a workload for it, runs FACTORY(config) through the simulation loop and
     checks every step against the spec's MUST invariants (and --profile, --strict).
     The first failure is shrunk to a minimal workload, written to --out with its

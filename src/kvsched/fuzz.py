@@ -1,8 +1,9 @@
 """`kvsched fuzz module:factory`: hypothesis-drawn workloads against a user's scheduler.
 
-Each example draws a config (kvsched.strategies.configs(), with the fields the user
-pinned replaced) and a workload for it (kvsched.strategies.workloads(config)), builds
-the scheduler with the user's factory, runs it through the simulation loop and checks
+Each example draws a config (kvsched.strategies.configs(), with vLLM v1's lazy
+allocation and watermark scope, and the fields the user pinned replaced) and a
+workload for it (kvsched.strategies.workloads(config)), builds the scheduler with the
+user's factory, runs it through the simulation loop and checks
 every step with the spec's checker: MUST invariants always, the first divergence from
 a reference profile with `profile`, SHOULD ones too with `strict`. A scheduler that
 raises is a finding as well. Hypothesis then shrinks the first failing example to a
@@ -133,7 +134,10 @@ def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int 
 
     @st.composite
     def cases(draw: st.DrawFn) -> tuple[Config, tuple[WorkItem, ...]]:
-        config = replace(draw(configs(chunked_prefill=chunked)), **fixed)
+        # Allocation and watermark scope are the engine's rules, not its load: an engine
+        # that follows others says so by pinning them.
+        config = replace(draw(configs(chunked_prefill=chunked, allocation="lazy",
+                                      watermark_scope="running")), **fixed)
         assume(not config.problems())
         return config, tuple(draw(workloads(config)))
 

@@ -7,8 +7,11 @@ For property tests here and in other projects (an engine's adapter, a new policy
 
     @given(st.data())
     def test_my_engine(data):
-        config = data.draw(configs())
+        config = data.draw(configs(allocation="lazy", watermark_scope="running"))
         items = data.draw(workloads(config))
+
+(an engine that allocates and applies its watermark as vLLM v1 does pins both; left
+out, they are drawn too).
 
 Sizes are small on purpose: a cache of a few blocks, budgets of a few dozen tokens
 and a handful of requests reach preemption, head-of-line blocking, rejection and
@@ -23,7 +26,15 @@ from dataclasses import replace
 from hypothesis import strategies as st
 
 from kvsched.spec.knobs import VICTIMS, Knobs
-from kvsched.spec.model import POLICIES, PREEMPTION_MODES, Config
+from kvsched.spec.model import (
+    ALLOCATIONS,
+    POLICIES,
+    PREEMPTION_MODES,
+    WATERMARK_SCOPES,
+    Allocation,
+    Config,
+    WatermarkScope,
+)
 from kvsched.spec.profiles import PROFILES, get_profile
 from kvsched.workload import WorkItem, validate
 
@@ -32,13 +43,17 @@ __all__ = ["configs", "knobs", "output_lens", "profiles", "prompt_lens", "worklo
 
 @st.composite
 def configs(draw: st.DrawFn, *, max_gpu_blocks: int = 16, max_model_len: int = 64,
-            chunked_prefill: bool | None = None, prefix_caching: bool = False) -> Config:
+            chunked_prefill: bool | None = None, prefix_caching: bool = False,
+            allocation: Allocation | None = None,
+            watermark_scope: WatermarkScope | None = None) -> Config:
     """A well-formed Config (no `problems()`) with small, tight numbers.
 
     Mostly a cache just big enough for one max_model_len sequence (vLLM refuses a
     smaller one), so that a few requests fill it; otherwise any size from 1 to
     `max_gpu_blocks` blocks, including caches smaller than one sequence, where the
-    second rejection rule (a sequence larger than the whole cache) applies.
+    second rejection rule (a sequence larger than the whole cache) applies. The
+    allocation and the watermark scope are drawn unless given (shrinking to vLLM v1's
+    lazy and running).
 
     pre: max_gpu_blocks >= 1 and max_model_len >= 1
     """
@@ -68,6 +83,9 @@ def configs(draw: st.DrawFn, *, max_gpu_blocks: int = 16, max_model_len: int = 6
         preemption=draw(st.sampled_from(PREEMPTION_MODES)),
         watermark_blocks=draw(st.integers(0, min(3, num_gpu_blocks - 1))),
         prefix_caching=prefix_caching,
+        allocation=draw(st.sampled_from(ALLOCATIONS)) if allocation is None else allocation,
+        watermark_scope=(draw(st.sampled_from(WATERMARK_SCOPES)) if watermark_scope is None
+                         else watermark_scope),
     )
     assert not config.problems(), config.problems()
     return config

@@ -63,6 +63,10 @@ def vllm_settings(config: Config, allow_undersized_cache: bool = False) -> dict[
     if config.preemption != "recompute" or config.num_cpu_blocks != 0:
         raise AdapterError("vLLM's v1 scheduler preempts by recompute only and has no swap "
                            "space: use preemption recompute and num_cpu_blocks 0")
+    if config.allocation != "lazy" or config.watermark_scope != "running":
+        raise AdapterError("vLLM's v1 scheduler hands out blocks as chunks fill them and "
+                           "applies its watermark only while requests run: use allocation "
+                           "lazy and watermark_scope running")
     if config.max_num_batched_tokens < config.max_num_seqs:
         raise AdapterError(f"vLLM refuses max_num_batched_tokens "
                            f"({config.max_num_batched_tokens}) below max_num_seqs "

@@ -11,12 +11,10 @@ Mapping (engines.md, section vLLM V0):
   (swap) block ids after them; num_gpu_blocks and num_cpu_blocks are V0's own;
 - V0's watermark is not configurable: its block manager keeps int(0.01 *
   num_gpu_blocks) blocks, at every admission and swap-in whether or not anything runs
-  (the spec's watermark_scope `always`);
+  (config watermark_scope `always`, which the adapter requires and the header says);
 - V0 takes blocks for all N known tokens at admission and swap-in, even when it
-  schedules only a chunk (the spec's allocation `prompt`). The spec's Config has
-  neither field yet, so the trace says both in its header's "adapter" object, and the
-  MUST checker, which assumes lazy allocation, reports V0's chunked admissions under
-  `block-ids` and `accounting`;
+  schedules only a chunk, and one at a time afterwards (config allocation `prompt`,
+  likewise required and written);
 - preemption recompute or swap as asked (V0's own default recomputes a single
   sequence); auto is not V0's; V0 has no prefix caching here, and no long-prefill
   threshold (V0 uses one only with max_num_partial_prefills > 1);
@@ -53,6 +51,9 @@ DEFAULT_VLLM_V0_PYTHON = Path(".venv-vllm-v0/bin/python")
 DRIVER = Path(__file__).with_name("vllm_v0_driver.py")
 SETUP_HINT = "create it with `make vllm-v0-env` (scripts/vllm_env.sh v0)"
 PREEMPTION_MODES = ("recompute", "swap")
+# Config fields that are V0's rules, not its settings: blocks for all known tokens at
+# admission and swap-in, the watermark at every admission and swap-in.
+V0_RULES: dict[str, str] = {"allocation": "prompt", "watermark_scope": "always"}
 
 
 def v0_watermark(num_gpu_blocks: int) -> int:
@@ -86,6 +87,10 @@ def v0_settings(config: Config, allow_undersized_cache: bool = False) -> dict[st
         raise AdapterError("V0 has no per-chunk long-prefill threshold (it uses one only "
                            "with max_num_partial_prefills > 1): use "
                            "long_prefill_token_threshold 0")
+    for name, rule in V0_RULES.items():
+        if getattr(config, name) != rule:
+            raise AdapterError(f"V0's {name} is {rule}, not {getattr(config, name)}: use "
+                               f"{name} {rule}")
     watermark = v0_watermark(config.num_gpu_blocks)
     if config.watermark_blocks != watermark:
         raise AdapterError(f"V0 keeps int(0.01 * num_gpu_blocks) = {watermark} watermark "
@@ -157,6 +162,8 @@ def config_from_v0(effective: Mapping[str, Any]) -> Config:
         watermark_blocks=effective["watermark_blocks"],
         first_block_id=0,
         prefix_caching=False,
+        allocation="prompt",
+        watermark_scope="always",
     )
 
 
@@ -192,12 +199,13 @@ def header_extra() -> dict[str, Any]:
     return {"preempted_order": True, "adapter": {
         "name": "kvsched.adapters.vllm_v0",
         "scheduler": "vllm.core.scheduler.Scheduler",
-        "allocation": "prompt: admission (BlockSpaceManager.allocate) and swap-in take "
-                      "blocks for all N known tokens at once, even when only a chunk is "
-                      "scheduled; one block at a time afterwards (append_slots). The "
-                      "spec's Config cannot say so yet (lazy allocation)",
-        "watermark_scope": "always: int(0.01 * num_gpu_blocks) blocks kept free at every "
-                           "admission and swap-in, whether or not anything runs",
+        "allocation": "prompt (config allocation): admission "
+                      "(BlockSpaceManager.allocate) and swap-in take blocks for all N known "
+                      "tokens at once, even when only a chunk is scheduled; one block at a "
+                      "time afterwards (append_slots)",
+        "watermark_scope": "always (config watermark_scope): int(0.01 * num_gpu_blocks) "
+                           "blocks kept free at every admission and swap-in, whether or "
+                           "not anything runs",
         "prefix_caching": False,
         "async_output_proc": False,
         "rejected": "prompts longer than max_model_len, refused by V0's front end "

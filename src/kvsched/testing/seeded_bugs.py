@@ -112,8 +112,9 @@ class LeakingScheduler(ReferenceScheduler):
 class FloorBlocksNeeded(ReferenceScheduler):
     """Blocks needed computed with floor: the last, partly filled block is never allocated."""
 
-    def blocks_needed(self, computed: int, new_tokens: int, held: int) -> int:
-        return max(0, (computed + new_tokens) // self.config.block_size - held)
+    def blocks_needed(self, computed: int, new_tokens: int, held: int,
+                      reserve: int = 0) -> int:
+        return max(0, max(computed + new_tokens, reserve) // self.config.block_size - held)
 
 
 class OverAdmitByOneBlock(ReferenceScheduler):
