@@ -40,13 +40,16 @@ proofs: $(STAMP)
 
 test: lint unit
 
-# Baselines (reference, spec checker), then the optimized side by side (docs/benchmarks.md).
+# Baselines (reference, spec checker), then the optimized side by side, then auto
+# preemption's calibrated cost model against recompute and swap (docs/benchmarks.md).
 bench: $(STAMP)
 	$(BIN)/python -m tools.bench --out docs/benchmarks.md
 	$(BIN)/python -m tools.bench_optimized --out docs/benchmarks.md
 	@# The vLLM tracing plugin's overhead (skipped without $(VLLM_VENV)).
 	$(BIN)/python -m tools.vllm_tracing overhead --out docs/benchmarks.md
 	$(BIN)/python -m tools.bench_optimized --prefix-caching --out docs/benchmarks.md
+	@# auto preemption's cost model calibrated here, against recompute and swap.
+	$(BIN)/python -m tools.bench_cost --out docs/benchmarks.md
 
 # The whole 1M-request simulation through both schedulers, not extrapolated (about an
 # hour: the reference's run).

@@ -55,6 +55,13 @@ class CostModel:
         """`auto` swaps a victim exactly when this holds."""
         return self.swap_seconds(blocks) < self.recompute_seconds(computed_tokens)
 
+    @property
+    def crossover(self) -> float:
+        """Computed tokens per held block at which swap and recompute cost the same:
+        the tokens recomputed in the time one block's swap takes. Up to rounding,
+        `prefers_swap(g, c)` holds exactly when `c / g > crossover`."""
+        return self.swap_seconds(1) * self.prefill_tokens_per_s
+
 
 @dataclass(frozen=True)
 class Knobs:

@@ -8,7 +8,7 @@ own) but remembered, so a checker can mention them.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -340,35 +340,57 @@ def header_dict(config: Config, engine: dict[str, str] | None = None,
 
 
 def step_dict(rec: StepRecord) -> dict[str, Any]:
-    """The JSON object of one step; empty lists are left out. The record's own tuples
-    and dicts go in as they are (JSON writes a tuple as an array): a live engine writes
-    one of these every step, and each container built here is the garbage collector's."""
-    out: dict[str, Any] = {"step": rec.step}
-    if rec.arrivals:
+    """The JSON object of one step; empty lists are left out."""
+    return step_fields(rec.step, arrivals=rec.arrivals, aborted=rec.aborted,
+                       rejected=rec.rejected, preempted=rec.preempted,
+                       swapped_in=rec.swapped_in, scheduled=rec.scheduled,
+                       finished=rec.finished, free_blocks=rec.free_blocks,
+                       new_blocks=rec.new_blocks, time_ms=rec.time_ms,
+                       prefix_hits=rec.prefix_hits, block_keys=rec.block_keys)
+
+
+def step_fields(step: int, *, arrivals: Sequence[Request] = (), aborted: Sequence[str] = (),
+                rejected: Sequence[Rejection] = (), preempted: Sequence[Preemption] = (),
+                swapped_in: Sequence[str] = (),
+                scheduled: Sequence[tuple[str, int]] = (), finished: Sequence[str] = (),
+                free_blocks: int | None = None,
+                new_blocks: Mapping[str, Sequence[int]] | None = None,
+                time_ms: float | None = None,
+                prefix_hits: Mapping[str, Sequence[int]] | None = None,
+                block_keys: Mapping[str, Sequence[str] | Sequence[bytes]] | None = None,
+                ) -> dict[str, Any]:
+    """The JSON object of one step from its parts (StepRecord's fields): the one place
+    the step line's shape is written. The parts go in as they are (JSON writes a tuple
+    as an array), without a StepRecord: a live engine writes one of these every step,
+    and each object built here is the garbage collector's and the step's time. Block
+    keys may be an engine's own bytes, which its line encoder writes as text (the vLLM
+    plugin's: base64)."""
+    out: dict[str, Any] = {"step": step}
+    if arrivals:
         out["arrivals"] = [{"id": r.id, "prompt_len": r.prompt_len, "max_tokens": r.max_tokens,
-                            "priority": r.priority} for r in rec.arrivals]
-    if rec.aborted:
-        out["aborted"] = rec.aborted
-    if rec.rejected:
-        out["rejected"] = [{"id": r.id, "reason": r.reason} for r in rec.rejected]
-    if rec.preempted:
-        out["preempted"] = [{"id": p.id, "mode": p.mode} for p in rec.preempted]
-    if rec.swapped_in:
-        out["swapped_in"] = rec.swapped_in
-    if rec.scheduled:
-        out["scheduled"] = rec.scheduled
-    if rec.finished:
-        out["finished"] = rec.finished
-    if rec.free_blocks is not None:
-        out["free_blocks"] = rec.free_blocks
-    if rec.new_blocks is not None:
-        out["new_blocks"] = rec.new_blocks
-    if rec.prefix_hits:
-        out["prefix_hits"] = rec.prefix_hits
-    if rec.block_keys:
-        out["block_keys"] = rec.block_keys
-    if rec.time_ms is not None:
-        out["time_ms"] = rec.time_ms
+                            "priority": r.priority} for r in arrivals]
+    if aborted:
+        out["aborted"] = aborted
+    if rejected:
+        out["rejected"] = [{"id": r.id, "reason": r.reason} for r in rejected]
+    if preempted:
+        out["preempted"] = [{"id": p.id, "mode": p.mode} for p in preempted]
+    if swapped_in:
+        out["swapped_in"] = swapped_in
+    if scheduled:
+        out["scheduled"] = scheduled
+    if finished:
+        out["finished"] = finished
+    if free_blocks is not None:
+        out["free_blocks"] = free_blocks
+    if new_blocks is not None:
+        out["new_blocks"] = new_blocks
+    if prefix_hits:
+        out["prefix_hits"] = prefix_hits
+    if block_keys:
+        out["block_keys"] = block_keys
+    if time_ms is not None:
+        out["time_ms"] = time_ms
     return out
 
 

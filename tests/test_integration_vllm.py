@@ -148,7 +148,12 @@ def jobs() -> list[dict[str, Any]]:
         job = driver_input(Job(name, config, workload, Path("unused")))
         job["late_aborts"] = LATE
         out.append(job)
-    return out
+    broken = driver_input(Job("broken", CONFIG, MIXED, Path("unused")))
+    broken["break_trace_after"] = BROKEN_AFTER
+    return [*out, broken]
+
+
+BROKEN_AFTER = 5  # the trace's file fails after this step of the "broken" job
 
 
 @pytest.fixture(scope="module", params=ALL_RELEASES)
@@ -193,8 +198,23 @@ def test_tracing_scheduler_decides_as_vllm_and_its_trace_is_exact(
 def test_each_step_is_in_the_file_when_the_step_ends(
         lockstep: dict[str, dict[str, Any]]) -> None:
     # tools/vllm_tracing.py reads the file after every step, the scheduler still live.
-    for answer in lockstep.values():
-        assert answer["flushed"] == answer["steps"] > 0
+    for name in ("fcfs", "priority", "caching"):
+        answer = lockstep[name]
+        assert answer["flushed"] == answer["steps"] > 0 and answer["tracing"]
+
+
+def test_a_failing_trace_file_stops_the_tracing_never_the_engine(
+        lockstep: dict[str, dict[str, Any]]) -> None:
+    answer = lockstep["broken"]
+    # Decisions matched vLLM's own at every step after the failure too (lockstep).
+    assert "error" not in answer, answer.get("error")
+    assert not answer["tracing"] and answer["steps"] > BROKEN_AFTER + 10
+    lines = Path(answer["trace"]).read_bytes().splitlines()
+    # The steps written before the failure, whole; no end line: the trace is truncated.
+    assert [json.loads(line).get("step") for line in lines[1:]] == list(
+        range(BROKEN_AFTER + 1))
+    verdict = check_case("broken", Path(answer["trace"]))
+    assert not verdict.complete and not verdict.must
 
 
 def test_kvsched_check_with_the_profile_passes_on_a_plugin_trace(

@@ -186,8 +186,7 @@ def header_extra(prefix_caching: bool) -> dict[str, Any]:
             "sequence), and the fake model samples the outputs a next turn repeats; hits "
             "read from the SchedulerOutput (an admitted request's table and computed "
             "tokens)")
-        caching["block_keys"] = ("vLLM's Request.block_hashes (sha256, hex, first 16 "
-                                 "digits)")
+        caching["block_keys"] = "vLLM's Request.block_hashes (sha256, base64)"
     return {"preempted_order": True, "adapter": {
         "name": "kvsched.adapters.vllm",
         "scheduler": "vllm.v1.core.sched.scheduler.Scheduler",

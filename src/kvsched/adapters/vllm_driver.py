@@ -38,19 +38,20 @@ Events:
     {"job": name, "vllm": version, "null_block": id, "config": {...}, "free_blocks": n}
     {"step": s, "arrivals": [ids], "refused": [{"id", "reason"}], "aborted": [ids],
      "preempted": [ids], "scheduled": [[id, n]], "new_block_ids": {id: [ids]},
-     "prefix_hits": {id: [ids]}, "block_keys": {id: [hex]},
+     "prefix_hits": {id: [ids]}, "block_keys": {id: [base64]},
      "finished": [{"id", "reason"}], "free_blocks": n}
 `new_block_ids` are the blocks handed out fresh; `prefix_hits` the cached blocks an
 admitted request (new, or resumed after recompute) starts its table with; `block_keys`
-continue, per request, vLLM's hashes of its full blocks (Request.block_hashes, hex,
-the first KEY_HEX digits): a prompt's when it arrives, a block of outputs when vLLM
-caches it (BlockKeys).
+continue, per request, vLLM's hashes of its full blocks (Request.block_hashes, in
+base64: key_text): a prompt's when it arrives, a block of outputs when vLLM caches it
+(BlockKeys).
     {"done": name, "complete": bool, "steps": n}
     {"error": "one line"}    (then exit status 3)
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib
 import json
@@ -58,8 +59,7 @@ import os
 import sys
 import tempfile
 import weakref
-from itertools import compress, count, repeat
-from operator import is_not
+from itertools import compress
 from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, Any
@@ -71,7 +71,12 @@ FIRST_TOKEN_ID = 3
 # A large vocabulary, so that unrelated blocks (one token each with block size 1) do
 # not share contents by chance: vLLM would hit them, kvsched's workload would not.
 VOCAB_SIZE = 1 << 20
-KEY_HEX = 16  # hex digits of vLLM's block hashes written as block keys
+
+
+def key_text(block_hash: bytes) -> str:
+    """A block's content key in a trace: vLLM's hash of it, in base64 (as msgspec,
+    the plugin's encoder, writes bytes)."""
+    return base64.b64encode(block_hash).decode("ascii")
 
 # A config.json is all vLLM's ModelConfig reads with skip_tokenizer_init=True.
 MODEL_CONFIG = {
@@ -211,8 +216,9 @@ def vllm_class(scheduler: Any) -> type:
     return next(c for c in type(scheduler).__mro__ if c.__module__.startswith("vllm."))
 
 
-# The pools whose caching BlockKeys watch (a pool is vLLM's, garbage when its engine is).
-_WATCHED: weakref.WeakKeyDictionary[Any, BlockKeys] = weakref.WeakKeyDictionary()
+# The pools whose caching BlockKeys watch, by id() (a plain dict's lookup is a few
+# nanoseconds, a WeakKeyDictionary's a Python call); an entry goes when its pool does.
+_WATCHED: dict[int, BlockKeys] = {}
 
 
 def watch(pool: Any, keys: BlockKeys) -> None:
@@ -228,19 +234,21 @@ def watch(pool: Any, keys: BlockKeys) -> None:
                               num_full_blocks: int, *args: Any, **kwargs: Any) -> Any:
             out = cache(self, request, blocks, num_cached_blocks, num_full_blocks, *args,
                         **kwargs)
-            watcher = _WATCHED.get(self)
+            watcher = _WATCHED.get(id(self))
             if watcher is not None:
                 watcher.known(request, num_full_blocks)
             return out
 
         cls.cache_full_blocks = cache_full_blocks
         cls._kvsched_watched = True
-    _WATCHED[pool] = keys
+    if id(pool) not in _WATCHED:  # (a second BlockKeys on one pool replaces the first)
+        weakref.finalize(pool, _WATCHED.pop, id(pool), None)
+    _WATCHED[id(pool)] = keys
 
 
 class BlockKeys:
     """The content keys a trace gives for each request's full blocks: vLLM's own
-    hashes (Request.block_hashes, hex, the first KEY_HEX digits), each request's list
+    hashes (Request.block_hashes, key_text), each request's list
     continuing from 0 without gaps. A request's prompt blocks are given when it arrives
     (vLLM hashes them then), a block of its outputs when vLLM caches it
     (BlockPool.cache_full_blocks, in schedule(): the step the block becomes hittable,
@@ -254,16 +262,16 @@ class BlockKeys:
                               f"its KV cache blocks hold {block_size}: kvsched's block "
                               "keys need the two equal")
         self.written: dict[str, int] = {}  # keys given so far, by request
-        self.pending: dict[str, list[str]] = {}  # keys to write in this step's line
+        self.pending: dict[str, list[bytes]] = {}  # keys for this step's line
         watch(pool, self)
 
     def known(self, request: Any, full: int) -> None:
-        """`request`'s first `full` blocks are cached: the keys of those not given yet."""
+        """`request`'s first `full` blocks are cached: the keys of those not given yet
+        (vLLM's hashes as they are, bytes; key_text writes one)."""
         rid = request.request_id
         before = self.written.get(rid, 0)
         if full > before:
-            self.pending.setdefault(rid, []).extend(
-                h[:KEY_HEX // 2].hex() for h in request.block_hashes[before:full])  # bytes
+            self.pending.setdefault(rid, []).extend(request.block_hashes[before:full])
             self.written[rid] = full
 
     def arrived(self, request: Any) -> None:
@@ -277,10 +285,10 @@ class BlockKeys:
         if unwritten:
             self.pending.pop(rid, None)
 
-    def take(self) -> dict[str, tuple[str, ...]]:
-        """The keys that became known since the last take, by request."""
-        keys = {rid: tuple(ks) for rid, ks in self.pending.items()}
-        self.pending.clear()
+    def take(self) -> dict[str, list[bytes]]:
+        """The keys that became known since the last take, by request: vLLM's hashes,
+        which a trace line writes with key_text."""
+        keys, self.pending = self.pending, {}
         return keys
 
 
@@ -362,10 +370,13 @@ def step_blocks(output: Any, block_size: int) -> tuple[dict[str, tuple[int, ...]
     if len(cached.req_ids) != len(cached.new_block_ids):
         raise DriverError(f"the scheduler output lists {len(cached.req_ids)} running "
                           f"requests but {len(cached.new_block_ids)} new block lists")
-    for at in compress(count(), map(is_not, cached.new_block_ids, repeat(None))):
-        rid, ids = cached.req_ids[at], tuple(cached.new_block_ids[at][0])
+    # The requests that got blocks, and their blocks, picked out in C: a step's new
+    # block lists are mostly None (a truth test of each, no call per request).
+    for rid, got in zip(compress(cached.req_ids, cached.new_block_ids),
+                        filter(None, cached.new_block_ids), strict=True):
+        ids = tuple(got[0])
         if rid in resumed:
-            split(rid, ids, cached.num_computed_tokens[at])
+            split(rid, ids, cached.num_computed_tokens[cached.req_ids.index(rid)])  # rare
         elif ids:
             fresh[rid] = ids
     return fresh, hits
@@ -455,7 +466,8 @@ def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
         emit({"step": step, "arrivals": arrivals, "refused": refused, "aborted": aborted,
               "preempted": list(preempted), "scheduled": [[rid, n] for rid, n in scheduled],
               "new_block_ids": fresh, "prefix_hits": hits,
-              "block_keys": keys.take() if keys is not None else {},
+              "block_keys": {rid: list(map(key_text, ks)) for rid, ks in keys.take().items()}
+              if keys is not None else {},
               "finished": finished, "free_blocks": pool.get_num_free_blocks()})
         step += 1
     emit({"done": job["name"], "complete": True, "steps": step})

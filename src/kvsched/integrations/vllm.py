@@ -58,12 +58,14 @@ class TracingScheduler(_VllmScheduler):  # type: ignore[misc]
             header_extra(config.prefix_caching, pid, started), keys, line_encoder())
         _log.info("kvsched: tracing the scheduler to %s", self.kvsched_trace_path)
 
-    def _record(self, what: Callable[[LiveTrace], None]) -> None:
+    def _record(self, what: Callable[..., None], *args: Any) -> None:
+        """what(trace, *args), a LiveTrace method (no closure: the step's calls are
+        counted in microseconds); a tracing failure is logged and ends the tracing."""
         trace = self.kvsched_trace
         if trace is None:
             return
         try:
-            what(trace)
+            what(trace, *args)
         except Exception:  # tracing must never stop the engine
             _log.exception("kvsched: tracing stopped; %s ends here", self.kvsched_trace_path)
             self.kvsched_trace = None
@@ -74,7 +76,7 @@ class TracingScheduler(_VllmScheduler):  # type: ignore[misc]
         new = request.request_id not in self.requests  # not a streaming session's next chunk
         super().add_request(request)
         if new:
-            self._record(lambda t: t.arrived(request))
+            self._record(LiveTrace.arrived, request)
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
         pool = self.kv_cache_manager.block_pool
@@ -82,23 +84,23 @@ class TracingScheduler(_VllmScheduler):  # type: ignore[misc]
         ended = super().finish_requests(request_ids, finished_status)
         if ended:
             freed = pool.get_num_free_blocks() - before
-            self._record(lambda t: t.aborted([r.request_id for r in ended], freed))
+            self._record(LiveTrace.aborted, [r.request_id for r in ended], freed)
         return ended
 
     def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        self._record(lambda t: t.preempted(request.request_id))
+        self._record(LiveTrace.preempted, request.request_id)
         return super()._preempt_request(request, *args, **kwargs)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         output = super().schedule(*args, **kwargs)
-        self._record(lambda t: t.scheduled(output, started))
+        self._record(LiveTrace.scheduled, output, started)
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
-        self._record(lambda t: t.updated(outputs, free))
+        self._record(LiveTrace.updated, outputs,
+                     self.kv_cache_manager.block_pool.get_num_free_blocks())
         return outputs
 
     def shutdown(self) -> None:
@@ -106,4 +108,4 @@ class TracingScheduler(_VllmScheduler):  # type: ignore[misc]
             super().shutdown()
         finally:
             drained = self.get_num_unfinished_requests() == 0
-            self._record(lambda t: t.close(drained))
+            self._record(LiveTrace.close, drained)
