@@ -279,6 +279,23 @@ CASES: tuple[Case, ...] = (
 )
 
 
+def random_workload(rng: random.Random, max_model_len: int) -> list[WorkItem]:
+    """A random case's requests: up to 60, in bursts, at the edges of max_model_len
+    (one over it too), some aborted, priorities from -1 to 2."""
+    items = []
+    step = 0
+    for k in range(rng.randint(1, 60)):
+        step += rng.choice([0, 0, 0, 1, 2, 5])
+        prompt = max(1, rng.choice([1, 2, rng.randint(1, max_model_len), rng.randint(1, 16),
+                                    max_model_len - 1, max_model_len - 1, max_model_len,
+                                    max_model_len + 3, *[rng.randint(1, max_model_len)] * 4]))
+        max_tokens = rng.choice([1, 2, rng.randint(1, max_model_len), max_model_len])
+        abort = step + rng.choice([0, 0, 1, 3, 10]) if rng.random() < 0.15 else None
+        items.append(WorkItem(f"q{k}", step, prompt, rng.randint(1, max_tokens), max_tokens,
+                              rng.choice([-1, 0, 0, 1, 2]), abort))
+    return validate(items)
+
+
 def random_case(seed: int) -> Case:
     """A small seeded config and workload that vLLM accepts: corner values on purpose
     (block size 1, a cache of exactly one max_model_len sequence, a budget of
@@ -299,18 +316,7 @@ def random_case(seed: int) -> Case:
                  long_prefill_token_threshold=threshold,
                  policy=rng.choice(["fcfs", "priority"]),
                  watermark_blocks=min(rng.choice([0, 0, 0, 1, 3]), blocks))
-    items = []
-    step = 0
-    for k in range(rng.randint(1, 60)):
-        step += rng.choice([0, 0, 0, 1, 2, 5])
-        prompt = max(1, rng.choice([1, 2, rng.randint(1, max_model_len), rng.randint(1, 16),
-                                    max_model_len - 1, max_model_len - 1, max_model_len,
-                                    max_model_len + 3, *[rng.randint(1, max_model_len)] * 4]))
-        max_tokens = rng.choice([1, 2, rng.randint(1, max_model_len), max_model_len])
-        abort = step + rng.choice([0, 0, 1, 3, 10]) if rng.random() < 0.15 else None
-        items.append(WorkItem(f"q{k}", step, prompt, rng.randint(1, max_tokens), max_tokens,
-                              rng.choice([-1, 0, 0, 1, 2]), abort))
-    workload = validate(items)
+    workload = random_workload(rng, max_model_len)
     return Case(f"random-{seed}", "a small random config and workload", config,
                 lambda: workload)
 

@@ -41,6 +41,7 @@ from kvsched.adapters.vllm_conformance import (
     counts,
     never_fitting,
     over_max_model_len,
+    random_workload,
     sensitivity,
     with_aborts,
 )
@@ -49,7 +50,7 @@ from kvsched.generators import generate
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import VLLM_V0, get_profile
-from kvsched.workload import WorkItem, validate
+from kvsched.workload import WorkItem
 
 PROFILE = "vllm-v0"
 DEFAULT_OUT = Path("build/conformance-vllm-v0")
@@ -258,18 +259,7 @@ def random_case(seed: int) -> Case:
                 max_num_seqs=seqs, max_model_len=max_model_len, chunked_prefill=chunked,
                 policy=policy, preemption="swap" if swap else "recompute",
                 num_cpu_blocks=4 * blocks if swap else 0)
-    items = []
-    step = 0
-    for k in range(rng.randint(1, 60)):
-        step += rng.choice([0, 0, 0, 1, 2, 5])
-        prompt = max(1, rng.choice([1, 2, rng.randint(1, max_model_len), rng.randint(1, 16),
-                                    max_model_len - 1, max_model_len - 1, max_model_len,
-                                    max_model_len + 3, *[rng.randint(1, max_model_len)] * 4]))
-        max_tokens = rng.choice([1, 2, rng.randint(1, max_model_len), max_model_len])
-        abort = step + rng.choice([0, 0, 1, 3, 10]) if rng.random() < 0.15 else None
-        items.append(WorkItem(f"q{k}", step, prompt, rng.randint(1, max_tokens), max_tokens,
-                              rng.choice([-1, 0, 0, 1, 2]), abort))
-    workload = validate(items)
+    workload = random_workload(rng, max_model_len)
     return Case(f"random-{seed}", "a small random config and workload", config,
                 lambda: workload)
 
