@@ -59,6 +59,7 @@ import os
 import sys
 import tempfile
 import weakref
+from collections.abc import Callable
 from itertools import compress
 from pathlib import Path
 from types import SimpleNamespace
@@ -473,7 +474,15 @@ def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
     emit({"done": job["name"], "complete": True, "steps": step})
 
 
-def main(argv: list[str]) -> int:
+Emit = Callable[[dict[str, Any]], None]
+
+
+def driver_main(argv: list[str], script: str,
+                run_jobs: Callable[[list[dict[str, Any]], Emit], None]) -> int:
+    """A driver process around an engine's run: the jobs file in argv[1], one JSON event
+    a line on standard output (whatever the engine prints goes to standard error), and
+    any failure as one {"error": ...} event and exit status 3. V0's driver runs its jobs
+    in it too (vllm_v0_driver.py)."""
     # This folder holds kvsched's own vllm.py: it must not shadow the real vLLM.
     here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
@@ -486,20 +495,15 @@ def main(argv: list[str]) -> int:
         events.write(json.dumps(obj, separators=(",", ":")) + "\n")
 
     if len(argv) != 2:
-        emit({"error": "usage: vllm_driver.py JOBS.jsonl"})
+        emit({"error": f"usage: {script} JOBS.jsonl"})
         return 2
     for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
                        ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1")):
         os.environ.setdefault(key, value)
-    # vLLM seeds its first block hash from PYTHONHASHSEED when set, else from a fixed
-    # string (sha256): without it the block keys are the same in every run.
-    os.environ.pop("PYTHONHASHSEED", None)
     try:
         with open(argv[1]) as f:
             jobs = [json.loads(line) for line in f if line.strip()]
-        with tempfile.TemporaryDirectory(prefix="kvsched-vllm-") as tmp:
-            for job in jobs:
-                run_job(job, emit, Path(tmp))
+        run_jobs(jobs, emit)
     except Exception as e:  # every failure reaches the adapter as one line
         message = " ".join(str(e).split()) or type(e).__name__
         emit({"error": f"{type(e).__name__}: {message}"})
@@ -507,6 +511,18 @@ def main(argv: list[str]) -> int:
     finally:
         events.flush()
     return 0
+
+
+def main(argv: list[str]) -> int:
+    def run_jobs(jobs: list[dict[str, Any]], emit: Emit) -> None:
+        # vLLM seeds its first block hash from PYTHONHASHSEED when set, else from a
+        # fixed string (sha256): without it the block keys are the same in every run.
+        os.environ.pop("PYTHONHASHSEED", None)
+        with tempfile.TemporaryDirectory(prefix="kvsched-vllm-") as tmp:
+            for job in jobs:
+                run_job(job, emit, Path(tmp))
+
+    return driver_main(argv, "vllm_driver.py", run_jobs)
 
 
 if __name__ == "__main__":

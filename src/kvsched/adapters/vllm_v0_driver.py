@@ -61,12 +61,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import json
-import os
+import importlib.util
 import sys
 import traceback
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 EOS_TOKEN_ID = 2
 FILL_TOKEN_ID = 3  # every prompt token and every output but the last
@@ -331,36 +330,28 @@ def run_job(job: dict[str, Any], emit: Any) -> None:
     emit({"done": job["name"], "complete": True, "steps": step})
 
 
+def _v1_driver() -> Any:
+    """kvsched.adapters.vllm_driver, the file beside this one, whose driver_main is the
+    process around the jobs: loaded by its path, since this script runs in V0's Python
+    (isolated, without kvsched installed) and this folder may not be on sys.path (its
+    vllm.py would shadow vLLM)."""
+    name = "kvsched_vllm_driver"
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().with_name("vllm_driver.py"))
+    if spec is None or spec.loader is None:
+        raise ImportError("vllm_driver.py is missing beside vllm_v0_driver.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv: list[str]) -> int:
-    # This folder holds kvsched's own vllm.py: it must not shadow the real vLLM.
-    here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
-    # Keep standard output for events; whatever vLLM prints goes to standard error.
-    events: IO[str] = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-    def emit(obj: dict[str, Any]) -> None:
-        events.write(json.dumps(obj, separators=(",", ":")) + "\n")
-
-    if len(argv) != 2:
-        emit({"error": "usage: vllm_v0_driver.py JOBS.jsonl"})
-        return 2
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
-                       ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1")):
-        os.environ.setdefault(key, value)
-    try:
-        with open(argv[1]) as f:
-            jobs = [json.loads(line) for line in f if line.strip()]
+    def run_jobs(jobs: list[dict[str, Any]], emit: Any) -> None:
         for job in jobs:
             run_job(job, emit)
-    except Exception as e:  # every failure reaches the adapter as one line
-        message = " ".join(str(e).split()) or type(e).__name__
-        emit({"error": f"{type(e).__name__}: {message}"})
-        return 3
-    finally:
-        events.flush()
-    return 0
+
+    return int(_v1_driver().driver_main(argv, "vllm_v0_driver.py", run_jobs))
 
 
 if __name__ == "__main__":
