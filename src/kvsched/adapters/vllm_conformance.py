@@ -476,6 +476,19 @@ def first_divergence(path: Path, knobs: Knobs, profile: str,
 Variant = tuple[Knobs, Mapping[str, object]]
 
 
+def print_sensitivity(paths: Sequence[Path], profile: str, engine: str,
+                      variants: Mapping[str, Variant] | None = None) -> list[str]:
+    """Print where the traces tell each flipped rule (sensitivity) from `engine`; the
+    rules no trace tells, which make a suite's run fail."""
+    blind = []
+    for name, where in sensitivity(paths, profile, variants).items():
+        print(f"{'OK  ' if where else 'FAIL'} {profile} with {name} diverges from {engine}: "
+              f"{where or 'on no trace: the suite cannot tell this rule'}")
+        if where is None:
+            blind.append(name)
+    return blind
+
+
 def sensitivity(paths: Sequence[Path], profile: str,
                 variants: Mapping[str, Variant] | None = None) -> dict[str, str | None]:
     """For each flipped knob (by default `knob_variants(profile)`), the first trace (and
@@ -599,11 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     blind = []
     if not args.names:  # the whole suite must tell each flipped knob from vLLM
         plain = [args.out / f"{c.name}.jsonl" for c in cases if not c.config.prefix_caching]
-        for name, where in sensitivity(plain, profile).items():
-            print(f"{'OK  ' if where else 'FAIL'} {profile} with {name} diverges from vLLM: "
-                  f"{where or 'on no trace: the suite cannot tell this knob'}")
-            if where is None:
-                blind.append(name)
+        blind = print_sensitivity(plain, profile, "vLLM")
     print(f"{time.monotonic() - started:.0f} s")
     return 1 if failed or blind else 0
 

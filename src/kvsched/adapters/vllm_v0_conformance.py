@@ -41,8 +41,8 @@ from kvsched.adapters.vllm_conformance import (
     counts,
     never_fitting,
     over_max_model_len,
+    print_sensitivity,
     random_workload,
-    sensitivity,
     with_aborts,
 )
 from kvsched.adapters.vllm_v0 import DEFAULT_VLLM_V0_PYTHON, RecordedV0, record_jobs
@@ -426,11 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     blind = []
     if not args.names:  # the whole suite must tell each flipped rule from V0
         paths = [args.out / f"{c.name}.jsonl" for c in CASES]
-        for name, where in sensitivity(paths, PROFILE, V0_VARIANTS).items():
-            print(f"{'OK  ' if where else 'FAIL'} {PROFILE} with {name} diverges from V0: "
-                  f"{where or 'on no trace: the suite cannot tell this rule'}")
-            if where is None:
-                blind.append(name)
+        blind = print_sensitivity(paths, PROFILE, "V0", V0_VARIANTS)
     print(f"{time.monotonic() - started:.0f} s")
     return 1 if failed or blind else 0
 
