@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from kvsched.optimized.blocks import BlockTable, FreeList, cdiv, spans
+from kvsched.optimized.knobs import unsupported_knobs
 from kvsched.optimized.queues import FcfsQueue, PriorityQueue
 from kvsched.spec.blocks import rejectable
 from kvsched.spec.knobs import Knobs
@@ -141,22 +142,6 @@ def _cat(parts: list[Tensor], empty: Tensor) -> Tensor:
     if not parts:
         return empty
     return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-# Knobs this scheduler follows only at their defaults: vLLM V0's rules (profile vllm-v0),
-# which the reference alone implements.
-REFERENCE_ONLY_KNOBS = ("grow_check", "reject", "chunk_swap_in", "swapped_order", "passes")
-
-
-def unsupported_knobs(knobs: Knobs) -> str | None:
-    """Why the optimized scheduler refuses `knobs`, in one line, or None."""
-    default = Knobs()
-    for name in REFERENCE_ONLY_KNOBS:
-        value = getattr(knobs, name)
-        if value != getattr(default, name):
-            return (f"the optimized scheduler does not implement knob {name}={value!r} "
-                    f"(vLLM V0's rules, profile vllm-v0): use the reference scheduler")
-    return None
 
 
 class OptimizedScheduler:

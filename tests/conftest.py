@@ -1,7 +1,8 @@
 """Hypothesis profiles: `ci` (bounded, used by make test) and `deep` (make fuzz-deep).
 
 And `scheduler_factory`: every scheduler-level test runs once per implementation (the
-reference, the optimized scheduler on cpu, and on cuda where torch sees a GPU), building
+reference, the compiled scheduler, the optimized scheduler on cpu, and on cuda where
+torch sees a GPU), building
 its schedulers through the factory it is given (kvsched.testing.implementations).
 """
 
@@ -14,6 +15,16 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from kvsched.testing.implementations import IMPLEMENTATIONS, SchedulerFactory
+
+
+def compiled_available() -> None:
+    """The compiled scheduler is part of the development install: a checkout whose build
+    left it out fails here (and names why) rather than skipping its tests."""
+    try:
+        import kvsched.optimized.compiled  # noqa: F401
+    except ImportError as e:
+        pytest.fail(f"kvsched.optimized.compiled is not built ({e}): pip install -e . "
+                    "needs a C++ compiler and Cython")
 
 # The scheduler_factory fixture holds no state an example could leave behind (it only
 # counts what it built), so sharing it across a test's examples is sound.
@@ -30,7 +41,9 @@ def scheduler_factory(request: pytest.FixtureRequest) -> Iterator[SchedulerFacto
     """Builds the schedulers of one implementation; the test fails if it built none
     (it would have tested nothing there)."""
     implementation: str = request.param
-    if implementation != "reference":
+    if implementation == "compiled":
+        compiled_available()
+    elif implementation != "reference":
         torch = pytest.importorskip("torch", reason="the optimized scheduler needs torch")
         if implementation == "optimized-cuda" and not torch.cuda.is_available():
             pytest.skip("torch.cuda.is_available() is False: no CUDA GPU here")

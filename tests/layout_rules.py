@@ -8,6 +8,7 @@ top-level names. Exit 1 naming each offending line.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -15,7 +16,18 @@ ROOT = Path(__file__).resolve().parent.parent
 STDLIB = sys.stdlib_module_names
 
 
+# A Cython module's Python imports (its cimports name C++ and Cython headers).
+CYTHON_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\b|import\s+([\w.]+))")
+
+
 def imports(path: Path) -> list[tuple[int, str]]:
+    if path.suffix == ".pyx":
+        out = []
+        for number, text in enumerate(path.read_text().splitlines(), 1):
+            m = CYTHON_IMPORT.match(text)
+            if m:
+                out.append((number, m.group(1) or m.group(2)))
+        return out
     tree = ast.parse(path.read_text(), str(path))
     out = []
     for node in ast.walk(tree):
@@ -45,7 +57,9 @@ def allowed(pillar: str, module: str) -> bool:
 def main() -> int:
     bad = []
     for pillar in ("spec", "reference", "optimized"):
-        for path in sorted((ROOT / pillar).glob("**/*.py")):
+        paths = [p for suffix in ("py", "pyi", "pyx")
+                 for p in (ROOT / pillar).glob(f"**/*.{suffix}")]
+        for path in sorted(paths):
             for line, module in imports(path):
                 if not allowed(pillar, module):
                     bad.append(f"{path.relative_to(ROOT)}:{line}: {pillar}/ may not import "

@@ -1,4 +1,5 @@
-"""Differential, stateful: the reference and the optimized scheduler in lockstep.
+"""Differential, stateful: the reference and a fast scheduler in lockstep (the compiled
+scheduler, and the torch one on cpu and, where torch sees a GPU, on cuda).
 
 Hypothesis draws a config and a profile (or any knobs) in @initialize, so they shrink,
 then a program of arrivals, aborts and steps (with end-of-sequence chosen per sampled
@@ -37,7 +38,6 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvsched.optimized import OptimizedScheduler
 from kvsched.reference import ReferenceScheduler
 from kvsched.spec import Config, Decision, Request
 from kvsched.spec.knobs import Knobs
@@ -49,6 +49,7 @@ from kvsched.strategies import (
     resolve,
     workloads,
 )
+from kvsched.testing.implementations import SchedulerFactory
 
 # Per-step tensors are small: intra-op threads only wait on each other (and pytest -n 2
 # already gives each of the 2 cores a worker).
@@ -70,7 +71,7 @@ def describe(d: Decision) -> str:
 class LockstepMachine(RuleBasedStateMachine):
     """Both schedulers receive the same calls; every answer must be the same."""
 
-    device = "cpu"
+    implementation = "compiled"
     ids = Bundle("ids")
 
     def __init__(self) -> None:
@@ -83,7 +84,7 @@ class LockstepMachine(RuleBasedStateMachine):
         config, setup = resolve(config, setup)
         self.config = config
         self.reference = ReferenceScheduler(config, setup)
-        self.optimized = OptimizedScheduler(config, setup, device=self.device)
+        self.other = SchedulerFactory(self.implementation)(config, setup)
         self.step_no = 0
         self.next_id = 0
         self.started = True
@@ -115,16 +116,16 @@ class LockstepMachine(RuleBasedStateMachine):
             request = Request(names[w.id], w.prompt_len, w.max_tokens, w.priority,
                               self.step_no, prefix)
             self.reference.add_request(request)
-            self.optimized.add_request(request)
+            self.other.add_request(request)
         return multiple(*names.values())
 
     @rule(rid=ids)
     def abort(self, rid: str) -> None:
         live = rid in self.reference.states()
-        assert live == (rid in self.optimized.states()), f"{rid} live in one scheduler only"
+        assert live == (rid in self.other.states()), f"{rid} live in one scheduler only"
         if live:
             self.reference.abort_request(rid)
-            self.optimized.abort_request(rid)
+            self.other.abort_request(rid)
 
     @rule(eos=st.lists(st.booleans(), max_size=8))
     def step(self, eos: list[bool]) -> None:
@@ -143,18 +144,18 @@ class LockstepMachine(RuleBasedStateMachine):
     def same_states(self) -> None:
         if not self.started:
             return
-        ref, opt = self.reference.states(), self.optimized.states()
+        ref, opt = self.reference.states(), self.other.states()
         assert ref == opt, f"after step {self.step_no}: states differ\n  reference {ref}\n" \
-                           f"  optimized {opt}"
+                           f"  {self.implementation} {opt}"
 
     @invariant()
     def same_free_blocks(self) -> None:
         if not self.started:
             return
-        assert self.reference.free_blocks() == self.optimized.free_blocks()
-        assert self.reference.free_gpu_ids() == self.optimized.free_gpu_ids(), \
+        assert self.reference.free_blocks() == self.other.free_blocks()
+        assert self.reference.free_gpu_ids() == self.other.free_gpu_ids(), \
             "GPU free lists differ"
-        assert self.reference.free_host_ids() == self.optimized.free_host_ids(), \
+        assert self.reference.free_host_ids() == self.other.free_host_ids(), \
             "host free lists differ"
 
     @invariant()
@@ -162,9 +163,9 @@ class LockstepMachine(RuleBasedStateMachine):
         if not self.started:
             return
         for rid in self.reference.states():
-            assert self.reference.block_table(rid) == self.optimized.block_table(rid), \
+            assert self.reference.block_table(rid) == self.other.block_table(rid), \
                 f"GPU block table of {rid}"
-            assert self.reference.host_table(rid) == self.optimized.host_table(rid), \
+            assert self.reference.host_table(rid) == self.other.host_table(rid), \
                 f"host block table of {rid}"
 
     def teardown(self) -> None:
@@ -175,7 +176,7 @@ class LockstepMachine(RuleBasedStateMachine):
             if not self.reference.has_unfinished():
                 break
             self._step([])
-        assert self.reference.has_unfinished() == self.optimized.has_unfinished()
+        assert self.reference.has_unfinished() == self.other.has_unfinished()
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -186,43 +187,44 @@ class LockstepMachine(RuleBasedStateMachine):
                           data.draw(output_lens(self.config), label="max_tokens"),
                           priority, self.step_no)
         self.reference.add_request(request)
-        self.optimized.add_request(request)
+        self.other.add_request(request)
         return rid
 
     def _step(self, eos: list[bool]) -> None:
         ref = self.reference.schedule()
-        opt = self.optimized.schedule()
+        opt = self.other.schedule()
         assert ref.comparable() == opt.comparable(), (
             f"step {self.step_no}: decisions differ\n  reference {describe(ref)}\n"
-            f"  optimized {describe(opt)}")
+            f"  {self.implementation} {describe(opt)}")
         assert ref.sampled == opt.sampled, f"step {self.step_no}: sampled differ"
         assert ref.new_blocks == opt.new_blocks, (
             f"step {self.step_no}: new block ids differ\n  reference {ref.new_blocks}\n"
-            f"  optimized {opt.new_blocks}")
+            f"  {self.implementation} {opt.new_blocks}")
         assert ref.prefix_hits == opt.prefix_hits, (
             f"step {self.step_no}: prefix hits differ\n  reference {ref.prefix_hits}\n"
-            f"  optimized {opt.prefix_hits}")
+            f"  {self.implementation} {opt.prefix_hits}")
         assert list(ref.prefix_hits) == list(opt.prefix_hits), "prefix hits out of order"
         assert [r.reason for r in ref.rejected] == [r.reason for r in opt.rejected]
         stopped = [rid for rid, stop in zip(ref.sampled, eos, strict=False) if stop]
         finished = self.reference.update(stopped)
-        assert finished == self.optimized.update(stopped), f"step {self.step_no}: finishes"
+        assert finished == self.other.update(stopped), f"step {self.step_no}: finishes"
         self.step_no += 1
 
 
-def lockstep_test_case(device: str) -> type[TestCase]:
-    """The lockstep machine's test case with the optimized scheduler on `device`."""
-    class OnDevice(LockstepMachine):
+def lockstep_test_case(implementation: str) -> type[TestCase]:
+    """The lockstep machine's test case against `implementation` (SchedulerFactory's)."""
+    class Against(LockstepMachine):
         pass
 
-    OnDevice.device = device
-    OnDevice.TestCase.settings = settings(stateful_step_count=STEPS)
-    case: type[TestCase] = OnDevice.TestCase
+    Against.implementation = implementation
+    Against.TestCase.settings = settings(stateful_step_count=STEPS)
+    case: type[TestCase] = Against.TestCase
     return case
 
 
-TestLockstepCpu = lockstep_test_case("cpu")
+TestLockstepCompiled = lockstep_test_case("compiled")
+TestLockstepCpu = lockstep_test_case("optimized")
 TestLockstepCuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="torch.cuda.is_available() is False: no CUDA GPU on this machine")(
-    lockstep_test_case("cuda"))
+    lockstep_test_case("optimized-cuda"))

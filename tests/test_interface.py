@@ -14,6 +14,10 @@ def test_the_factory_builds_its_own_implementation(scheduler_factory: SchedulerF
     s = scheduler_factory(Config(block_size=4, num_gpu_blocks=8))
     if scheduler_factory.implementation == "reference":
         assert type(s) is ReferenceScheduler
+    elif scheduler_factory.implementation == "compiled":
+        from kvsched.optimized.compiled import CompiledScheduler
+
+        assert type(s) is CompiledScheduler
     else:
         from kvsched.optimized import OptimizedScheduler
 

@@ -274,7 +274,7 @@ def test_v0s_passes_obey_every_must_invariant(name: str, config: Config,
 def test_the_optimized_scheduler_refuses_each_of_v0s_knobs_in_one_line() -> None:
     pytest.importorskip("torch")
     from kvsched.optimized import OptimizedScheduler
-    from kvsched.optimized.scheduler import REFERENCE_ONLY_KNOBS
+    from kvsched.optimized.knobs import REFERENCE_ONLY_KNOBS
 
     for name in REFERENCE_ONLY_KNOBS:
         knobs = replace(get_profile("vllm-v1").knobs, **{name: getattr(VLLM_V0, name)})

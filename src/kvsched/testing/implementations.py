@@ -16,12 +16,12 @@ from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import Profile, get_profile
 
-IMPLEMENTATIONS: tuple[str, ...] = ("reference", "optimized", "optimized-cuda")
+IMPLEMENTATIONS: tuple[str, ...] = ("reference", "compiled", "optimized", "optimized-cuda")
 
 
 class SchedulerFactory:
-    """Builds schedulers of one implementation: "reference", "optimized" (torch on cpu)
-    or "optimized-cuda"."""
+    """Builds schedulers of one implementation: "reference", "compiled" (the compiled
+    scheduler), "optimized" (torch on cpu) or "optimized-cuda"."""
 
     def __init__(self, implementation: str) -> None:
         if implementation not in IMPLEMENTATIONS:
@@ -38,6 +38,10 @@ class SchedulerFactory:
         scheduler: InspectableScheduler
         if self.implementation == "reference":
             scheduler = ReferenceScheduler(config, knobs)
+        elif self.implementation == "compiled":
+            from kvsched.optimized.compiled import CompiledScheduler
+
+            scheduler = CompiledScheduler(config, knobs)
         else:
             from kvsched.optimized import OptimizedScheduler
 
