@@ -1,10 +1,13 @@
 """Types of the compiled scheduler (optimized/compiled.pyx, built by setup.py)."""
 
-from collections.abc import Collection, Iterator, Sequence
-from typing import Protocol
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any, Protocol, TypeVar, overload
 
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Decision, Request, RequestView, StepRecord
+
+T = TypeVar("T")
+Buffer = Any  # an int64 array (numpy's, from the vectorized checker's scanner)
 
 class SimulatedRequest(Protocol):
     """What the simulation loop reads of a workload's item (kvsched.workload.WorkItem)."""
@@ -40,5 +43,16 @@ class CompiledScheduler:
     def step_counts(self) -> tuple[int, int, int, int]: ...
     def update(self, stopped: Collection[str]) -> tuple[str, ...]: ...
     def finish_step(self) -> int: ...
+    def set_key(self, request_id: str, lo: int, hi: int) -> None: ...
+    def copy(self) -> CompiledScheduler: ...
+    def replay_part(self, steps: Buffer, n_arr: Buffer, n_ent: Buffer, n_fin: Buffer,
+                    arr_keys: Buffer, arr_names: list[str], arr_num: Buffer,
+                    ent_keys: Buffer, ent_n: Buffer, fin_keys: Buffer) -> int: ...
+    @overload
     def simulate(self, workload: Sequence[SimulatedRequest], block_ids: bool = True,
-                 max_steps: int | None = None) -> Iterator[StepRecord]: ...
+                 max_steps: int | None = None, tally: None = None
+                 ) -> Iterator[StepRecord]: ...
+    @overload
+    def simulate(self, workload: Sequence[SimulatedRequest], block_ids: bool,
+                 max_steps: int | None, tally: Callable[..., T]
+                 ) -> Iterator[tuple[StepRecord, T]]: ...

@@ -84,6 +84,38 @@ cdef extern from *:
     void kv_heap_push(vector[WaitEntry] &h, WaitEntry e)
     void kv_heap_pop(vector[WaitEntry] &h)
 
+cdef extern from *:
+    """
+    #include <unordered_map>
+    struct KvIdKey {
+        long long lo, hi;
+        bool operator==(const KvIdKey &o) const { return lo == o.lo && hi == o.hi; }
+    };
+    struct KvIdHash {
+        size_t operator()(const KvIdKey &k) const {
+            unsigned long long h = (unsigned long long)k.lo * 0x9E3779B97F4A7C15ULL;
+            h ^= (unsigned long long)k.hi * 0xC2B2AE3D27D4EB4FULL;
+            return (size_t)(h ^ (h >> 31));
+        }
+    };
+    typedef std::unordered_map<KvIdKey, int, KvIdHash> KvIdMap;
+    static inline int kv_id_get(const KvIdMap &m, long long lo, long long hi) {
+        auto it = m.find(KvIdKey{lo, hi});
+        return it == m.end() ? -1 : it->second;
+    }
+    static inline void kv_id_put(KvIdMap &m, long long lo, long long hi, int slot) {
+        m[KvIdKey{lo, hi}] = slot;
+    }
+    static inline void kv_id_del(KvIdMap &m, long long lo, long long hi) {
+        m.erase(KvIdKey{lo, hi});
+    }
+    """
+    cppclass KvIdMap:
+        KvIdMap()
+    int kv_id_get(const KvIdMap &m, long long lo, long long hi)
+    void kv_id_put(KvIdMap &m, long long lo, long long hi, int slot)
+    void kv_id_del(KvIdMap &m, long long lo, long long hi)
+
 cdef enum:
     WAITING = 0
     RUNNING = 1
@@ -167,6 +199,8 @@ cdef class CompiledScheduler:
     cdef unordered_map[int64_t, int32_t] cached
     # the step's decision
     cdef vector[int32_t] e_slot, e_start, e_count, e_hits
+    cdef vector[int8_t] e_admitted  # scheduled by the waiting pass
+    cdef int64_t prompt_now  # prompt tokens the step computes
     cdef vector[int64_t] e_n
     cdef vector[int32_t] rej_slot, pre_slot, in_slot, sampled
     cdef vector[int8_t] pre_mode
@@ -178,6 +212,11 @@ cdef class CompiledScheduler:
     # the simulation loop's per-slot bookkeeping: tokens sampled, the hidden output
     # length (end of sequence), full blocks whose content keys the trace has given
     cdef vector[int64_t] outputs, eos, keyed
+    # a trace's ids as keys (two 64-bit words, kvsched.optimized.ids.id_key), for the
+    # replay of a profile beside the vectorized checker
+    cdef KvIdMap idmap
+    cdef vector[int64_t] key_lo, key_hi
+    cdef vector[int8_t] has_key
 
     def __init__(self, config, knobs=None):
         chosen = knobs if knobs is not None else Knobs()
@@ -243,7 +282,11 @@ cdef class CompiledScheduler:
     # -- the interface ----------------------------------------------------------------
 
     def add_request(self, request):
-        rid = request.id
+        self._arrive(request.id, request.prompt_len, request.max_tokens, request.priority,
+                     request.arrival_step, request.prefix)
+
+    cdef int32_t _arrive(self, str rid, int64_t prompt_len, int64_t max_tokens,
+                         int64_t priority, int64_t arrival, tuple prefix) except -1:
         if rid in self.slot_of:
             raise ValueError(f"request id {rid!r} is already live")
         cdef int32_t s
@@ -256,19 +299,19 @@ cdef class CompiledScheduler:
             self.ids.append(rid)
             self._grow_slots(s + 1)
         self.slot_of[rid] = s
-        self.N[s] = request.prompt_len
+        self.N[s] = prompt_len
         self.C[s] = 0
-        self.P[s] = request.prompt_len
-        self.O[s] = request.max_tokens
-        self.prio[s] = request.priority
-        self.arr[s] = request.arrival_step
+        self.P[s] = prompt_len
+        self.O[s] = max_tokens
+        self.prio[s] = priority
+        self.arr[s] = arrival
         self.seq[s] = self.next_seq
         self.next_seq += 1
         self.status[s] = WAITING
         self.npre[s] = 0
         self.cached_upto[s] = 0
         self.live += 1
-        reason = rejectable(self.config, request.prompt_len, request.max_tokens)
+        reason = rejectable(self.config, prompt_len, max_tokens)
         self.doomed[s] = reason is not None
         if reason is not None:
             self.reasons[s] = reason
@@ -276,9 +319,9 @@ cdef class CompiledScheduler:
             self.own[s] = self._content_id(rid)
             self.pre_content[s].clear()
             self.pre_len[s].clear()
-            if request.prefix:
-                self.prefixes[s] = request.prefix
-            for content, length in request.prefix:
+            if prefix:
+                self.prefixes[s] = prefix
+            for content, length in prefix:
                 self.pre_content[s].push_back(self._content_id(content))
                 self.pre_len[s].push_back(length)
             self.given[s].clear()
@@ -288,6 +331,7 @@ cdef class CompiledScheduler:
         self.arrived_slot.push_back(s)
         self.arrived_seq.push_back(self.seq[s])
         self._push_waiting(s, False)
+        return s
 
     cdef void _grow_slots(self, Py_ssize_t n):
         if <Py_ssize_t>self.N.size() >= n:
@@ -315,6 +359,9 @@ cdef class CompiledScheduler:
         self.outputs.resize(m)
         self.eos.resize(m)
         self.keyed.resize(m)
+        self.key_lo.resize(m)
+        self.key_hi.resize(m)
+        self.has_key.resize(m, 0)
 
     def add_block_keys(self, request_id, keys, start=None):
         """Content keys of the request's blocks from table index `start` on (by default
@@ -441,6 +488,8 @@ cdef class CompiledScheduler:
         self.e_start.clear()
         self.e_count.clear()
         self.e_hits.clear()
+        self.e_admitted.clear()
+        self.prompt_now = 0
         self.pre_slot.clear()
         self.pre_mode.clear()
         self.pre_computed.clear()
@@ -461,7 +510,7 @@ cdef class CompiledScheduler:
         self.sampled.clear()
         cdef Py_ssize_t k, m = 0
         cdef int32_t s
-        cdef int64_t tokens = 0
+        cdef int64_t tokens = 0, before
         for k in range(<Py_ssize_t>self.e_slot.size()):
             s = self.e_slot[k]
             if s < 0:
@@ -471,8 +520,12 @@ cdef class CompiledScheduler:
             self.e_start[m] = self.e_start[k]
             self.e_count[m] = self.e_count[k]
             self.e_hits[m] = self.e_hits[k]
+            self.e_admitted[m] = self.e_admitted[k]
             m += 1
             self.sched_pos[s] = -1
+            before = self.C[s]
+            if before < self.P[s]:
+                self.prompt_now += min(before + self.e_n[k], self.P[s]) - before
             self.C[s] += self.e_n[k]
             tokens += self.e_n[k]
             if self.C[s] == self.N[s]:
@@ -482,6 +535,7 @@ cdef class CompiledScheduler:
         self.e_start.resize(m)
         self.e_count.resize(m)
         self.e_hits.resize(m)
+        self.e_admitted.resize(m)
         return tokens
 
     cdef tuple _table(self, int32_t s, Py_ssize_t start, Py_ssize_t stop, first):
@@ -493,6 +547,12 @@ cdef class CompiledScheduler:
         return tuple(out)
 
     cdef object _decision(self):
+        parts = self._parts()
+        return Decision(parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6])
+
+    cdef tuple _parts(self):
+        """The step's decision as Decision's fields: rejected, preempted, swapped in,
+        scheduled, sampled, new blocks, prefix hits (read before `update`)."""
         cdef Py_ssize_t k
         cdef int32_t s
         first = self.config.first_block_id
@@ -509,17 +569,16 @@ cdef class CompiledScheduler:
                                               self.e_start[k] + self.e_count[k], first)
             if self.e_hits[k]:
                 hits[rid] = self._table(s, 0, self.e_hits[k], first)
-        preempted = []
-        for k in range(<Py_ssize_t>self.pre_slot.size()):
-            preempted.append(Preemption(ids[self.pre_slot[k]], MODE_NAMES[self.pre_mode[k]]))
-        swapped_in = []
-        for s in self.in_slot:
-            swapped_in.append(ids[s])
-        sampled = []
-        for s in self.sampled:
-            sampled.append(ids[s])
-        return Decision(tuple(self.rejected_now), tuple(preempted), tuple(swapped_in),
-                        tuple(scheduled), tuple(sampled), new_blocks, hits)
+        preempted = ()
+        if self.pre_slot.size():
+            preempted = tuple([Preemption(ids[self.pre_slot[k]], MODE_NAMES[self.pre_mode[k]])
+                               for k in range(<Py_ssize_t>self.pre_slot.size())])
+        swapped_in = ()
+        if self.in_slot.size():
+            swapped_in = tuple([ids[s] for s in self.in_slot])
+        sampled = tuple([ids[s] for s in self.sampled])
+        return (tuple(self.rejected_now), preempted, swapped_in, tuple(scheduled), sampled,
+                new_blocks, hits)
 
     def update(self, stopped):
         """Sample one token for each request the last step caught up; finish those that
@@ -586,29 +645,140 @@ cdef class CompiledScheduler:
         self.prefixes.pop(s, None)
         self.status[s] = FREE
         self.given[s].clear()
+        if self.has_key[s]:
+            kv_id_del(self.idmap, self.key_lo[s], self.key_hi[s])
+            self.has_key[s] = 0
         self.live -= 1
         self.spare.push_back(s)
 
 
+    # -- the replay of a profile beside the vectorized checker --------------------------
+
+    def set_key(self, request_id, int64_t lo, int64_t hi):
+        """The key (kvsched.optimized.ids.id_key) a trace's lines name live `request_id`
+        by, for `replay_part`."""
+        cdef int32_t s = self.slot_of[request_id]
+        self.key_lo[s] = lo
+        self.key_hi[s] = hi
+        self.has_key[s] = 1
+        kv_id_put(self.idmap, lo, hi, s)
+
+    def copy(self):
+        """A scheduler in the same state, which decides from here on as this one does
+        (a checkpoint: between steps only)."""
+        cdef CompiledScheduler c = CompiledScheduler.__new__(CompiledScheduler)
+        c.config, c.knobs, c.cost = self.config, self.knobs, self.cost
+        c.bs, c.nb, c.ncpu, c.token_budget = self.bs, self.nb, self.ncpu, self.token_budget
+        c.max_seqs, c.mml, c.threshold_cfg = self.max_seqs, self.mml, self.threshold_cfg
+        c.watermark, c.chunked, c.caching = self.watermark, self.chunked, self.caching
+        c.priority, c.tail_victims, c.wm_always = self.priority, self.tail_victims, self.wm_always
+        c.admit_after_preempt, c.reserve_full = self.admit_after_preempt, self.reserve_full
+        c.lift_alone, c.continue_self = self.lift_alone, self.continue_self
+        c.alloc, c.pmode = self.alloc, self.pmode
+        c.N, c.C, c.P, c.O, c.prio, c.arr, c.seq = (self.N, self.C, self.P, self.O, self.prio,
+                                                    self.arr, self.seq)
+        c.status, c.npre, c.cached_upto = self.status, self.npre, self.cached_upto
+        c.sched_pos, c.stop_mark, c.doomed, c.own = (self.sched_pos, self.stop_mark,
+                                                     self.doomed, self.own)
+        c.gtable, c.htable = self.gtable, self.htable
+        c.pre_content, c.pre_len, c.given = self.pre_content, self.pre_len, self.given
+        c.spare, c.next_seq, c.live = self.spare, self.next_seq, self.live
+        c.ids, c.slot_of, c.reasons = list(self.ids), dict(self.slot_of), dict(self.reasons)
+        c.contents, c.key_ids = dict(self.contents), dict(self.key_ids)
+        c.early_keys = {k: list(v) for k, v in self.early_keys.items()}
+        c.prefixes = dict(self.prefixes)
+        c.running, c.swapped, c.victims = self.running, self.swapped, self.victims
+        c.arrived_seq, c.arrived_slot = self.arrived_seq, self.arrived_slot
+        c.fcfs, c.heap = self.fcfs, self.heap
+        c.fprev, c.fnext, c.nfree, c.hfree = self.fprev, self.fnext, self.nfree, self.hfree
+        c.holders, c.kprev, c.knext = self.holders, self.kprev, self.knext
+        c.has_content, c.content, c.cached = self.has_content, self.content, self.cached
+        c.sampled, c.finished_now = self.sampled, self.finished_now
+        c.rejected_now = []
+        c.outputs, c.eos, c.keyed = self.outputs, self.eos, self.keyed
+        c.idmap, c.key_lo, c.key_hi, c.has_key = self.idmap, self.key_lo, self.key_hi, self.has_key
+        return c
+
+    def replay_part(self, const int64_t[:] steps, const int64_t[:] n_arr,
+                    const int64_t[:] n_ent, const int64_t[:] n_fin,
+                    const int64_t[:, :] arr_keys, list arr_names,
+                    const int64_t[:, :] arr_num, const int64_t[:, :] ent_keys,
+                    const int64_t[:] ent_n, const int64_t[:, :] fin_keys):
+        """Replay plain steps of a trace (arrivals, scheduled entries and finishes, as
+        the vectorized checker's scanner reads them: ids as keys) and compare each with
+        this scheduler's decision as kvsched.spec.replay.ProfileReplay does; returns the
+        index of the first step that differs (after which this scheduler's state is
+        lost), or -1. A step differs where ProfileReplay would report a divergence, or
+        could not replay it (an arrival of a live id)."""
+        cdef Py_ssize_t t, k, a = 0, e = 0, f = 0, T = steps.shape[0], marked
+        cdef int32_t s
+        cdef bint same
+        for t in range(T):
+            for k in range(n_arr[t]):
+                rid = arr_names[a]
+                if rid in self.slot_of:
+                    return t
+                s = self._arrive(rid, arr_num[a, 0], arr_num[a, 1], arr_num[a, 2], steps[t],
+                                 ())
+                self.key_lo[s] = arr_keys[a, 0]
+                self.key_hi[s] = arr_keys[a, 1]
+                self.has_key[s] = 1
+                kv_id_put(self.idmap, arr_keys[a, 0], arr_keys[a, 1], s)
+                a += 1
+            self._schedule()
+            if (len(self.rejected_now) or self.pre_slot.size() or self.in_slot.size()
+                    or <int64_t>self.e_slot.size() != n_ent[t]):
+                return t
+            for k in range(n_ent[t]):
+                if (kv_id_get(self.idmap, ent_keys[e + k, 0], ent_keys[e + k, 1])
+                        != self.e_slot[k] or ent_n[e + k] != self.e_n[k]):
+                    return t
+            e += n_ent[t]
+            marked = 0
+            same = True
+            for k in range(n_fin[t]):
+                s = kv_id_get(self.idmap, fin_keys[f + k, 0], fin_keys[f + k, 1])
+                if s < 0:
+                    same = False  # an id the profile does not hold cannot finish
+                elif not self.stop_mark[s]:
+                    self.stop_mark[s] = 1
+                    marked += 1
+            self._update()
+            if <Py_ssize_t>self.finished_now.size() != marked:
+                same = False
+            for s in self.finished_now:
+                if not self.stop_mark[s]:
+                    same = False
+            for k in range(n_fin[t]):
+                s = kv_id_get(self.idmap, fin_keys[f + k, 0], fin_keys[f + k, 1])
+                if s >= 0:
+                    self.stop_mark[s] = 0
+            f += n_fin[t]
+            if not same:
+                return t
+            self._take_finished()
+        return -1
+
     # -- the simulation loop ------------------------------------------------------------
 
-    def simulate(self, workload, bint block_ids=True, max_steps=None):
+    def simulate(self, workload, bint block_ids=True, max_steps=None, tally=None):
         """kvsched.simulate.run on this scheduler, with the loop's bookkeeping (outputs
         sampled, end of sequence at each request's hidden output length, the content
         keys a trace gives with prefix caching) kept per slot beside the scheduler's:
         yields the same StepRecords, one per step, until every request has ended (or
-        max_steps). The workload must be sorted by arrival (workload.validate does that)."""
+        max_steps). The workload must be sorted by arrival (workload.validate does that).
+
+        With `tally` (kvsched.metrics.StepTally) it yields (StepRecord, tally(...)): the
+        step's facts for the metrics, as this scheduler counted them."""
         cdef list pending = list(workload)
         cdef Py_ssize_t nxt = 0, total = len(pending), k
-        cdef int64_t step = 0, full
+        cdef int64_t step = 0
         cdef int32_t s
         cdef dict aborts = {}
-        cdef list arrivals, aborted, stopped_slots, finished, arrival_slots
+        cdef list arrivals, aborted, finished, arrival_slots, first_tokens
         for w in pending:
             if w.abort is not None:
                 aborts.setdefault(w.abort, []).append(w.id)
-        first = self.config.first_block_id
-        bs = self.bs
         while nxt < total or self.live > 0:
             if max_steps is not None and step >= max_steps:
                 return
@@ -631,11 +801,14 @@ cdef class CompiledScheduler:
                     self.abort_request(rid)
                     aborted.append(rid)
             self._schedule()
-            decision = self._decision()
+            parts = self._parts()
+            first_tokens = []
             for s in self.sampled:
                 self.outputs[s] += 1
                 if self.outputs[s] >= self.eos[s]:
                     self.stop_mark[s] = 1
+                if tally is not None and self.outputs[s] == 1:
+                    first_tokens.append(self.ids[s])
             keys = {}
             if self.caching:
                 # As kvsched.simulate.run: the arrivals' keys first, then the sampled
@@ -645,16 +818,50 @@ cdef class CompiledScheduler:
                         self._new_keys(s, keys)
                 for s in self.sampled:
                     self._new_keys(s, keys)
+            generated = self.sampled.size()
+            kv_used = self.nb - self.nfree
+            admissions = self._admissions(parts[3]) if tally is not None else None
             self._update()
             for s in self.finished_now:
                 self.stop_mark[s] = 0
+            finishes = [(self.ids[s], self.N[s] - self.P[s]) for s in self.finished_now] \
+                if tally is not None else None
             finished = self._take_finished()
-            yield StepRecord(step, tuple(arrivals), tuple(aborted), decision.rejected,
-                             decision.preempted, decision.swapped_in, decision.scheduled,
-                             tuple(finished), self.nfree,
-                             decision.new_blocks if block_ids else None,
-                             prefix_hits=decision.prefix_hits, block_keys=keys)
+            rec = StepRecord(step, tuple(arrivals), tuple(aborted), parts[0], parts[1],
+                             parts[2], parts[3], tuple(finished), self.nfree,
+                             parts[5] if block_ids else None, None, parts[6], keys)
+            if tally is None:
+                yield rec
+            else:
+                yield rec, self._tally(tally, rec, first_tokens, admissions, finishes,
+                                       generated, kv_used)
             step += 1
+
+    cdef list _admissions(self, tuple scheduled):
+        """(id, N, hit tokens) of the step's waiting requests scheduled (before update)."""
+        cdef Py_ssize_t k
+        out = []
+        for k in range(<Py_ssize_t>self.e_slot.size()):
+            if self.e_admitted[k]:
+                out.append((scheduled[k][0], self.N[self.e_slot[k]], self.e_hits[k] * self.bs))
+        return out
+
+    cdef object _tally(self, tally, rec, list first_tokens, list admissions, list finishes,
+                       Py_ssize_t generated, int64_t kv_used):
+        cdef Py_ssize_t k
+        victims = [(MODE_NAMES[self.pre_mode[k]], self.pre_computed[k])
+                   for k in range(<Py_ssize_t>self.pre_slot.size())]
+        computed = 0
+        for k in range(<Py_ssize_t>self.e_slot.size()):
+            computed += self.e_n[k]
+        ended = [(rid, Status.ABORTED) for rid in rec.aborted]
+        ended += [(r.id, Status.REJECTED) for r in rec.rejected]
+        cdef int64_t running = self.running.size(), swapped = self.swapped.size()
+        # StepTally's fields, in order.
+        return tally([r.id for r in rec.arrivals], victims, self.in_slot.size(), admissions,
+                     self.evicted_now, generated, computed, self.prompt_now, first_tokens,
+                     kv_used, ended, finishes, self.live - running - swapped, running,
+                     swapped)
 
     cdef void _new_keys(self, int32_t s, dict keys):
         """The keys of `s`'s blocks that became full of known tokens since the trace last
@@ -963,6 +1170,7 @@ cdef class CompiledScheduler:
         self.e_start.push_back(<int32_t>start)
         self.e_count.push_back(<int32_t>count)
         self.e_hits.push_back(<int32_t>hits)
+        self.e_admitted.push_back(0)
 
     cdef int32_t _choose_victim(self) noexcept:
         """The tail of running, or the largest (priority, arrival, seq)."""
@@ -1123,6 +1331,7 @@ cdef class CompiledScheduler:
             need = self._needed(computed, n, h, reserve)
             self._allocate(r, need)
             self._add_entry(r, n, h, need, h)
+            self.e_admitted[self.e_admitted.size() - 1] = 1
             self._cache_filled(r, computed + n)
             self.status[r] = RUNNING
             self.running.push_back(r)

@@ -14,9 +14,8 @@ from kvsched.spec.blocks import (
 )
 from kvsched.spec.model import Config, Status
 from kvsched.spec.state import State, StepFacts
+from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS as DEFAULT_MAX_PREEMPTIONS
 from kvsched.spec.violation import Violation
-
-DEFAULT_MAX_PREEMPTIONS = 8
 
 
 def runnable(state: State) -> str | None:

@@ -28,6 +28,9 @@ INVARIANTS: dict[str, str] = {
     "profile": PROFILE,
 }
 
+# no-thrash: the most preemptions of one request before it is a warning.
+DEFAULT_MAX_PREEMPTIONS = 8
+
 
 @dataclass(frozen=True)
 class Violation:

@@ -138,6 +138,13 @@ class LockstepMachine(RuleBasedStateMachine):
         for _ in range(steps):
             self._step([])
 
+    @precondition(lambda self: self.started and hasattr(self.other, "copy"))
+    @rule()
+    def checkpoint(self) -> None:
+        """Go on with a copy of the fast scheduler (the compiled one's checkpoint, which
+        the profile replay restores): it must decide as the original would have."""
+        self.other = self.other.copy()
+
     # -- invariants -------------------------------------------------------------------
 
     @invariant()

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import click
 import orjson
@@ -25,7 +25,6 @@ from rich.table import Table
 from rich.text import Text
 
 from kvsched import __version__, inputs
-from kvsched.conformance import checker as new_checker
 from kvsched.generators import (
     ARRIVALS,
     DEFAULT_SKEW,
@@ -38,10 +37,7 @@ from kvsched.generators import (
     parse_priorities,
 )
 from kvsched.inputs import InputError
-from kvsched.junit import junit_xml
 from kvsched.progress import Reporter, reading
-from kvsched.reference import reference_scheduler
-from kvsched.spec.checker import Report
 from kvsched.spec.interface import Scheduler as AnyScheduler
 from kvsched.spec.knobs import GROW_CHECKS, PASSES, REJECT_AT, SWAPPED_ORDERS, VICTIMS, Knobs
 from kvsched.spec.model import (
@@ -53,11 +49,21 @@ from kvsched.spec.model import (
     StepRecord,
 )
 from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES, get_profile, pinned_profile
-from kvsched.spec.should import DEFAULT_MAX_PREEMPTIONS
 from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
-from kvsched.spec.violation import INVARIANTS
+from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS, INVARIANTS
 from kvsched.verdict import SHOWN, Verdict, printable, render_text, worst
 from kvsched.workload import WorkItem, WorkloadError, read_workload
+
+if TYPE_CHECKING:
+    from kvsched.spec.checker import Checker, Report
+
+
+def new_checker(config: Config, **options: Any) -> Checker:
+    """kvsched.conformance.checker, loaded on first use (with the reference it replays
+    profiles with): a command that checks nothing does not pay for it."""
+    from kvsched.conformance import checker
+
+    return checker(config, **options)
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -70,6 +76,8 @@ DEFAULT_CONFIG = Config(block_size=16, num_gpu_blocks=1024, num_cpu_blocks=0,
                         preemption="recompute", watermark_blocks=0)
 DEFAULT_REQUESTS = 400
 DEFAULT_RATE = 0.3
+# The schedulers `kvsched simulate` can run (the same decisions), fastest first.
+IMPLEMENTATIONS = ("compiled", "reference", "optimized")
 
 
 class BadInput(Exception):
@@ -376,11 +384,17 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
 @click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @progress_option
-@click.option("--scheduler", "implementation", type=click.Choice(["reference", "optimized"]),
-              default="reference", show_default=True,
-              help="The reference scheduler, or the optimized torch one (same decisions).")
+@click.option("--scheduler", "implementation",
+              type=click.Choice(["auto", *IMPLEMENTATIONS]), default="auto",
+              show_default=True,
+              help="Which scheduler decides (the same decisions): auto takes the fastest "
+                   "installed one that implements the profile (compiled, else the "
+                   "reference; optimized on --device cuda).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu",
               show_default=True, help="Where the optimized scheduler keeps its tensors.")
+@click.option("--check/--no-check", "self_check", default=False, show_default=True,
+              help="Also check the run with the spec's checker as it goes (kvsched check "
+                   "on the trace gives the same verdict).")
 def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
              reserve_full_sequence: bool | None, lift_threshold_when_alone: bool | None,
              continue_after_self_preemption: bool | None, grow_check: str | None,
@@ -392,10 +406,15 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
              max_tokens: int | None, rate: float, seed: int, system_prompts: str | None,
              skew: float | None, turns: float | None, think_steps: float | None,
              out_path: Path | None, no_block_ids: bool, max_steps: int | None, fmt: str,
-             progress: bool | None, implementation: str, device: str,
+             progress: bool | None, implementation: str, device: str, self_check: bool,
              **config_given: Any) -> None:
-    """Run the reference (or the optimized) scheduler on a workload and write a trace v1."""
-    from kvsched.metrics import MetricsCollector
+    """Run a scheduler on a workload: its metrics, and a trace v1 with --out.
+
+    The scheduler is the fastest installed one that implements the profile (the
+    compiled scheduler, else the reference; --scheduler picks one), named in the
+    summary and the trace's header; all make the same decisions.
+    """
+    from kvsched.metrics import MetricsCollector, StepTally
     from kvsched.simulate import run
 
     profile_note(profile)
@@ -424,9 +443,14 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
                              arrival, priorities, max_tokens, rate, seed, system_prompts,
                              skew, turns, think_steps)
 
+    implementation = chosen_scheduler(implementation, device, config, knobs)
     scheduler = make_scheduler(implementation, device, config, knobs)
-    checker = new_checker(config)
-    collector = MetricsCollector(config, series=False, state=checker.state)
+    checker = new_checker(config) if self_check else None
+    # The compiled scheduler counts each step's facts for the metrics itself; any other
+    # is followed with the spec's state (the checker's, when it checks).
+    tallied = implementation == "compiled"
+    collector = MetricsCollector(config, series=False, tallied=tallied,
+                                 state=checker.state if checker is not None else None)
     engine = {"name": f"kvsched-{implementation}", "version": __version__, "profile": profile}
     if implementation == "optimized":
         engine["device"] = device
@@ -435,14 +459,31 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
     steps = 0
     ended = 0
 
+    def steps_of() -> Iterator[tuple[StepRecord, StepTally | None]]:
+        if tallied:
+            from kvsched.optimized.compiled import CompiledScheduler
+
+            assert isinstance(scheduler, CompiledScheduler)
+            yield from scheduler.simulate(workload, not no_block_ids, max_steps,
+                                          tally=StepTally)
+        else:
+            for rec in run(scheduler, workload, block_ids=not no_block_ids,
+                           max_steps=max_steps):
+                yield rec, None
+
     def drive(writer: TraceWriter | None) -> bool:
         nonlocal steps, ended
         with Reporter("simulating", len(workload), err, progress, unit="requests") as bar:
-            for rec in run(scheduler, workload, block_ids=not no_block_ids,
-                           max_steps=max_steps):
+            for rec, tally in steps_of():
                 if writer is not None:
                     writer.step(rec)
-                collector.observe(rec, checker.step(rec))
+                facts = checker.step(rec) if checker is not None else None
+                if tally is not None:
+                    collector.observe_tally(rec.step, tally)
+                elif facts is not None:
+                    collector.observe(rec, facts)
+                else:
+                    collector.step(rec)
                 steps += 1
                 if rec.num_ended:
                     ended += rec.num_ended
@@ -459,18 +500,20 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
             complete = drive(writer)
     else:
         complete = drive(None)
-    report = checker.end(complete)
+    report = checker.end(complete) if checker is not None else None
     metrics = collector.result()
     if fmt == "json":
         sys.stdout.write(orjson.dumps({
-            "config": asdict(config), "profile": profile, "steps": steps,
-            "requests": len(workload), "complete": complete, "trace": str(out_path or ""),
-            "metrics": metrics.as_dict(),
-            "violations": {k: n for k, n in sorted(report.counts.items())},
+            "config": asdict(config), "profile": profile, "scheduler": implementation,
+            "steps": steps, "requests": len(workload), "complete": complete,
+            "trace": str(out_path or ""), "metrics": metrics.as_dict(),
+            "violations": None if report is None else
+            {k: n for k, n in sorted(report.counts.items())},
         }, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
-    table = Table(title=f"kvsched simulate: {profile}, {len(workload)} requests, "
-                        f"{steps} steps" + ("" if complete else " (stopped early)"))
+    table = Table(title=f"kvsched simulate: {profile} on the {implementation} scheduler, "
+                        f"{len(workload)} requests, {steps} steps"
+                        + ("" if complete else " (stopped early)"))
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in metrics.rows():
@@ -478,19 +521,50 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
     out.print(table)
     if out_path is not None:
         out.print(f"trace written to {out_path}")
-    if report.counts:
+    if report is not None and report.counts:
         out.print(f"the {implementation} scheduler broke invariants on its own run: "
                   + ", ".join(f"{k} x{n}" for k, n in sorted(report.counts.items())))
+    elif report is not None:
+        out.print(f"checked as it ran: no invariant broken ({report.steps} steps)")
+
+
+def chosen_scheduler(implementation: str, device: str, config: Config, knobs: Knobs) -> str:
+    """The scheduler --scheduler names, or for auto the fastest installed one that
+    implements `knobs` and `config`: the compiled one, else the reference (the torch
+    scheduler on --device cuda)."""
+    if implementation != "auto":
+        return implementation
+    if device == "cuda":
+        return "optimized"
+    try:
+        from kvsched.optimized.compiled import CompiledScheduler
+    except ImportError:  # built without a C++ compiler
+        return "reference"
+    try:
+        CompiledScheduler(config, knobs)
+    except ValueError:  # vLLM V0's knobs, or more blocks than its 32-bit ids hold
+        return "reference"
+    return "compiled"
 
 
 def make_scheduler(implementation: str, device: str, config: Config,
                    knobs: Knobs) -> AnyScheduler:
-    """The reference scheduler, or the optimized one on `device`."""
+    """The named scheduler (optimized on `device`)."""
+    if implementation != "optimized" and device != "cpu":
+        fail("--device applies to --scheduler optimized only")
     if implementation == "reference":
-        if device != "cpu":
-            fail("--device applies to --scheduler optimized only")
         from kvsched.reference.scheduler import ReferenceScheduler
         return ReferenceScheduler(config, knobs)
+    if implementation == "compiled":
+        try:
+            from kvsched.optimized.compiled import CompiledScheduler
+        except ImportError:
+            fail("--scheduler compiled: kvsched was installed without its compiled "
+                 "module (it needs a C++ compiler at install time)")
+        try:
+            return CompiledScheduler(config, knobs)
+        except ValueError as e:
+            fail(f"--scheduler compiled: {e}")
     try:
         import torch
 
@@ -650,6 +724,8 @@ def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemp
             render_text(verdict, out, max_violations)
     if junit_path is not None:
         with atomic_output(junit_path) as stream:
+            from kvsched.junit import junit_xml
+
             stream.write(junit_xml(verdicts, strict=strict, profile=profile))
     if fmt == "json":
         sys.stdout.write(json.dumps([v.as_dict() for v in verdicts], indent=2,
@@ -1027,6 +1103,8 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
             for text, kind, config, keep in zip((a, b), kinds, configs, (out_a, out_b),
                                                 strict=True):
                 if kind == "profile":
+                    from kvsched.reference import reference_scheduler
+
                     scheduler = reference_scheduler(text, config)
                     label = f"{text} (reference)"
                     engine = {"name": "kvsched-reference", "version": __version__,

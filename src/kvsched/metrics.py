@@ -48,11 +48,13 @@ import math
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsched.spec.model import Config, Status, StepRecord
-from kvsched.spec.state import State, StepFacts
 from kvsched.spec.trace import TraceReader
+
+if TYPE_CHECKING:
+    from kvsched.spec.state import State, StepFacts
 
 PERCENTILES = (50, 90, 99)
 
@@ -317,17 +319,55 @@ class _Series:
     tpot_step: array[int] = field(default_factory=lambda: array("q"))
 
 
+@dataclass(slots=True)
+class StepTally:
+    """What a simulation knows of one of its steps, for the metrics: the facts that the
+    spec's transition rule derives from a trace line (kvsched.spec.state.StepFacts), as
+    a scheduler that ran the step counts them itself (the compiled scheduler's
+    simulation loop), so that no state has to be moved through the step again.
+
+    `victims` are (mode, C before), `admissions` (id, N, hit tokens) of the waiting
+    requests scheduled (with prefix caching), `first_tokens` the ids that sampled their
+    first token, `ended` the aborted and then the rejected ids with their status,
+    `finishes` (id, outputs); `kv_used` the GPU blocks held while the batch runs;
+    `waiting`, `running` and `swapped` the queues after the step. (Not frozen: one is
+    made every step, and a frozen dataclass's fields cost a call each to set.)
+    """
+
+    arrivals: Sequence[str] = ()
+    victims: Sequence[tuple[str, int]] = ()
+    swap_ins: int = 0
+    admissions: Sequence[tuple[str, int, int]] = ()
+    evicted: int = 0
+    generated: int = 0
+    computed: int = 0
+    prompt_tokens: int = 0
+    first_tokens: Sequence[str] = ()
+    kv_used: int = 0
+    ended: Sequence[tuple[str, Status]] = ()
+    finishes: Sequence[tuple[str, int]] = ()
+    waiting: int = 0
+    running: int = 0
+    swapped: int = 0
+
+
 class MetricsCollector:
     """Feed it a trace's steps in order with `step`, then read `result()`.
 
     Beside a checker of the same steps, share its state and `observe` the facts its
-    `step` returns, so that the step is moved once.
+    `step` returns, so that the step is moved once. A simulation that counts its own
+    steps gives them as StepTally values to `observe_tally` instead (no state is kept
+    then).
     """
 
     def __init__(self, config: Config, *, series: bool = True,
-                 state: State | None = None) -> None:
+                 state: State | None = None, tallied: bool = False) -> None:
         self.config = config
-        self.state = state if state is not None else State(config)
+        if state is None and not tallied:
+            from kvsched.spec.state import State
+
+            state = State(config)
+        self.state = state
         self.times: dict[str, _Timeline] = {}
         self.ended = dict.fromkeys((Status.FINISHED, Status.ABORTED, Status.REJECTED), 0)
         self.steps = 0
@@ -351,24 +391,19 @@ class MetricsCollector:
         self.series = _Series() if series else None
 
     def step(self, rec: StepRecord) -> None:
+        assert self.state is not None, "a tallied collector takes observe_tally only"
         self.observe(rec, self.state.apply(rec))
 
     def observe(self, rec: StepRecord, f: StepFacts) -> None:
         """Record one step that `f` says the state went through."""
-        if rec.time_ms is None:
-            self.timed = False
-        start = self.clock
-        end = start + (rec.time_ms or 0.0)
+        start, end = self._clock(rec.time_ms)
         s = rec.step
         times = self.times
         for a in f.arrivals:
             if a.applied:
-                times[a.request] = _Timeline(s, start)
-                self.requests += 1
+                self._arrive(a.request, s, start)
         for victim in f.valid_victims:
-            self.preemptions[victim.mode] = self.preemptions.get(victim.mode, 0) + 1
-            if victim.mode == "recompute":
-                self.recomputed += victim.computed
+            self._victim(victim.mode, victim.computed)
         self.swap_ins += sum(1 for a, _ in f.swap_ins if a.applied)
         if self.config.prefix_caching:
             self._cache(f)
@@ -385,12 +420,7 @@ class MetricsCollector:
                 generated += 1
                 t = times[c.action.request]
                 if t.first_step < 0:
-                    t.first_step, t.first_clock = s, end
-                    self.ttft.append(s - t.arrival_step + 1)
-                    if self.series is not None:
-                        self.series.ttft_step.append(s)
-                    if self.timed:
-                        self.ttft_ms.append(end - t.arrival_clock)
+                    self._first_token(t, s, end)
                 t.last_step, t.last_clock = s, end
         # KV use while the batch runs: before the finishes release their blocks.
         if rec.free_blocks is not None:
@@ -399,29 +429,89 @@ class MetricsCollector:
             kv_used = self.config.num_gpu_blocks - f.free_at_batch
         for a in (*f.aborts, *(a for a, _ in f.rejections)):
             if a.applied:
-                self.ended[Status.ABORTED if a.action == "aborted" else Status.REJECTED] += 1
-                times.pop(a.request, None)
+                self._end(a.request, Status.ABORTED if a.action == "aborted"
+                          else Status.REJECTED)
         for d in f.finishes:
-            if not d.action.applied:
-                continue
-            self.ended[Status.FINISHED] += 1
-            t = times.pop(d.action.request)
-            self.latency.append(s - t.arrival_step + 1)
-            outputs = d.outputs
-            if outputs >= 2:
-                self.tpot.append((t.last_step - t.first_step) / (outputs - 1))
-                if self.series is not None:
-                    self.series.tpot_step.append(s)
-                if self.timed:
-                    self.tpot_ms.append((t.last_clock - t.first_clock) / (outputs - 1))
+            if d.action.applied:
+                self._finish(times.pop(d.action.request), s, d.outputs)
+        assert self.state is not None
+        count = self.state.count
+        self._close(end, generated, computed, len(rec.preempted), count[Status.WAITING],
+                    count[Status.RUNNING], count[Status.SWAPPED], kv_used)
 
+    def observe_tally(self, step: int, tally: StepTally, time_ms: float | None = None
+                      ) -> None:
+        """Record one step of a simulation that counted it itself (StepTally)."""
+        start, end = self._clock(time_ms)
+        times = self.times
+        for rid in tally.arrivals:
+            self._arrive(rid, step, start)
+        for mode, computed in tally.victims:
+            self._victim(mode, computed)
+        self.swap_ins += tally.swap_ins
+        if self.config.prefix_caching:
+            for rid, known, tokens in tally.admissions:
+                self._admission(rid, known, tokens)
+            self.cache["evictions"] += tally.evicted
+        self.prompt_tokens += tally.prompt_tokens
+        for rid in tally.first_tokens:
+            self._first_token(times[rid], step, end)
+        for rid, status in tally.ended:
+            self._end(rid, status)
+        for rid, outputs in tally.finishes:
+            t = times.pop(rid)
+            t.last_step, t.last_clock = step, end  # it sampled the token it finished on
+            self._finish(t, step, outputs)
+        self._close(end, tally.generated, tally.computed, len(tally.victims), tally.waiting,
+                    tally.running, tally.swapped, tally.kv_used)
+
+    # -- the definitions, one event at a time -------------------------------------------
+
+    def _clock(self, time_ms: float | None) -> tuple[float, float]:
+        """The step's start and end in ms."""
+        if time_ms is None:
+            self.timed = False
+        return self.clock, self.clock + (time_ms or 0.0)
+
+    def _arrive(self, rid: str, step: int, clock: float) -> None:
+        self.times[rid] = _Timeline(step, clock)
+        self.requests += 1
+
+    def _victim(self, mode: str, computed: int) -> None:
+        self.preemptions[mode] = self.preemptions.get(mode, 0) + 1
+        if mode == "recompute":
+            self.recomputed += computed
+
+    def _first_token(self, t: _Timeline, step: int, clock: float) -> None:
+        t.first_step, t.first_clock = step, clock
+        self.ttft.append(step - t.arrival_step + 1)
+        if self.series is not None:
+            self.series.ttft_step.append(step)
+        if self.timed:
+            self.ttft_ms.append(clock - t.arrival_clock)
+
+    def _end(self, rid: str, status: Status) -> None:
+        """An aborted or rejected request."""
+        self.ended[status] += 1
+        self.times.pop(rid, None)
+
+    def _finish(self, t: _Timeline, step: int, outputs: int) -> None:
+        self.ended[Status.FINISHED] += 1
+        self.latency.append(step - t.arrival_step + 1)
+        if outputs >= 2:
+            self.tpot.append((t.last_step - t.first_step) / (outputs - 1))
+            if self.series is not None:
+                self.series.tpot_step.append(step)
+            if self.timed:
+                self.tpot_ms.append((t.last_clock - t.first_clock) / (outputs - 1))
+
+    def _close(self, end: float, generated: int, computed: int, preemptions: int,
+               waiting: int, running: int, swapped: int, kv_used: int) -> None:
+        """The step's totals and queues."""
         self.steps += 1
         self.generated += generated
         self.computed += computed
         self.clock = end
-        count = self.state.count
-        waiting, running, swapped = (count[Status.WAITING], count[Status.RUNNING],
-                                     count[Status.SWAPPED])
         queue = {"waiting": waiting, "running": running, "swapped": swapped, "kv": kv_used}
         for k, v in queue.items():
             self.sums[k] += v
@@ -433,33 +523,36 @@ class MetricsCollector:
             sr.running.append(running)
             sr.swapped.append(swapped)
             sr.kv_blocks.append(kv_used)
-            sr.preemptions.append(len(rec.preempted))
+            sr.preemptions.append(preemptions)
             sr.generated.append(generated)
             sr.computed.append(computed)
 
     def _cache(self, f: StepFacts) -> None:
         """Count the step's admissions, hits and evictions (PrefixCache)."""
-        cache, times = self.cache, self.times
         hit = {h.action.request: len(h.blocks) * self.config.block_size for h in f.hits
                if h.refused is None}
         for c in f.chunks:
             if not c.action.applied or c.tokens < 1 or c.action.state != "waiting":
                 continue
             rid = c.action.request
-            t = times[rid]
-            tokens = hit.get(rid, 0)
-            cache["admissions"] += 1
-            cache["queried_tokens"] += c.known
-            if not t.admitted:
-                t.admitted = True
-                cache["requests"] += 1
-            if tokens:
-                cache["admissions_hit"] += 1
-                cache["hit_tokens"] += tokens
-                if not t.hit:
-                    t.hit = True
-                    cache["requests_hit"] += 1
-        cache["evictions"] += f.evicted
+            self._admission(rid, c.known, hit.get(rid, 0))
+        self.cache["evictions"] += f.evicted
+
+    def _admission(self, rid: str, known: int, tokens: int) -> None:
+        """A waiting request scheduled, knowing `known` tokens, `tokens` of them a hit."""
+        cache = self.cache
+        t = self.times[rid]
+        cache["admissions"] += 1
+        cache["queried_tokens"] += known
+        if not t.admitted:
+            t.admitted = True
+            cache["requests"] += 1
+        if tokens:
+            cache["admissions_hit"] += 1
+            cache["hit_tokens"] += tokens
+            if not t.hit:
+                t.hit = True
+                cache["requests_hit"] += 1
 
     def result(self) -> Metrics:
         steps = self.steps
@@ -478,7 +571,8 @@ class MetricsCollector:
         return Metrics(
             num_gpu_blocks=blocks, steps=steps, requests=self.requests,
             finished=self.ended[Status.FINISHED], aborted=self.ended[Status.ABORTED],
-            rejected=self.ended[Status.REJECTED], unfinished=len(self.state.live),
+            rejected=self.ended[Status.REJECTED],
+            unfinished=len(self.state.live) if self.state is not None else len(self.times),
             generated_tokens=self.generated, computed_tokens=self.computed,
             prompt_tokens=self.prompt_tokens, duration_ms=self.clock if timed else None,
             ttft=Distribution.of(self.ttft), tpot=Distribution.of(self.tpot),

@@ -11,17 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
-    Progress,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 PLAIN_EVERY_S = 5.0  # off a terminal, one line at most this often
 
@@ -43,6 +38,16 @@ class Reporter:
 
     def __enter__(self) -> Reporter:
         if self.enabled and self.console.is_terminal:
+            # Loaded only when a bar shows: a short command does not pay for it.
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                MofNCompleteColumn,
+                Progress,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
             columns: list[Any] = ["[progress.description]{task.description}", BarColumn()]
             columns.append(DownloadColumn() if self.unit == "bytes" else MofNCompleteColumn())
             columns += [TimeElapsedColumn(), TimeRemainingColumn()]

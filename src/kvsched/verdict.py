@@ -14,14 +14,16 @@ clear the screen of whoever reads its verdict, nor make the JUnit XML ill-formed
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from kvsched.spec.checker import Report
 from kvsched.spec.violation import INVARIANTS, Violation
+
+if TYPE_CHECKING:
+    from kvsched.spec.checker import Report
 
 # Exit codes, the worst of the traces checked.
 CLEAN, FAILED, MALFORMED = 0, 1, 2
