@@ -39,6 +39,7 @@ The parts, in the order a line meets them:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import IO
 
 from kvsched.optimized import scan as sc
@@ -48,6 +49,7 @@ from kvsched.optimized.memory import arrays_in_heap, no_cycle_collection
 from kvsched.optimized.vectorized import VectorizedChecker
 from kvsched.spec import should
 from kvsched.spec.checker import Report
+from kvsched.spec.trace import Header
 
 __all__ = ["SCAN_ENTRIES", "SCAN_LINES", "IdTable", "VectorizedChecker",
            "check_trace_vectorized", "id_key"]
@@ -58,17 +60,25 @@ SCAN_LINES, SCAN_ENTRIES = 1 << 14, 1 << 20  # the scanner's output buffers
 def check_trace_vectorized(stream: IO[bytes],
                            max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS,
                            run_steps: int = RUN_STEPS,
-                           stats: dict[str, int] | None = None) -> Report:
+                           stats: dict[str, int] | None = None,
+                           profile: str | None = None,
+                           on_header: Callable[[Header], None] | None = None) -> Report:
     """Check a trace (a binary stream) as `kvsched.spec.checker.check_trace` does with a
-    TraceReader: the same Report, or the same TraceError. `stats`, if
+    TraceReader: the same Report, or the same TraceError. With `profile`, its
+    decisions are replayed beside by the compiled scheduler (kvsched.optimized.replay),
+    as kvsched.conformance.checker replays them with the reference: the same
+    divergence. `on_header` sees the header once it is read. `stats`, if
     given, receives how many runs were checked vectorized ("fast") and how many by the
     spec's checker ("exact"), whether step 0 carries new_blocks ("block_ids") and some
     step reports free_blocks ("free_blocks"), as 1 or 0, and how many lines the compiled
     scanner read ("scanned") and how many were read as JSON ("as_json")."""
     with no_cycle_collection(), arrays_in_heap():
         driver = TraceDriver(max_preemptions, run_steps,
-                             sc.Scanner(SCAN_LINES, SCAN_ENTRIES))
+                             sc.Scanner(SCAN_LINES, SCAN_ENTRIES), profile, on_header)
         report = driver.check(stream)
         if stats is not None:
             stats.update(driver.stats())
+            if driver.replay is not None:
+                stats["replayed_fast"] = driver.replay.fast_parts
+                stats["replayed_slow"] = driver.replay.slow_steps
     return report

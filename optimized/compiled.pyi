@@ -48,6 +48,9 @@ class CompiledScheduler:
     def replay_part(self, steps: Buffer, n_arr: Buffer, n_ent: Buffer, n_fin: Buffer,
                     arr_keys: Buffer, arr_names: list[str], arr_num: Buffer,
                     ent_keys: Buffer, ent_n: Buffer, fin_keys: Buffer) -> int: ...
+    def replay_step(self, arrivals: list[Request], aborted: list[str], rejected: list[str],
+                    preempted: list[tuple[str, str]], swapped_in: list[str],
+                    scheduled: list[Any], finished: list[str], ordered: bool) -> bool: ...
     @overload
     def simulate(self, workload: Sequence[SimulatedRequest], block_ids: bool = True,
                  max_steps: int | None = None, tally: None = None

@@ -759,6 +759,72 @@ cdef class CompiledScheduler:
             self._take_finished()
         return -1
 
+    def replay_step(self, list arrivals, list aborted, list rejected, list preempted,
+                    list swapped_in, list scheduled, list finished, bint ordered):
+        """One step of a trace (its arrivals as Requests, aborted ids, rejected ids,
+        victims as (id, mode), swapped-in ids, [id, tokens] pairs and finished ids, as
+        the vectorized checker reads a line as JSON) compared with this scheduler's
+        decision as kvsched.spec.replay.ProfileReplay compares them (`ordered`: victims
+        in order, else as a set); False where it differs or cannot be replayed, after
+        which this scheduler's state is lost."""
+        cdef Py_ssize_t k
+        cdef int32_t s
+        for r in arrivals:
+            if r.id in self.slot_of:
+                return False
+            self._arrive(r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_step,
+                         r.prefix)
+        for rid in aborted:
+            if rid not in self.slot_of:
+                return False
+            self.abort_request(rid)
+        self._schedule()
+        ids = self.ids
+        if len(self.rejected_now) != len(rejected):
+            return False
+        for k in range(len(rejected)):
+            if self.rejected_now[k].id != rejected[k]:
+                return False
+        if <Py_ssize_t>self.pre_slot.size() != len(preempted):
+            return False
+        mine = [(ids[self.pre_slot[k]], MODE_NAMES[self.pre_mode[k]])
+                for k in range(<Py_ssize_t>self.pre_slot.size())]
+        theirs = [(p[0], p[1]) for p in preempted]
+        if (mine != theirs) if ordered else (sorted(mine) != sorted(theirs)):
+            return False
+        if <Py_ssize_t>self.in_slot.size() != len(swapped_in):
+            return False
+        for k in range(len(swapped_in)):
+            if ids[self.in_slot[k]] != swapped_in[k]:
+                return False
+        if <Py_ssize_t>self.e_slot.size() != len(scheduled):
+            return False
+        for k in range(len(scheduled)):
+            pair = scheduled[k]
+            if ids[self.e_slot[k]] != pair[0] or self.e_n[k] != pair[1] or self.e_hits[k]:
+                return False
+        marked = []
+        same = True
+        for rid in finished:
+            slot = self.slot_of.get(rid)
+            if slot is None:
+                same = False
+            elif not self.stop_mark[<int32_t>slot]:
+                self.stop_mark[<int32_t>slot] = 1
+                marked.append(slot)
+        self._update()
+        if <Py_ssize_t>self.finished_now.size() != len(marked):
+            same = False
+        for s in self.finished_now:
+            if not self.stop_mark[s]:
+                same = False
+        for slot in marked:
+            self.stop_mark[<int32_t>slot] = 0
+        if not same:
+            return False
+        self._take_finished()
+        return True
+
     # -- the simulation loop ------------------------------------------------------------
 
     def simulate(self, workload, bint block_ids=True, max_steps=None, tally=None):

@@ -10,8 +10,8 @@ accepts them) or wait for the spec's parser.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import IO, Any
+from collections.abc import Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,11 +24,15 @@ from kvsched.spec.checker import Report
 from kvsched.spec.trace import (
     BLANK,
     MAX_LINE_BYTES,
+    Header,
     TraceError,
     line_too_long,
     load_line,
     parse_header,
 )
+
+if TYPE_CHECKING:
+    from kvsched.optimized.replay import CompiledReplay
 
 RUN_STEPS = 2048  # most steps in one run
 RUN_ENTRIES = 1 << 20  # most scheduled entries in one run
@@ -75,8 +79,13 @@ class TraceDriver:
     (no-idle is checked on the state at the end of a run).
     """
 
-    def __init__(self, max_preemptions: int, run_steps: int, scanner: sc.Scanner) -> None:
+    def __init__(self, max_preemptions: int, run_steps: int, scanner: sc.Scanner,
+                 profile: str | None = None,
+                 on_header: Callable[[Header], None] | None = None) -> None:
         self.max_preemptions = max_preemptions
+        self.profile = profile  # replayed beside the checks (kvsched.optimized.replay)
+        self.on_header = on_header
+        self.replay: CompiledReplay | None = None
         self.run_steps = run_steps
         self.scanner = scanner
         self.vc: VectorizedChecker | None = None  # made when the header is read
@@ -114,6 +123,7 @@ class TraceDriver:
         self._flush()
         report = self.vc.end(self.complete)
         report.unknown_keys = dict(self.unknown)
+        report.profile = self.profile
         return report
 
     def stats(self) -> dict[str, int]:
@@ -181,14 +191,21 @@ class TraceDriver:
     def _flush(self) -> None:
         """Check what waits: the run (vectorized, else by the spec) or the slow lines."""
         vc = self.checker
+        replay = self.replay
         if self.run:
             whole = Run(self.run)
             if not vc.check_fast(whole):
                 vc.check_exactly(whole.raws(), self.run_start, self.unknown)
+            if replay is not None:
+                replay.run(self.run)
+                replay.place(vc.report)
             self.run = []
             self.run_len = self.run_entries = 0
         if self.slow:
             vc.check_exactly(self.slow, self.slow_start, self.unknown)
+            if replay is not None:
+                replay.lines(self.slow)
+                replay.place(vc.report)
             self.slow = []
 
     def _start_run(self, blocks: int) -> None:
@@ -203,8 +220,15 @@ class TraceDriver:
             obj = load_line(raw, line)
             if obj is not BLANK:
                 header = parse_header(obj, line)
+                if self.on_header is not None:
+                    self.on_header(header)
                 self.vc = VectorizedChecker(header.config, self.max_preemptions,
                                             preempted_order=header.preempted_order)
+                if self.profile is not None:
+                    from kvsched.optimized.replay import CompiledReplay
+
+                    self.replay = CompiledReplay(self.profile, header.config,
+                                                 header.preempted_order)
                 # A prefix-caching trace, or one under an allocation or a watermark scope
                 # the vectorized rules do not know, goes to the spec's Checker line by line.
                 self.exact_only = spec_alone(header.config)

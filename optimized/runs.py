@@ -42,6 +42,7 @@ class Part:
     blocks: np.ndarray
     raws: Callable[[], list[tuple[int, bytes]]]  # (line number, bytes) of each line
     head: FastStep | None = None  # a line with aborts, rejections, preemptions, swap-ins
+    read: FastStep | None = None  # the line, when it was read as JSON (part_of_step)
 
 
 def part_of_step(st: FastStep) -> Part:
@@ -63,7 +64,7 @@ def part_of_step(st: FastStep) -> Part:
         [p[0] for p in st.scheduled], np.array([p[1] for p in st.scheduled], dtype=I64),
         st.finished, list(nb), np.array([len(v) for v in nb.values()], dtype=I64),
         np.array([b for v in nb.values() for b in v], dtype=I64),
-        lambda: [(st.line, st.raw)], st if st.rare else None)
+        lambda: [(st.line, st.raw)], st if st.rare else None, st)
 
 
 class ScannedLines:

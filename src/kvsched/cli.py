@@ -49,7 +49,7 @@ from kvsched.spec.model import (
     StepRecord,
 )
 from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES, get_profile, pinned_profile
-from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
+from kvsched.spec.trace import Header, TraceError, TraceReader, TraceWriter
 from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS, INVARIANTS
 from kvsched.verdict import SHOWN, Verdict, printable, render_text, worst
 from kvsched.workload import WorkItem, WorkloadError, read_workload
@@ -602,13 +602,20 @@ def check_one(path: str, profile: str | None, max_preemptions: int, strict: bool
               progress: bool | None = False) -> Report:
     """One trace's report; raises Unreadable with the one-line reason."""
     if checker_choice == "auto":
-        checker_choice = "vectorized" if big_trace(path) and profile is None else "spec"
+        fast = big_trace(path) and (profile is None or replay_refused(profile) is None)
+        checker_choice = "vectorized" if fast else "spec"
     try:
         with open_trace(path) as raw, reading(raw, f"checking {printable(path)}",
                                               trace_size(path), err, progress) as stream:
             if checker_choice == "vectorized":
                 from kvsched.optimized.checker import check_trace_vectorized
-                report = check_trace_vectorized(stream, max_preemptions)
+
+                def note(header: Header) -> None:
+                    if profile is not None:
+                        release_note(path, profile, header.engine)
+
+                report = check_trace_vectorized(stream, max_preemptions, profile=profile,
+                                                on_header=note)
                 report.strict, report.required = strict, required
                 report.missing()  # computed from the fields just set
                 return report
@@ -647,13 +654,28 @@ def big_trace(path: str) -> bool:
 
 def vectorized_available(profile: str | None) -> None:
     """Refuse `--checker vectorized` where it cannot run, before any trace is read."""
-    if profile is not None:
-        fail("--checker vectorized does not replay profiles: leave out --profile, or use "
-             "--checker spec")
     try:
         import kvsched.optimized.checker  # noqa: F401
     except ImportError:
         fail("--checker vectorized needs numpy and numba: pip install 'kvsched[optimized]'")
+    refused = replay_refused(profile) if profile is not None else None
+    if refused is not None:
+        fail(f"--checker vectorized replays --profile {profile} with the compiled "
+             f"scheduler, which {refused}: use --checker spec")
+
+
+def replay_refused(profile: str) -> str | None:
+    """Why the vectorized checker cannot replay `profile` (with the compiled scheduler,
+    kvsched.optimized.replay), or None: --checker spec replays it with the reference."""
+    from kvsched.optimized.knobs import unsupported_knobs
+
+    try:
+        import kvsched.optimized.compiled  # noqa: F401
+    except ImportError:
+        return "is not built here (kvsched was installed without a C++ compiler)"
+    if unsupported_knobs(get_profile(profile).knobs) is not None:
+        return "does not implement vLLM V0's rules"
+    return None
 
 
 def parse_required(text: str | None) -> frozenset[str]:
