@@ -71,7 +71,9 @@ def check_trace_vectorized(stream: IO[bytes],
     given, receives how many runs were checked vectorized ("fast") and how many by the
     spec's checker ("exact"), whether step 0 carries new_blocks ("block_ids") and some
     step reports free_blocks ("free_blocks"), as 1 or 0, and how many lines the compiled
-    scanner read ("scanned") and how many were read as JSON ("as_json")."""
+    scanner read ("scanned") and how many were read as JSON ("as_json"); with a profile,
+    how many runs the compiled scheduler replayed by itself ("replayed_fast") and how
+    many steps went through the spec's ProfileReplay ("replayed_slow")."""
     with no_cycle_collection(), arrays_in_heap():
         driver = TraceDriver(max_preemptions, run_steps,
                              sc.Scanner(SCAN_LINES, SCAN_ENTRIES), profile, on_header)
@@ -79,6 +81,6 @@ def check_trace_vectorized(stream: IO[bytes],
         if stats is not None:
             stats.update(driver.stats())
             if driver.replay is not None:
-                stats["replayed_fast"] = driver.replay.fast_parts
+                stats["replayed_fast"] = driver.replay.fast_runs
                 stats["replayed_slow"] = driver.replay.slow_steps
     return report

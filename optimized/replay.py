@@ -48,7 +48,7 @@ class CompiledReplay:
         self.profile = profile
         self.spec = ProfileReplay(profile, CompiledScheduler(config, get_profile(profile).knobs),
                                   preempted_order)
-        self.fast_parts = 0
+        self.fast_runs = 0
         self.slow_steps = 0
         self.placed = False
 
@@ -98,7 +98,7 @@ class CompiledReplay:
                 for again in parts:
                     self.lines(again.raws())
                 return
-        self.fast_parts += len(parts)
+        self.fast_runs += 1
 
     def _fast(self, part: Part) -> bool:
         scheduler = self.scheduler

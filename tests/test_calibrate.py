@@ -84,7 +84,7 @@ def test_the_printed_simulate_flags_are_the_measured_numbers(
         calibration["prefill_tokens_per_s"], rel=1e-3)
     # ... and `kvsched simulate` takes them.
     result = kvsched("simulate", *TINY_WORKLOAD, "--preemption", "auto", *flags,
-                     "--format", "json")
+                     "--check", "--format", "json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["violations"] == {}
 

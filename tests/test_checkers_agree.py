@@ -3,6 +3,10 @@ first violations, steps, entries, requests, completeness, ignored keys) or the s
 one-line error, on correct traces, on the seeded bugs' traces, on traces with random
 faults planted in them, and on malformed input. Runs of a few steps make every run
 boundary (and the hand-over between the two checkers) occur often.
+
+With --profile the vectorized checker replays the profile with the compiled scheduler
+(kvsched.optimized.replay) where the spec's checker replays it with the reference: the
+same divergence, in the same words, at the same place in the report.
 """
 
 from __future__ import annotations
@@ -16,13 +20,15 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from kvsched.conformance import profile_replay
 from kvsched.optimized.checker import check_trace_vectorized
 from kvsched.optimized.exact import spec_alone
+from kvsched.optimized.knobs import unsupported_knobs
 from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
 from kvsched.spec import Config, Report, StepRecord, TraceError, TraceReader, check_trace
 from kvsched.spec.knobs import Knobs
-from kvsched.spec.profiles import get_profile
+from kvsched.spec.profiles import PROFILES, get_profile
 from kvsched.spec.trace import TraceWriter
 from kvsched.strategies import configs, knobs, profiles, resolve, workloads
 from kvsched.testing.seeded_bugs import SEEDED_BUGS
@@ -48,17 +54,21 @@ class Verdicts:
     stats: dict[str, int]
 
 
-def both(data: bytes, run_steps: int = 2048) -> Verdicts:
-    """Each checker's report, or its error message."""
+def both(data: bytes, run_steps: int = 2048, profile: str | None = None) -> Verdicts:
+    """Each checker's report (replaying `profile`), or its error message."""
     spec: Report | str
     vectorized: Report | str
     try:
-        spec = check_trace(TraceReader(io.BytesIO(data)))
+        reader = TraceReader(io.BytesIO(data))
+        replay = None if profile is None else profile_replay(
+            reader.header.config, profile, reader.header.preempted_order)
+        spec = check_trace(reader, replay=replay)
     except TraceError as e:
         spec = str(e)
     stats: dict[str, int] = {}
     try:
-        vectorized = check_trace_vectorized(io.BytesIO(data), run_steps=run_steps, stats=stats)
+        vectorized = check_trace_vectorized(io.BytesIO(data), run_steps=run_steps, stats=stats,
+                                            profile=profile)
     except TraceError as e:
         vectorized = str(e)
     return Verdicts(spec, vectorized, stats)
@@ -69,7 +79,7 @@ def assert_agree(v: Verdicts) -> None:
         assert v.spec == v.vectorized
         return
     for name in ("counts", "violations", "steps", "scheduled_entries", "requests",
-                 "complete", "unknown_keys", "unchecked"):
+                 "complete", "unknown_keys", "unchecked", "profile"):
         assert getattr(v.spec, name) == getattr(v.vectorized, name), (
             f"{name}: spec {getattr(v.spec, name)} vectorized {getattr(v.vectorized, name)}")
 
@@ -267,3 +277,67 @@ def test_checker_agrees_when_its_scanner_buffers_are_tiny(monkeypatch: Any) -> N
         v = both(data, run_steps)
         assert_agree(v)
         assert v.stats["exact"] == 0
+
+
+# -- profile replays ---------------------------------------------------------------------
+
+# The profiles the compiled scheduler replays (vLLM V0's passes stay on the spec's path).
+REPLAYED = sorted(name for name, p in PROFILES.items() if unsupported_knobs(p.knobs) is None)
+
+
+@given(config=configs(), setup=st.one_of(profiles(), knobs()), data=st.data(),
+       replayed=st.sampled_from(REPLAYED),
+       faults=st.lists(st.sampled_from(FAULTS), max_size=2),
+       run_steps=st.sampled_from([1, 3, 2048]))
+def test_profile_replays_agree(config: Config, setup: str | Knobs, data: st.DataObject,
+                               replayed: str, faults: list[str], run_steps: int) -> None:
+    """A trace of any scheduler setup, maybe with faults planted, replayed against any
+    profile: both checkers find the same divergence (or none), reported alike."""
+    config, setup = resolve(config, setup)
+    items = data.draw(workloads(config), label="workload")
+    records, complete = simulate(config, ReferenceScheduler(config, setup), items)
+    lines = [orjson.loads(x) for x in trace_bytes(config, records, complete).splitlines()]
+    for fault in faults:
+        plant(lines, fault, data)
+    v = both(b"".join(orjson.dumps(x) + b"\n" for x in lines), run_steps, replayed)
+    assert_agree(v)
+
+
+@given(config=VECTORIZED, replayed=st.sampled_from(REPLAYED), data=st.data(),
+       run_steps=st.sampled_from([1, 4, 2048]))
+def test_a_profiles_own_trace_is_replayed_without_the_spec(config: Config, replayed: str,
+                                                          data: st.DataObject,
+                                                          run_steps: int) -> None:
+    """The profile's own trace: no divergence, every run compared inside the compiled
+    scheduler (no step through the spec's ProfileReplay)."""
+    config, _ = resolve(config, replayed)
+    assume(not spec_alone(config))
+    items = data.draw(workloads(config), label="workload")
+    records, complete = simulate(config, ReferenceScheduler(
+        config, get_profile(replayed).knobs), items)
+    v = both(trace_bytes(config, records, complete), run_steps, replayed)
+    assert_agree(v)
+    assert isinstance(v.vectorized, Report) and "profile" not in v.vectorized.counts
+    assert v.stats["replayed_slow"] == 0
+    assert v.stats["replayed_fast"] == v.stats["fast"] + v.stats["exact"]
+
+
+def test_a_divergence_is_placed_among_the_violations_as_the_spec_places_it() -> None:
+    """Violations before and after the divergence's step, and in its own step: the
+    divergence comes after its step's own violations, before the later ones."""
+    config = Config(block_size=4, num_gpu_blocks=48, max_num_batched_tokens=48,
+                    max_num_seqs=6, max_model_len=256)
+    from kvsched.workload import WorkItem
+
+    items = [WorkItem(f"r{i}", i // 2, 8 + 5 * i, 4 + i, 4 + i) for i in range(30)]
+    records, complete = simulate(config, ReferenceScheduler(
+        config, get_profile("vllm-v1").knobs), items)
+    lines = [orjson.loads(x) for x in trace_bytes(config, records, complete).splitlines()]
+    for k in (5, 12, 20):  # an accounting error in three steps
+        lines[k]["free_blocks"] += 1
+    lines[12]["scheduled"].reverse()  # and the batch out of the profile's order
+    v = both(b"".join(orjson.dumps(x) + b"\n" for x in lines), 4, "vllm-v1")
+    assert_agree(v)
+    assert isinstance(v.vectorized, Report)
+    assert [x.invariant for x in v.vectorized.violations] == [
+        "accounting", "accounting", "profile", "accounting"]

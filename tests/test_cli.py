@@ -53,7 +53,8 @@ def test_check_against_its_own_profile_and_another(trace: Path, tmp_path: Path) 
 
 
 def test_simulate_json_summary_has_metrics_and_no_violations() -> None:
-    result = kvsched("simulate", *SMALL, "--format", "json", "--policy", "priority")
+    result = kvsched("simulate", *SMALL, "--format", "json", "--policy", "priority",
+                     "--check")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["complete"] and summary["requests"] == 40
@@ -264,7 +265,7 @@ def test_simulate_help_shows_the_shared_prefix_generators_and_caching() -> None:
 def test_conversations_simulate_and_check_clean(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
     result = kvsched("simulate", *SMALL, "--generator", "conversations", "--turns", "4",
-                     "--think-steps", "5", "--out", str(out), "--format", "json")
+                     "--think-steps", "5", "--out", str(out), "--format", "json", "--check")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["violations"] == {} and summary["complete"]

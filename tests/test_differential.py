@@ -38,6 +38,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from kvsched.optimized.compiled import CompiledScheduler
 from kvsched.reference import ReferenceScheduler
 from kvsched.spec import Config, Decision, Request
 from kvsched.spec.knobs import Knobs
@@ -138,11 +139,12 @@ class LockstepMachine(RuleBasedStateMachine):
         for _ in range(steps):
             self._step([])
 
-    @precondition(lambda self: self.started and hasattr(self.other, "copy"))
+    @precondition(lambda self: self.started and isinstance(self.other, CompiledScheduler))
     @rule()
     def checkpoint(self) -> None:
         """Go on with a copy of the fast scheduler (the compiled one's checkpoint, which
         the profile replay restores): it must decide as the original would have."""
+        assert isinstance(self.other, CompiledScheduler)
         self.other = self.other.copy()
 
     # -- invariants -------------------------------------------------------------------

@@ -78,9 +78,10 @@ def test_both_checkers_give_the_same_report(traces: dict[str, Path], tmp_path: P
 
 
 @pytest.mark.parametrize("args, message", [
-    (["check", "--checker", "vectorized", "--profile", "vllm-v1", "TRACE"],
-     "--checker vectorized does not replay profiles"),
-    (["simulate", *SMALL, "--device", "cuda"], "--device applies to --scheduler optimized"),
+    (["check", "--checker", "vectorized", "--profile", "vllm-v0", "TRACE"],
+     "--checker vectorized replays --profile vllm-v0 with the compiled scheduler"),
+    (["simulate", *SMALL, "--scheduler", "reference", "--device", "cuda"],
+     "--device applies to --scheduler optimized"),
 ])
 def test_bad_combinations_are_one_line(args: list[str], message: str,
                                        traces: dict[str, Path]) -> None:

@@ -12,13 +12,17 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COPIED = ("pyproject.toml", "README.md", "src", "spec", "reference", "optimized", "tools",
-          "tests")
-NOT_SOURCE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+COPIED = ("pyproject.toml", "setup.py", "README.md", "src", "spec", "reference", "optimized",
+          "tools", "tests")
+# The build's own outputs (the compiled scheduler's generated C++ and module among them)
+# are made again from the sources.
+NOT_SOURCE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "*.so",
+                                    "compiled.cpp")
 DIST_INFO = "kvsched-0.1.0.dist-info"
 
 
@@ -45,9 +49,12 @@ def build_wheel(tmp: Path) -> Path:
 
 def package_files() -> set[str]:
     """The package's files as the wheel should hold them: every module of src/kvsched,
-    through the links to the pillars, and the py.typed marker."""
+    through the links to the pillars, the py.typed marker, and the compiled scheduler
+    (its module, built for this Python, and its types; not its Cython or C++ source)."""
     src = ROOT / "src"
-    found = {"kvsched/py.typed"}
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    found = {"kvsched/py.typed", "kvsched/optimized/compiled.pyi",
+             f"kvsched/optimized/compiled{suffix}"}
     for folder, dirs, files in os.walk(src / "kvsched", followlinks=True):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         here = Path(folder).relative_to(src)

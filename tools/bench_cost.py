@@ -124,7 +124,8 @@ def simulate(label: str, preemption: str, workload: Sequence[str], cost: CostMod
     """`kvsched simulate WORKLOAD --preemption PREEMPTION` (with `cost`'s flags), its
     trace written to `trace` and read back."""
     flags = [*workload, "--preemption", preemption, *(cost_flags(cost) if cost else [])]
-    summary = json.loads(kvsched("simulate", *flags, "--format", "json", "--out", str(trace)))
+    summary = json.loads(kvsched("simulate", *flags, "--check", "--format", "json", "--out",
+                                 str(trace)))
     m = summary["metrics"]
     seen, lines = victims(trace)
     return Outcome(label, preemption, summary["steps"], summary["complete"],

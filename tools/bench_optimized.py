@@ -35,13 +35,15 @@ import orjson
 import torch
 
 from kvsched.adapters import vllm_driver
+from kvsched.conformance import profile_replay
 from kvsched.generators import SHARED_PROMPTS, generate
 from kvsched.optimized import OptimizedScheduler
 from kvsched.optimized.checker import check_trace_vectorized
+from kvsched.optimized.compiled import CompiledScheduler
 from kvsched.optimized.simulation import Arrivals, run_fast, step_dict
 from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
-from kvsched.spec.checker import check_trace
+from kvsched.spec.checker import Report, check_trace
 from kvsched.spec.model import Config, Policy, Request
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import TraceReader, TraceWriter
@@ -158,15 +160,21 @@ class Stepper:
 
 
 def steppers(config: Config, device: str = "cpu") -> list[Stepper]:
-    """The reference, and the optimized scheduler stepped two ways (the fast path and the
-    exact interface). A step includes the arrivals that replace its finished requests."""
+    """The reference, the compiled scheduler (its fast path: the decision left as
+    numbers) and the torch scheduler stepped two ways (the fast path and the exact
+    interface). A step includes the arrivals that replace its finished requests."""
     ref = ReferenceScheduler(config, KNOBS)
+    comp = CompiledScheduler(config, KNOBS)
     opt = OptimizedScheduler(config, KNOBS, device=device)
-    ref_refill, opt_refill = Refill(ref), Refill(opt)
+    ref_refill, comp_refill, opt_refill = Refill(ref), Refill(comp), Refill(opt)
 
     def ref_step() -> None:
         ref.schedule()
         ref_refill(len(ref.update(())))
+
+    def compiled_step() -> None:
+        comp.step_counts()
+        comp_refill(comp.finish_step())
 
     def fast_step() -> None:
         opt.schedule_tensors()
@@ -176,7 +184,8 @@ def steppers(config: Config, device: str = "cpu") -> list[Stepper]:
         opt.schedule()
         opt_refill(len(opt.update(())))
 
-    return [Stepper("reference", ref, ref_step), Stepper("optimized", opt, fast_step),
+    return [Stepper("reference", ref, ref_step), Stepper("compiled", comp, compiled_step),
+            Stepper("optimized", opt, fast_step),
             Stepper("optimized (schedule)", opt, interface_step)]
 
 
@@ -215,12 +224,14 @@ class StepRow:
 
     def cells(self) -> str:
         ref = self.seconds["reference"]
+        comp = self.seconds["compiled"]
         fast = self.seconds["optimized"]
         api = self.seconds["optimized (schedule)"]
         return (f"| {self.running:,} | {self.waiting:,} | {self.policy} | {ref * 1e6:,.0f} | "
-                f"{ref * 1e9 / self.running:,.0f} | {fast * 1e6:,.0f} | "
-                f"{fast * 1e9 / self.running:,.0f} | {ref / fast:,.1f} | "
-                f"{api * 1e6:,.0f} | {ref / api:,.1f} |")
+                f"{ref * 1e9 / self.running:,.0f} | {comp * 1e6:,.1f} | "
+                f"{comp * 1e9 / self.running:,.0f} | **{ref / comp:,.1f}** | "
+                f"{fast * 1e6:,.0f} | {ref / fast:,.1f} | {api * 1e6:,.0f} | "
+                f"{ref / api:,.1f} |")
 
 
 def rounds_for(running: int) -> tuple[int, int]:
@@ -244,11 +255,11 @@ def bench_steps(sizes: Sizes, out: Section) -> list[StepRow]:
         pairs: list[list[Stepper]] = []
         for waiting in sizes.waiting:
             sched = steppers(config)
-            for s in (sched[0].scheduler, sched[1].scheduler):
+            for s in {id(st.scheduler): st.scheduler for st in sched}.values():
                 start_running(s, running)
                 fill(s, 0, waiting, 1)
             # The first steps take the arrivals in (rejection check) and let finishes start.
-            for st in sched[:2]:
+            for st in sched[:3]:
                 st.run(40)
             pairs.append(sched)
         gc.collect()
@@ -535,6 +546,7 @@ def bench_checkers(sizes: Sizes, out: Section, traces: list[tuple[str, Path]]) -
         n = spec.scheduled_entries
         out.add(f"| {name} | {spec.steps:,} | {n:,} | {n / spec_s:,.0f} | {n / fast_s:,.0f} | "
                 f"{spec_s / fast_s:,.1f} | {'yes' if same else 'NO'} |")
+    bench_profile_replay(out, traces)
     out.add("", "Each checker reads the whole trace once, one after the other, in one process. "
             "Before them, the vectorized checker checked the first 100 lines of the first "
             f"trace, which took {load_s:.2f} s: numba loading the compiled scanner from its "
@@ -542,6 +554,48 @@ def bench_checkers(sizes: Sizes, out: Section, traces: list[tuple[str, Path]]) -
             "a few seconds, and fills the cache). `kvsched check --checker auto` takes the "
             "vectorized checker from 8 MiB of trace on, where that cost is repaid. \"same "
             "report\" also requires that no run of steps was handed to the spec's checker.")
+
+
+def bench_profile_replay(out: Section, traces: list[tuple[str, Path]]) -> None:
+    """`kvsched check --profile vllm-v1`: the spec's checker replaying the profile with the
+    reference (on the baseline engine's trace only: hours on the large one), and the
+    vectorized checker replaying it with the compiled scheduler, beside the plain
+    vectorized check of the same trace."""
+    out.add("", "#### `check --profile vllm-v1`", "",
+            "The same traces checked against profile `vllm-v1` (the engine that wrote them, "
+            "so no divergence): the spec's checker replays the profile with the reference "
+            "scheduler; the vectorized checker replays it with the compiled one beside its "
+            "checks (kvsched.optimized.replay). \"share\" is the replaying vectorized "
+            "check's speed over the plain one's, measured one after the other.", "",
+            "| trace | scheduled entries | spec + reference replay, entries/s | vectorized, "
+            "entries/s | vectorized + compiled replay, entries/s | share | same report |",
+            "|---|---:|---:|---:|---:|---:|---|")
+    for k, (name, path) in enumerate(traces):
+        data = path.read_bytes()
+        spec_rate = "not run"
+        spec_report: Report | None = None
+        if k == 0:
+            gc.collect()
+            start = time.perf_counter()
+            reader = TraceReader(io.BytesIO(data))
+            spec_report = check_trace(reader, replay=profile_replay(reader.header.config,
+                                                                    "vllm-v1"))
+            spec_rate = f"{spec_report.scheduled_entries / (time.perf_counter() - start):,.0f}"
+        gc.collect()
+        start = time.perf_counter()
+        plain = check_trace_vectorized(io.BytesIO(data))
+        plain_s = time.perf_counter() - start
+        gc.collect()
+        stats: dict[str, int] = {}
+        start = time.perf_counter()
+        replayed = check_trace_vectorized(io.BytesIO(data), profile="vllm-v1", stats=stats)
+        replay_s = time.perf_counter() - start
+        n = plain.scheduled_entries
+        same = (not replayed.counts and stats["replayed_slow"] == 0
+                and (spec_report is None or (spec_report.counts == replayed.counts
+                                             and spec_report.violations == replayed.violations)))
+        out.add(f"| {name} | {n:,} | {spec_rate} | {n / plain_s:,.0f} | {n / replay_s:,.0f} | "
+                f"**{plain_s / replay_s:.2f}** | {'yes' if same else 'NO'} |")
 
 
 # -- memory ----------------------------------------------------------------------------
@@ -742,29 +796,36 @@ def report(sizes: Sizes, command: str) -> str:
     out.add(START, "## Optimized scheduler and vectorized checker", "",
             f"Measured by `{command}` on {datetime.now(UTC):%Y-%m-%d}.",
             f"Machine: {machine()}; torch {torch.__version__}, one torch thread on CPU.")
-    out.add("", "### Step time, optimized against reference",
+    out.add("", "### Step time, compiled and torch against reference",
             "", "Each scheduler holds the same requests: `running` of them run (decode "
             "and a steady stream of finishes and admissions), `waiting` more wait; each "
             "step ends with as many new arrivals as requests finished, so the queue keeps "
             "its length (the arrivals are part of the step's time). "
             "Config: block_size 16, 40 blocks per running request, max_num_seqs = "
-            "running, a token budget of twice that; profile `vllm-v1`. \"optimized\" is "
-            "`schedule_tensors()` + `update_tensors()` (the fast path the simulation "
-            "uses); \"schedule()\" is the same step through the exact interface, which "
-            "also builds the Decision's tuples of ids. Medians of interleaved rounds.",
+            "running, a token budget of twice that; profile `vllm-v1`. \"compiled\" is "
+            "the compiled scheduler's `step_counts()` + `finish_step()` (its decision left "
+            "as numbers, the CPU path); \"torch\" is the torch scheduler's "
+            "`schedule_tensors()` + `update_tensors()` (its fast path, for CUDA), and "
+            "\"torch schedule()\" the same step through the exact interface, which also "
+            "builds the Decision's tuples of ids. Medians of interleaved rounds.",
             "", "| running | waiting | policy | reference, us/step | ns/running | "
-            "optimized, us/step | ns/running | ratio | schedule(), us/step | ratio |",
-            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+            "compiled, us/step | ns/running | ratio | torch, us/step | ratio | "
+            "torch schedule(), us/step | ratio |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     with one_thread():
         rows = bench_steps(sizes, out)
-    out.add("", "Waiting-queue independence, optimized (fast path), step time at the "
-                "longest queue over the shortest:", "")
+    out.add("", "Waiting-queue independence, step time at the longest queue over the "
+                "shortest:", "")
     for r in sorted({(row.running, row.policy) for row in rows}):
         same = [row for row in rows if (row.running, row.policy) == r]
         short, long = same[0], same[-1]
+
+        def grew(name: str, short: StepRow = short, long: StepRow = long) -> str:
+            return f"{long.seconds[name] / short.seconds[name]:.2f}x"
+
         out.add(f"- {r[0]:,} running, {r[1]}: {long.waiting:,} over {short.waiting:,} "
-                f"waiting: {long.seconds['optimized'] / short.seconds['optimized']:.2f}x "
-                f"(reference {long.seconds['reference'] / short.seconds['reference']:.2f}x)")
+                f"waiting: compiled {grew('compiled')}, torch {grew('optimized')}, "
+                f"reference {grew('reference')}")
     out.add("", "### The same steps through vLLM's own scheduler", "",
             "vLLM 0.32's v1 Scheduler built as kvsched.adapters.vllm_driver builds it "
             "(its own Python in .venv-vllm), same requests and config; the time is "

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from kvsched.spec.state import State, StepFacts
 
 PERCENTILES = (50, 90, 99)
+QUEUES = ("waiting", "running", "swapped", "kv")  # averaged and peaked per step
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -386,8 +387,8 @@ class MetricsCollector:
         self.swap_ins = 0
         self.recomputed = 0
         self.cache = dict.fromkeys((f.name for f in fields(PrefixCache)), 0)
-        self.sums = {"waiting": 0, "running": 0, "swapped": 0, "kv": 0}
-        self.peaks = {"waiting": 0, "running": 0, "swapped": 0, "kv": 0}
+        self.sums = [0, 0, 0, 0]  # QUEUES
+        self.peaks = [0, 0, 0, 0]
         self.series = _Series() if series else None
 
     def step(self, rec: StepRecord) -> None:
@@ -507,16 +508,17 @@ class MetricsCollector:
 
     def _close(self, end: float, generated: int, computed: int, preemptions: int,
                waiting: int, running: int, swapped: int, kv_used: int) -> None:
-        """The step's totals and queues."""
+        """The step's totals and queues (sums and peaks in lists, in QUEUES order: one
+        call a step, so no dict is built for it)."""
         self.steps += 1
         self.generated += generated
         self.computed += computed
         self.clock = end
-        queue = {"waiting": waiting, "running": running, "swapped": swapped, "kv": kv_used}
-        for k, v in queue.items():
-            self.sums[k] += v
-            if v > self.peaks[k]:
-                self.peaks[k] = v
+        sums, peaks = self.sums, self.peaks
+        for k, v in enumerate((waiting, running, swapped, kv_used)):
+            sums[k] += v
+            if v > peaks[k]:
+                peaks[k] = v
         if self.series is not None:
             sr = self.series
             sr.waiting.append(waiting)
@@ -556,7 +558,8 @@ class MetricsCollector:
 
     def result(self) -> Metrics:
         steps = self.steps
-        mean = {k: (v / steps if steps else 0.0) for k, v in self.sums.items()}
+        mean = {k: (v / steps if steps else 0.0) for k, v in zip(QUEUES, self.sums, strict=True)}
+        peak = dict(zip(QUEUES, self.peaks, strict=True))
         blocks = self.config.num_gpu_blocks
         timed = self.timed and steps > 0
         series = None
@@ -579,11 +582,11 @@ class MetricsCollector:
             latency=Distribution.of(self.latency),
             ttft_ms=Distribution.of(self.ttft_ms) if timed else None,
             tpot_ms=Distribution.of(self.tpot_ms) if timed else None,
-            waiting_mean=mean["waiting"], waiting_max=self.peaks["waiting"],
-            running_mean=mean["running"], running_max=self.peaks["running"],
-            swapped_mean=mean["swapped"], swapped_max=self.peaks["swapped"],
-            kv_use_mean=mean["kv"] / blocks, kv_use_peak=self.peaks["kv"] / blocks,
-            kv_blocks_peak=self.peaks["kv"], preemptions=dict(self.preemptions),
+            waiting_mean=mean["waiting"], waiting_max=peak["waiting"],
+            running_mean=mean["running"], running_max=peak["running"],
+            swapped_mean=mean["swapped"], swapped_max=peak["swapped"],
+            kv_use_mean=mean["kv"] / blocks, kv_use_peak=peak["kv"] / blocks,
+            kv_blocks_peak=peak["kv"], preemptions=dict(self.preemptions),
             swap_ins=self.swap_ins, recomputed_tokens=self.recomputed,
             prefix_cache=PrefixCache(**self.cache) if self.config.prefix_caching else None,
             series=series)

@@ -1,0 +1,129 @@
+"""The compiled scheduler's own loop and its place in the tool.
+
+Its decisions are the reference's (the PEP 399 suite through scheduler_factory, and the
+lockstep machine of test_differential.py); here: its simulation loop writes the trace
+kvsched.simulate.run writes with the reference, byte for byte; the facts it counts for
+the metrics (StepTally) give the metrics the spec's state gives from that trace; and
+`kvsched simulate` takes it by default where it implements the profile, and says so.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvsched.metrics import MetricsCollector, StepTally, metrics_of
+from kvsched.optimized.compiled import CompiledScheduler
+from kvsched.reference import ReferenceScheduler
+from kvsched.simulate import run
+from kvsched.spec.knobs import Knobs
+from kvsched.spec.model import Config, StepRecord
+from kvsched.spec.trace import TraceWriter
+from kvsched.strategies import configs, policies, resolve, workloads
+
+MAX_STEPS = 300
+
+
+def trace_lines(records: list[StepRecord]) -> bytes:
+    out = io.BytesIO()
+    writer = TraceWriter(out, lambda o: orjson.dumps(o) + b"\n")
+    for rec in records:
+        writer.step(rec)
+    return out.getvalue()
+
+
+@given(config=st.one_of(configs(), configs(prefix_caching=True)), setup=policies(),
+       data=st.data(), block_ids=st.booleans())
+def test_its_simulation_loop_writes_the_references_trace(config: Config, setup: str | Knobs,
+                                                          data: st.DataObject,
+                                                          block_ids: bool) -> None:
+    config, knobs = resolve(config, setup)
+    items = data.draw(workloads(config, shared=config.prefix_caching), label="workload")
+    reference = list(run(ReferenceScheduler(config, knobs), items, block_ids=block_ids,
+                         max_steps=MAX_STEPS))
+    compiled = list(CompiledScheduler(config, knobs).simulate(items, block_ids, MAX_STEPS))
+    assert compiled == reference
+    assert trace_lines(compiled) == trace_lines(reference)
+
+
+@given(config=st.one_of(configs(), configs(prefix_caching=True)), setup=policies(),
+       data=st.data())
+def test_its_tallies_give_the_metrics_of_its_trace(config: Config, setup: str | Knobs,
+                                                   data: st.DataObject) -> None:
+    """Queues, KV use, TTFT, TPOT, latency, preemptions, recomputed tokens, prefix-cache
+    counters and the per-step series: the same as the spec's state derives."""
+    config, knobs = resolve(config, setup)
+    items = data.draw(workloads(config, shared=config.prefix_caching), label="workload")
+    collector = MetricsCollector(config, tallied=True)
+    records = []
+    for rec, tally in CompiledScheduler(config, knobs).simulate(items, True, MAX_STEPS,
+                                                                StepTally):
+        collector.observe_tally(rec.step, tally)
+        records.append(rec)
+    assert collector.result() == metrics_of(config, records)
+
+
+def test_it_refuses_what_it_does_not_implement_in_one_line() -> None:
+    from kvsched.spec.profiles import get_profile
+
+    with pytest.raises(ValueError, match="does not implement knob grow_check"):
+        CompiledScheduler(Config(), get_profile("vllm-v0").knobs)
+    with pytest.raises(ValueError, match="32 bits"):
+        CompiledScheduler(Config(num_gpu_blocks=2**31))
+    with pytest.raises(ValueError, match="block_size must be at least 1"):
+        CompiledScheduler(Config(block_size=0))
+
+
+# -- kvsched simulate -----------------------------------------------------------------------
+
+SMALL = ["--requests", "30", "--num-gpu-blocks", "64", "--max-num-seqs", "8",
+         "--max-model-len", "1024", "--rate", "0.5"]
+
+
+def kvsched(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvsched", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_simulate_takes_the_compiled_scheduler_and_says_so(tmp_path: Path) -> None:
+    auto, ref = tmp_path / "auto.jsonl", tmp_path / "ref.jsonl"
+    result = kvsched("simulate", *SMALL, "--out", str(auto))
+    assert result.returncode == 0, result.stderr
+    assert "vllm-v1 on the compiled scheduler" in " ".join(result.stdout.split())
+    assert kvsched("simulate", *SMALL, "--scheduler", "reference", "--out",
+                   str(ref)).returncode == 0
+    a, r = auto.read_text().splitlines(), ref.read_text().splitlines()
+    assert json.loads(a[0])["engine"]["name"] == "kvsched-compiled"
+    assert json.loads(r[0])["engine"]["name"] == "kvsched-reference"
+    assert a[1:] == r[1:]  # every step, byte for byte
+    summary = json.loads(kvsched("simulate", *SMALL, "--format", "json").stdout)
+    assert summary["scheduler"] == "compiled" and summary["violations"] is None
+
+
+def test_simulate_takes_the_reference_where_the_compiled_scheduler_does_not_apply() -> None:
+    summary = json.loads(kvsched("simulate", *SMALL, "--profile", "vllm-v0",
+                                 "--format", "json").stdout)
+    assert summary["scheduler"] == "reference"
+    refused = kvsched("simulate", *SMALL, "--profile", "vllm-v0", "--scheduler", "compiled")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith("kvsched: error: --scheduler compiled: ")
+
+
+@pytest.mark.parametrize("scheduler", ["compiled", "reference"])
+def test_simulate_checks_its_run_when_asked(scheduler: str) -> None:
+    text = kvsched("simulate", *SMALL, "--scheduler", scheduler, "--check")
+    assert text.returncode == 0 and "checked as it ran: no invariant broken" in text.stdout
+    summary = json.loads(kvsched("simulate", *SMALL, "--scheduler", scheduler, "--check",
+                                 "--format", "json").stdout)
+    assert summary["violations"] == {}
+    plain = json.loads(kvsched("simulate", *SMALL, "--scheduler", scheduler,
+                               "--format", "json").stdout)
+    assert plain["metrics"] == summary["metrics"]  # the metrics need no checker
