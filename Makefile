@@ -32,7 +32,8 @@ lint: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/python -m proofs.run --quick --jobs 2
-	$(BIN)/python -m pytest -n 2 -p no:cacheprovider
+	@# --dist loadgroup: the Ray tests (xdist_group "ray") share one worker and one Ray.
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -p no:cacheprovider
 
 # CrossHair obligations, diffbehavior pairs and the bounded model checker (docs/proofs.md).
 proofs: $(STAMP)
