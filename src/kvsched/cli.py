@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import click
 import orjson
@@ -60,6 +60,9 @@ from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
 from kvsched.spec.violation import INVARIANTS
 from kvsched.verdict import SHOWN, Verdict, printable, render_text, worst
 from kvsched.workload import WorkItem, WorkloadError, read_workload
+
+if TYPE_CHECKING:
+    from kvsched.cluster import Executor
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -185,7 +188,8 @@ def ray_options(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 @contextmanager
-def on_ray(use_ray: bool, workers: int | None, address: str | None) -> Iterator[Any]:
+def on_ray(use_ray: bool, workers: int | None, address: str | None
+           ) -> Iterator[Executor]:
     """The executor of a command's pieces: serial, or Ray as the options ask."""
     from kvsched.cluster import ClusterError, executor
 
