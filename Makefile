@@ -32,7 +32,8 @@ lint: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/python -m proofs.run --quick --jobs 2
-	$(BIN)/python -m pytest -n 2 -p no:cacheprovider
+	@# --dist loadgroup: the Ray tests (xdist_group "ray") share one worker and one Ray.
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -p no:cacheprovider
 
 # CrossHair obligations, diffbehavior pairs and the bounded model checker (docs/proofs.md).
 proofs: $(STAMP)
@@ -41,7 +42,8 @@ proofs: $(STAMP)
 test: lint unit
 
 # Baselines (reference, spec checker), then the optimized side by side, then auto
-# preemption's calibrated cost model against recompute and swap (docs/benchmarks.md).
+# preemption's calibrated cost model against recompute and swap, then check and fuzz on
+# Ray (docs/benchmarks.md).
 bench: $(STAMP)
 	$(BIN)/python -m tools.bench --out docs/benchmarks.md
 	$(BIN)/python -m tools.bench_optimized --out docs/benchmarks.md
@@ -50,6 +52,8 @@ bench: $(STAMP)
 	$(BIN)/python -m tools.bench_optimized --prefix-caching --out docs/benchmarks.md
 	@# auto preemption's cost model calibrated here, against recompute and swap.
 	$(BIN)/python -m tools.bench_cost --out docs/benchmarks.md
+	@# kvsched check and kvsched fuzz on a local Ray, 1 and 2 workers against serial.
+	$(BIN)/python -m tools.bench_ray --out docs/benchmarks.md
 
 # The whole 1M-request simulation through both schedulers, not extrapolated (about an
 # hour: the reference's run).

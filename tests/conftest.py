@@ -4,14 +4,20 @@ And `scheduler_factory`: every scheduler-level test runs once per implementation
 reference, the compiled scheduler, the optimized scheduler on cpu, and on cuda where
 torch sees a GPU), building
 its schedulers through the factory it is given (kvsched.testing.implementations).
+
+And `cli`: the command line run in this process (click's runner), for tests that share
+this process's state with it (the Ray instance a test session started).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, settings
 
 from kvsched.testing.implementations import IMPLEMENTATIONS, SchedulerFactory
@@ -52,3 +58,29 @@ def scheduler_factory(request: pytest.FixtureRequest) -> Iterator[SchedulerFacto
     yield factory
     assert factory.built > 0, (f"{request.node.name} built no scheduler through "
                                "scheduler_factory: it tested nothing on " + implementation)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What `kvsched ARGS` did in this process."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli() -> Callable[..., Ran]:
+    """`cli(*args)` runs `kvsched ARGS` in this process and restores the SIGTERM handler
+    the command installs."""
+    from kvsched.cli import main
+
+    def invoke(*args: str) -> Ran:
+        handler = signal.getsignal(signal.SIGTERM)
+        try:
+            result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+        finally:
+            signal.signal(signal.SIGTERM, handler)
+        return Ran(result.exit_code, result.stdout, result.stderr)
+
+    return invoke

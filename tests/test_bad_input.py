@@ -156,8 +156,10 @@ def test_check_refuses_bad_trace_in_one_line(case: str, checker: str, tmp_path: 
 
 
 def test_check_missing_file_and_directory(tmp_path: Path) -> None:
+    # A directory stands for its trace files: one without any names nothing.
     for target, expected in ((str(tmp_path / "nope.jsonl"), "cannot read"),
-                             (str(tmp_path), "is a directory"),
+                             (str(tmp_path), "no trace files (*.jsonl, *.jsonl.gz, "
+                                             "*.jsonl.zst) in this directory"),
                              ("", "an empty file name: give a trace file, or - for standard "
                                   "input")):
         result = kvsched("check", target)
@@ -354,3 +356,49 @@ def test_the_reader_keeps_every_field_of_a_step() -> None:
     assert r2.free_blocks == big
     assert (r0.line, r1.line, r2.line) == (3, 4, 5)
     assert reader.unknown_keys == {"colour": 4, "shade": 5}
+
+
+# -- Ray's options ---------------------------------------------------------------------
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--workers", "0"], "--workers must be at least 1, got 0"),
+    (["--ray-address", "nohost"], "--ray-address 'nohost': expected HOST:PORT (the head "
+                                  "node's address, as `ray start --head` prints it), "
+                                  "ray://HOST:PORT or auto"),
+    (["--ray-address", "127.0.0.1:99999"], "--ray-address '127.0.0.1:99999': expected"),
+    (["--ray-address", "127.0.0.1:1"], "--ray-address 127.0.0.1:1: no Ray cluster answers "
+                                       "there (Connection refused)"),
+])
+@pytest.mark.parametrize("command", ["check", "fuzz"])
+def test_bad_ray_options_are_one_line(tmp_path: Path, command: str, args: list[str],
+                                      message: str) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(lines(HEADER, ARRIVE))
+    out = tmp_path / "report.xml"
+    target = [str(trace)] if command == "check" else [
+        "kvsched.testing.seeded_bugs:tight_config", "--examples", "1"]
+    result = kvsched(command, *target, *args, "--junit", str(out))
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and result.stderr.startswith(f"kvsched: error: {message}")
+    assert result.stderr.count("\n") == 1 and not out.exists()
+
+
+def test_ray_options_without_ray_are_one_line(tmp_path: Path) -> None:
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text("raise ImportError('absent')\n")
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(lines(HEADER, ARRIVE))
+    for args, option in ((["--workers", "2"], "--workers"), (["--ray"], "--ray")):
+        result = subprocess.run([sys.executable, "-m", "kvsched", "check", str(trace), *args],
+                                capture_output=True, text=True, timeout=60,
+                                env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr == (f"kvsched: error: {option} needs Ray: pip install "
+                                 "'kvsched[ray]'\n")
+
+
+def test_standard_input_is_not_handed_to_ray_workers(tmp_path: Path) -> None:
+    result = kvsched("check", "-", "--workers", "2")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("kvsched: error: -: standard input cannot be handed to "
+                                    "Ray workers")

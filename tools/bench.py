@@ -75,11 +75,12 @@ class Simulation:
     prompt_tokens: int
 
 
-def simulate(kind: str, config: Config, requests: int, rate: float, trace: Path
-             ) -> Simulation:
-    """The reference (profile vllm-v1) on `requests` of generator `kind`, its trace
-    written to `trace`; the clock runs over the simulation loop and the writing."""
-    workload = generate(kind, requests, seed=0, arrival="poisson", rate=rate,
+def simulate(kind: str, config: Config, requests: int, rate: float, trace: Path,
+             seed: int = 0) -> Simulation:
+    """The reference (profile vllm-v1) on `requests` of generator `kind` (drawn with
+    `seed`), its trace written to `trace`; the clock runs over the simulation loop and
+    the writing."""
+    workload = generate(kind, requests, seed=seed, arrival="poisson", rate=rate,
                         max_model_len=config.max_model_len)
     scheduler = reference_scheduler("vllm-v1", config)
     steps = entries = hits = hit_tokens = 0

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
@@ -25,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvsched import __version__, inputs
+from kvsched.fuzz import DEFAULT_SHARD_EXAMPLES
 from kvsched.generators import (
     ARRIVALS,
     DEFAULT_SKEW,
@@ -55,6 +57,7 @@ from kvsched.verdict import SHOWN, Verdict, printable, render_text, worst
 from kvsched.workload import WorkItem, WorkloadError, read_workload
 
 if TYPE_CHECKING:
+    from kvsched.cluster import Executor
     from kvsched.spec.checker import Checker, Report
 
 
@@ -168,6 +171,41 @@ def main() -> None:
 def progress_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--progress/--no-progress", default=None,
                         help="Show progress on stderr (default: only on a terminal).")(f)
+
+
+def ray_options(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--workers, --ray and --ray-address: run the command's `what` on Ray
+    (kvsched.cluster; the `ray` extra)."""
+    def add(f: Callable[..., Any]) -> Callable[..., Any]:
+        opts = [
+            click.option("--workers", type=int, default=None, metavar="N",
+                         help=f"Run the {what} on Ray, N at once (a local Ray of N CPUs "
+                              "unless --ray-address); the results are the serial run's."),
+            click.option("--ray", "use_ray", is_flag=True,
+                         help=f"Run the {what} on Ray, as many at once as it has CPUs."),
+            click.option("--ray-address", default=None, metavar="ADDR",
+                         help="Run on the Ray cluster at ADDR (HOST:PORT of its head node, "
+                              "ray://HOST:PORT, or auto) instead of a local one."),
+        ]
+        for opt in reversed(opts):
+            f = opt(f)
+        return f
+    return add
+
+
+@contextmanager
+def on_ray(use_ray: bool, workers: int | None, address: str | None
+           ) -> Iterator[Executor]:
+    """The executor of a command's pieces: serial, or Ray as the options ask."""
+    from kvsched.cluster import ClusterError, executor
+
+    if workers is not None and workers < 1:
+        fail(f"--workers must be at least 1, got {workers}")
+    try:
+        with executor(use_ray=use_ray, workers=workers, address=address) as ex:
+            yield ex
+    except ClusterError as e:
+        fail(str(e))
 
 
 def trace_size(path: str) -> int | None:
@@ -607,29 +645,76 @@ def check_one(path: str, profile: str | None, max_preemptions: int, strict: bool
     try:
         with open_trace(path) as raw, reading(raw, f"checking {printable(path)}",
                                               trace_size(path), err, progress) as stream:
-            if checker_choice == "vectorized":
-                from kvsched.optimized.checker import check_trace_vectorized
-
-                def note(header: Header) -> None:
-                    if profile is not None:
-                        release_note(path, profile, header.engine)
-
-                report = check_trace_vectorized(stream, max_preemptions, profile=profile,
-                                                on_header=note)
-                report.strict, report.required = strict, required
-                report.missing()  # computed from the fields just set
-                return report
-            reader = TraceReader(stream)
-            if profile is not None:
-                release_note(path, profile, reader.header.engine)
-            return new_checker(reader.header.config, profile=profile, strict=strict,
-                               max_preemptions=max_preemptions, required=required,
-                               preempted_order=reader.header.preempted_order
-                               ).run_trace(reader)
+            return check_stream(stream, path, profile, max_preemptions, strict,
+                                checker_choice, required)
     except TraceError as e:
         raise Unreadable(f"{path}: {e}") from None
     except (BadInput, InputError) as e:  # the file itself: missing, unreadable, damaged
         raise Unreadable(str(e)) from None
+
+
+def check_stream(stream: IO[bytes], path: str, profile: str | None, max_preemptions: int,
+                 strict: bool, checker_choice: str, required: frozenset[str],
+                 notes: bool = True) -> Report:
+    """The report of the trace `stream` holds (named `path`; TraceError if malformed);
+    `notes`: print the release note of a profile that follows another release."""
+    if checker_choice == "vectorized":
+        from kvsched.optimized.checker import check_trace_vectorized
+
+        def note(header: Header) -> None:
+            if profile is not None and notes:
+                release_note(path, profile, header.engine)
+
+        report = check_trace_vectorized(stream, max_preemptions, profile=profile,
+                                        on_header=note)
+        report.strict, report.required = strict, required
+        report.missing()  # computed from the fields just set
+        return report
+    reader = TraceReader(stream)
+    if profile is not None and notes:
+        release_note(path, profile, reader.header.engine)
+    return new_checker(reader.header.config, profile=profile, strict=strict,
+                       max_preemptions=max_preemptions, required=required,
+                       preempted_order=reader.header.preempted_order).run_trace(reader)
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """The options of `kvsched check` that decide a trace's verdict."""
+
+    profile: str | None = None
+    max_preemptions: int = DEFAULT_MAX_PREEMPTIONS
+    strict: bool = False
+    checker_choice: str = "auto"
+    required: frozenset[str] = frozenset()
+    repro: bool = False  # also find a failing trace's shortest failing prefix
+
+    def flags(self) -> list[str]:
+        """The `kvsched check` options that give these settings' verdicts."""
+        return [*(["--profile", self.profile] if self.profile else []),
+                *(["--strict"] if self.strict else []),
+                *(["--max-preemptions", str(self.max_preemptions)]
+                  if self.max_preemptions != DEFAULT_MAX_PREEMPTIONS else [])]
+
+
+def verdict_of(path: str, settings: CheckSettings, progress: bool | None = False) -> Verdict:
+    """One trace's verdict (and its reproduction with `settings.repro`): the check every
+    trace of `kvsched check` goes through, in this process or on a Ray worker."""
+    from kvsched.repro import reproduction
+
+    started = time.perf_counter()
+    try:
+        report = check_one(path, settings.profile, settings.max_preemptions, settings.strict,
+                           settings.checker_choice, settings.required, progress)
+    except Unreadable as e:
+        return Verdict(path, error=str(e))
+    verdict = Verdict(path, report, seconds=time.perf_counter() - started)
+    if settings.repro and report.failed:
+        def recheck(stream: IO[bytes]) -> Report:
+            return check_stream(stream, path, settings.profile, settings.max_preemptions,
+                                settings.strict, "spec", settings.required, notes=False)
+        verdict.repro = reproduction(path, report, recheck)
+    return verdict
 
 
 def release_note(path: str, profile: str, engine: dict[str, str]) -> None:
@@ -705,45 +790,99 @@ def parse_required(text: str | None) -> frozenset[str]:
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
               help="Also write a JUnit XML report: one testsuite per trace, one testcase "
                    "per invariant id.")
+@click.option("--repro-dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Write each failing trace's minimal reproduction (its shortest prefix "
+                   "that still fails the same way) under DIR, at the trace's own relative "
+                   "path; the report says where each one is.")
 @click.option("--checker", "checker_choice", type=click.Choice(["auto", "spec", "vectorized"]),
               default="auto", show_default=True,
               help="The spec's checker, or the vectorized one (same verdicts, for large "
                    "traces); auto picks the vectorized one from 8 MiB on.")
+@ray_options("traces' checks")
 @progress_option
 def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemptions: int,
           require: str | None, fmt: str, max_violations: int, junit_path: Path | None,
-          checker_choice: str, progress: bool | None) -> None:
+          repro_dir: Path | None, checker_choice: str, workers: int | None, use_ray: bool,
+          ray_address: str | None, progress: bool | None) -> None:
     """Check traces against the spec's MUST and SHOULD invariants (and a profile).
 
-    Each trace gets its own verdict. Exit codes, the worst over the traces: 0 every
-    trace is clean, 1 some trace broke an invariant (a SHOULD one only with --strict,
-    or a --require'd invariant could not be checked in full), 2 some trace is malformed
-    input or the options are wrong.
+    TRACES are trace files (gzip or zstd too; - is standard input), directories (their
+    *.jsonl, *.jsonl.gz and *.jsonl.zst files, at any depth), quoted patterns that
+    kvsched expands ('runs/**/*.jsonl'), or @LIST, a file of such paths, one per line.
+
+    Each trace gets its own verdict, in the order of the arguments. Exit codes, the
+    worst over the traces: 0 every trace is clean, 1 some trace broke an invariant (a
+    SHOULD one only with --strict, or a --require'd invariant could not be checked in
+    full), 2 some trace is malformed input or the options are wrong, 3 some trace was not
+    checked (its Ray worker died or its node was lost).
     """
+    from functools import partial
+
+    from kvsched.repro import file_name, write_prefix
+    from kvsched.tracesets import TraceSetError, expand
+
     if max_preemptions < 0:
         fail(f"--max-preemptions must not be negative, got {max_preemptions}")
     if max_violations < 0:
         fail(f"--max-violations must not be negative, got {max_violations}")
     if junit_path is not None and junit_path.is_dir():
         fail(f"{junit_path}: is a directory; expected a file to write")
+    if repro_dir is not None and repro_dir.exists() and not repro_dir.is_dir():
+        fail(f"--repro-dir {repro_dir}: is a file; expected a directory to write "
+             "reproductions in")
     required = parse_required(require)
     profile_note(profile)
     if checker_choice == "vectorized":
         vectorized_available(profile)
+    try:
+        paths = expand(traces)
+    except TraceSetError as e:
+        fail(str(e))
+    distributed = use_ray or workers is not None or ray_address is not None
+    if distributed and "-" in paths:
+        fail("-: standard input cannot be handed to Ray workers; give trace files, or "
+             "check standard input without --workers, --ray and --ray-address")
+    settings = CheckSettings(profile, max_preemptions, strict, checker_choice, required,
+                             repro=repro_dir is not None)
     verdicts: list[Verdict] = []
-    for path in traces:
-        started = time.perf_counter()
+    written: set[Path] = set()
+
+    def keep_reproduction(verdict: Verdict) -> None:
+        assert repro_dir is not None and verdict.repro is not None
+        name = repro_dir / file_name(verdict.name)
+        n = 1
+        while name in written:  # two traces with one relative path: number the later
+            n += 1
+            name = name.with_name(f"{name.name.removesuffix('.jsonl')}.{n}.jsonl")
+        written.add(name)
         try:
-            report = check_one(path, profile, max_preemptions, strict, checker_choice,
-                               required, progress)
-            verdict = Verdict(path, report, seconds=time.perf_counter() - started)
-        except Unreadable as e:
-            verdict = Verdict(path, error=str(e))
-        verdicts.append(verdict)
-        if verdict.error is not None:
-            err.print(Text(f"kvsched: error: {printable(verdict.error)}"))
-        elif fmt == "text":
-            render_text(verdict, out, max_violations)
+            name.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            fail(f"--repro-dir {repro_dir}: cannot create {name.parent} ({e.strerror})")
+        with atomic_output(name) as stream:
+            write_prefix(verdict.name, verdict.repro, stream)
+        verdict.repro = replace(verdict.repro, file=str(name), command=shlex.join(
+            ["kvsched", "check", *settings.flags(), str(name)]))
+
+    with on_ray(use_ray, workers, ray_address) as ex:
+        pieces = [partial(verdict_of, path, settings,
+                          False if ex.distributed else progress) for path in paths]
+        with Reporter("checking", len(paths), err, progress if ex.distributed else False,
+                      unit="traces") as bar:
+            for outcome in ex.run(pieces, on_done=lambda _: bar.advance(1)):
+                sys.stdout.write(outcome.stdout)
+                sys.stderr.write(outcome.stderr)
+                verdict = (outcome.value if outcome.value is not None
+                           else Verdict(paths[outcome.index], lost=outcome.lost))
+                verdicts.append(verdict)
+                if verdict.repro is not None and repro_dir is not None:
+                    keep_reproduction(verdict)
+                if verdict.lost is not None:
+                    err.print(Text(f"kvsched: {printable(verdict.not_checked())}"))
+                elif verdict.error is not None:
+                    err.print(Text(f"kvsched: error: {printable(verdict.error)}"))
+                elif fmt == "text":
+                    render_text(verdict, out, max_violations)
     if junit_path is not None:
         with atomic_output(junit_path) as stream:
             from kvsched.junit import junit_xml
@@ -1185,6 +1324,18 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
 
 # -- fuzz -----------------------------------------------------------------------------
 
+def pinned_flags(pinned: dict[str, Any]) -> list[str]:
+    """The config options that pin these fields."""
+    out: list[str] = []
+    for name, value in pinned.items():
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            out += [f"--{flag}", str(value)]
+    return out
+
+
 @main.command("fuzz")
 @click.argument("factory")
 @config_options
@@ -1200,80 +1351,145 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
               help="Also require the decisions of this reference profile.")
 @click.option("--strict", is_flag=True, help="SHOULD warnings fail too.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--shard-examples", type=int, default=DEFAULT_SHARD_EXAMPLES, show_default=True,
+              metavar="N",
+              help="Split the campaign into shards of N examples, each a search of its own "
+                   "(shard 0 with --seed, the others with seeds derived from it); on Ray "
+                   "the shards run side by side.")
+@click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
+              help="Also write a JUnit XML report: one testcase per shard.")
+@ray_options("campaign's shards")
+@progress_option
 def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
-                 profile: str | None, strict: bool, fmt: str, **config_given: Any) -> None:
+                 profile: str | None, strict: bool, fmt: str, shard_examples: int,
+                 junit_path: Path | None, workers: int | None, use_ray: bool,
+                 ray_address: str | None, progress: bool | None,
+                 **config_given: Any) -> None:
     """Fuzz a scheduler (module:factory) with hypothesis-drawn workloads.
 
     Each example draws a small config (the config options given pin those fields;
     allocation and watermark scope are vLLM v1's, lazy and running, unless given)
     and a workload for it, runs FACTORY(config) through the simulation loop and
     checks every step against the spec's MUST invariants (and --profile, --strict).
-    The first failure is shrunk to a minimal workload, written to --out with its
-    config beside it.
+    The examples are drawn in shards (--shard-examples), in order; the first shard that
+    finds a failure shrinks it to a minimal workload, written to --out with its config
+    beside it, and ends the campaign. With --workers or --ray the shards run on Ray, with
+    the same outcome.
 
     \b
     kvsched fuzz my_engine.sched:make --examples 500
     kvsched fuzz my_engine.sched:make --preemption recompute --num-cpu-blocks 0
+    kvsched fuzz my_engine.sched:make --examples 2000 --workers 8
 
     \b
-    Exit codes: 0 nothing failed, 1 a failing workload was found, 2 bad input.
+    Exit codes: 0 nothing failed, 1 a failing workload was found, 2 bad input, 3 a
+    shard was not run to its end (its Ray worker died or its node was lost).
     """
-    import shlex
+    from functools import partial
 
-    from kvsched.fuzz import FuzzUnavailable, NoValidConfig, config_flags, fuzz
-    from kvsched.loading import FactoryError, build, load_factory
+    from kvsched.fuzz import (
+        Campaign,
+        FuzzUnavailable,
+        NoValidConfig,
+        ShardOutcome,
+        config_flags,
+        fuzz_shard,
+        plan,
+    )
+    from kvsched.junit import fuzz_junit_xml
+    from kvsched.loading import FactoryError, load_factory
     from kvsched.workload import item_dict
 
     profile_note(profile)
     if examples < 1:
         fail(f"--examples must be at least 1, got {examples}")
+    if shard_examples < 1:
+        fail(f"--shard-examples must be at least 1, got {shard_examples}")
     pinned = {k: v for k, v in config_given.items() if v is not None}
     for name, value in pinned.items():
         if isinstance(value, int) and not isinstance(value, bool) and value < 0:
             fail(f"--{name.replace('_', '-')} must not be negative, got {value}")
-    if out_path.is_dir():
-        fail(f"{out_path}: is a directory; expected a file to write")
+    for path in (out_path, junit_path):
+        if path is not None and path.is_dir():
+            fail(f"{path}: is a directory; expected a file to write")
     try:
-        make = load_factory(factory)
+        load_factory(factory)  # here first: a spec that does not load is bad input
     except FactoryError as e:
         fail(str(e))
 
-    def scheduler(config: Config) -> Any:
-        return build(make, config, factory)
-
-    try:
-        result = fuzz(scheduler, examples=examples, seed=seed, pinned=pinned,
-                      profile=profile, strict=strict)
-    except (FactoryError, FuzzUnavailable, NoValidConfig) as e:
-        fail(str(e))
-    finding = result.finding
+    shards = plan(examples, seed, shard_examples)
+    outcomes: list[ShardOutcome] = []
+    with on_ray(use_ray, workers, ray_address) as ex:
+        pieces = [partial(fuzz_shard, factory, shard, pinned, profile, strict)
+                  for shard in shards]
+        with Reporter("fuzzing", len(shards), err, progress, unit="shards") as bar:
+            try:
+                for outcome in ex.run(pieces, stop=lambda r: r.finding is not None,
+                                      on_done=lambda _: bar.advance(1)):
+                    sys.stdout.write(outcome.stdout)
+                    sys.stderr.write(outcome.stderr)
+                    outcomes.append(ShardOutcome(shards[outcome.index], outcome.value,
+                                                 outcome.lost))
+            except (FactoryError, FuzzUnavailable, NoValidConfig) as e:
+                fail(str(e))
+    campaign = Campaign(tuple(shards), tuple(outcomes))
+    found = campaign.found
+    finding = campaign.finding
     config_path = out_path.with_suffix(".config.json")
     checked = "MUST" + (f", profile {profile}" if profile else "") + (
         ", SHOULD" if strict else "")
-    if finding is not None:
+    if finding is not None and found is not None:
         with atomic_output(out_path) as stream:
             for item in finding.workload:
                 stream.write(dumps_line(item_dict(item)))
         with atomic_output(config_path) as stream:
-            stream.write(orjson.dumps({"scheduler": factory, "seed": seed,
+            stream.write(orjson.dumps({"scheduler": factory, "seed": found.shard.seed,
+                                       "examples": found.shard.examples,
                                        **finding.as_dict()},
                                       option=orjson.OPT_INDENT_2) + b"\n")
     reference = profile or DEFAULT_PROFILE
     reproduce = shlex.join(["kvsched", "diff", reference, factory, "--workload",
                             str(out_path), *config_flags(finding.config)]) if finding else ""
+    alone = (shlex.join(["kvsched", "fuzz", factory, *pinned_flags(pinned),
+                         *(["--profile", profile] if profile else []),
+                         *(["--strict"] if strict else []),
+                         "--seed", str(found.shard.seed),
+                         "--examples", str(found.shard.examples),
+                         "--shard-examples", str(found.shard.examples)])
+             if found is not None else "")
+    if junit_path is not None:
+        with atomic_output(junit_path) as stream:
+            stream.write(fuzz_junit_xml(campaign, factory, checked, reproduce))
+    lost = campaign.lost()
+    for o in lost:
+        err.print(Text(f"kvsched: shard {o.shard.index} (seed {o.shard.seed}) was not run to "
+                       f"its end: its Ray task was lost ({printable(o.lost or '')})"))
     if fmt == "json":
         sys.stdout.write(orjson.dumps({
-            "ok": finding is None, "scheduler": factory, "runs": result.runs, "seed": seed,
-            "checked": checked, "finding": finding.as_dict() if finding else None,
+            "ok": finding is None and not lost, "scheduler": factory, "runs": campaign.runs,
+            "seed": seed, "checked": checked,
+            "finding": finding.as_dict() if finding else None,
             "workload_file": str(out_path) if finding else None,
             "config_file": str(config_path) if finding else None,
-            "reproduce": reproduce or None}, option=orjson.OPT_INDENT_2).decode() + "\n")
+            "reproduce": reproduce or None,
+            "shards": [o.as_dict() for o in outcomes],
+            "not_run": [s.as_dict() for s in campaign.not_run()],
+            "found_by_shard": found.shard.index if found else None,
+            "found_alone_by": alone or None}, option=orjson.OPT_INDENT_2).decode() + "\n")
     elif finding is None:
-        out.print(f"[green]OK[/green] {factory}: {result.runs} examples (seed {seed}), "
-                  f"no failure ({checked} checked)")
+        sharded = f" in {len(shards)} shards" if len(shards) > 1 else ""
+        out.print(f"[green]OK[/green] {factory}: {campaign.runs} examples (seed {seed}"
+                  f"{sharded}), " + ("no failure" if not lost else
+                                     f"no failure in the shards run, {len(lost)} lost")
+                  + f" ({checked} checked)")
     else:
-        out.print(f"[red]FAIL[/red] {factory} after {result.runs} runs (seed {seed}, "
+        assert found is not None
+        out.print(f"[red]FAIL[/red] {factory} after {campaign.runs} runs (seed {seed}, "
                   f"shrinking included): {finding.message}", highlight=False)
+        if len(shards) > 1:
+            out.print(f"found by shard {found.shard.index} of {len(shards)} (seed "
+                      f"{found.shard.seed}, {found.shard.examples} examples), which finds "
+                      f"it alone: {alone}")
         n = len(finding.workload)
         out.print(f"minimal failing workload ({n} request{'s' if n != 1 else ''}) written "
                   f"to {out_path}, its config to {config_path}")
@@ -1289,7 +1505,7 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
                           "-" if w.abort is None else str(w.abort))
         out.print(table)
         out.print(f"reproduce: {reproduce}")
-    sys.exit(1 if finding is not None else 0)
+    sys.exit(3 if lost else 1 if finding is not None else 0)
 
 
 __all__ = ["main"]

@@ -11,16 +11,25 @@ minimal one (fewest requests, shortest prompts, smallest cache), which the calle
 writes as a workload file beside its config.
 
 Runs are deterministic for a seed: no example database, the seed drives the draws.
+
+A campaign is a sequence of shards (`plan`): independent searches of at most
+`shard_examples` examples each, shard 0 with the campaign's seed and the others with
+seeds derived from it (`shard_seed`), so that a campaign of one shard is exactly one
+search with that seed, and each shard can be run alone. The campaign runs its shards in
+order and stops after the first one that finds a failure; its finding is that shard's.
+On Ray the shards run side by side (`fuzz_shard` is the piece each worker runs); the
+outcome is the same: the same shards run, each drawing the same examples, and the same
+first finding.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from kvsched.conformance import checker as new_checker
 from kvsched.loading import FactoryError
 from kvsched.simulate import run
 from kvsched.spec.interface import Scheduler
@@ -30,6 +39,7 @@ from kvsched.spec.violation import SHOULD, Violation
 from kvsched.workload import WorkItem
 
 CRASH = "crash"  # the finding's invariant when the scheduler raised
+DEFAULT_SHARD_EXAMPLES = 100  # examples per shard of a campaign
 
 
 class FuzzUnavailable(RuntimeError):
@@ -80,6 +90,8 @@ def check_case(make: Callable[[Config], Scheduler], config: Config,
     A FactoryError (the factory returned something without the interface) is the
     caller's bad input and propagates; any other exception is a finding.
     """
+    from kvsched.conformance import checker as new_checker  # loads the reference
+
     steps = 0
     checker = new_checker(config, profile=profile, strict=strict)
     try:
@@ -179,3 +191,105 @@ def config_flags(config: Config) -> list[str]:
         else:
             out += [flag, str(value)]
     return out
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One independent part of a campaign: a search of its own, with its own seed."""
+
+    index: int
+    seed: int
+    examples: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"shard": self.index, "seed": self.seed, "examples": self.examples}
+
+
+def shard_seed(seed: int, index: int) -> int:
+    """Shard 0 draws with the campaign's seed; the others with 32-bit seeds derived from
+    it and their index (campaigns of nearby seeds share no shard)."""
+    if index == 0:
+        return seed
+    digest = hashlib.blake2b(f"kvsched fuzz {seed} {index}".encode(), digest_size=4)
+    return int.from_bytes(digest.digest(), "big")
+
+
+def plan(examples: int, seed: int, shard_examples: int = DEFAULT_SHARD_EXAMPLES
+         ) -> list[Shard]:
+    """The campaign's shards: `examples` split into shards of `shard_examples` (the last
+    one takes the rest).
+
+    pre: examples >= 1 and shard_examples >= 1
+    post: sum(s.examples for s in __return__) == examples
+    """
+    count = -(-examples // shard_examples)
+    return [Shard(i, shard_seed(seed, i), min(shard_examples, examples - i * shard_examples))
+            for i in range(count)]
+
+
+def fuzz_shard(factory: str, shard: Shard, pinned: Mapping[str, Any] | None = None,
+               profile: str | None = None, strict: bool = False) -> FuzzResult:
+    """One shard against the scheduler `factory` names (module:factory), loaded where the
+    shard runs (on a Ray worker: from that worker's sys.path)."""
+    from kvsched.loading import build, load_factory
+
+    make = load_factory(factory)
+
+    def scheduler(config: Config) -> Scheduler:
+        return build(make, config, factory)
+
+    return fuzz(scheduler, examples=shard.examples, seed=shard.seed, pinned=pinned,
+                profile=profile, strict=strict)
+
+
+@dataclass(frozen=True)
+class ShardOutcome:
+    """A shard's result, or why it has none (its Ray task was lost)."""
+
+    shard: Shard
+    result: FuzzResult | None
+    lost: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        finding = self.result.finding if self.result is not None else None
+        return self.shard.as_dict() | {
+            "runs": self.result.runs if self.result is not None else None,
+            "finding": None if finding is None else {"invariant": finding.invariant,
+                                                     "message": finding.message},
+            "lost": self.lost}
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """The shards planned, and the outcomes of those run: in order, up to the first
+    that found a failure."""
+
+    shards: tuple[Shard, ...]
+    outcomes: tuple[ShardOutcome, ...]
+
+    @property
+    def found(self) -> ShardOutcome | None:
+        """The first shard with a finding."""
+        return next((o for o in self.outcomes
+                     if o.result is not None and o.result.finding is not None), None)
+
+    @property
+    def finding(self) -> Finding | None:
+        found = self.found
+        return found.result.finding if found is not None and found.result else None
+
+    @property
+    def runs(self) -> int:
+        """Examples run over the shards, shrinking included."""
+        return sum(o.result.runs for o in self.outcomes if o.result is not None)
+
+    @property
+    def examples(self) -> int:
+        return sum(s.examples for s in self.shards)
+
+    def lost(self) -> list[ShardOutcome]:
+        return [o for o in self.outcomes if o.lost is not None]
+
+    def not_run(self) -> Sequence[Shard]:
+        """The shards after the first finding."""
+        return self.shards[len(self.outcomes):]

@@ -1,4 +1,5 @@
-"""JUnit XML of `kvsched check --junit`, for CI systems that show test reports.
+"""JUnit XML of `kvsched check --junit` (and of `kvsched fuzz --junit`: fuzz_junit_xml),
+for CI systems that show test reports.
 
 One <testsuite> per trace, named by its path; in it one <testcase> per invariant id,
 named by the id, with the trace path as classname:
@@ -13,7 +14,11 @@ named by the id, with the trace path as classname:
   ids, no free counts, no end line: the report's `unchecked`) is <skipped> with the
   reason, or an <error> when `--require` named it;
 - a trace that cannot be read (malformed input) is one <testcase> named `read` with an
-  <error> giving the reason.
+  <error> giving the reason; a trace that was not checked (its Ray worker died or its
+  node was lost) is one <testcase> named `check` with an <error> of type `lost`;
+- with a minimal reproduction written (--repro-dir), the suite's properties name its
+  file, and the failure of the invariant it reproduces ends with where it is and the
+  command that shows it.
 
 Every string from a trace is escaped (kvsched.verdict.printable): XML 1.0 cannot hold
 most control characters at all. The counts on <testsuite> and <testsuites> (tests,
@@ -24,9 +29,13 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kvsched.spec.violation import INVARIANTS, PROFILE, SHOULD, Violation
 from kvsched.verdict import Verdict, printable
+
+if TYPE_CHECKING:
+    from kvsched.fuzz import Campaign
 
 
 def _violation_line(v: Violation) -> str:
@@ -35,20 +44,22 @@ def _violation_line(v: Violation) -> str:
     return printable(f"step {v.step}{where}{numbers}: {v.message}")
 
 
-def _malformed(verdict: Verdict, name: str) -> ET.Element:
+def _not_judged(name: str, case_name: str, message: str, kind: str) -> ET.Element:
     suite = ET.Element("testsuite", name=name, tests="1", failures="0", errors="1",
                        skipped="0", time="0.000")
-    case = ET.SubElement(suite, "testcase", classname=name, name="read", time="0")
-    ET.SubElement(case, "error", message=printable(verdict.error or ""),
-                  type="malformed input")
+    case = ET.SubElement(suite, "testcase", classname=name, name=case_name, time="0")
+    ET.SubElement(case, "error", message=printable(message), type=kind)
     return suite
 
 
 def suite_element(verdict: Verdict, *, strict: bool, profile: str | None) -> ET.Element:
     name = printable(verdict.name)
     report = verdict.report
+    if verdict.lost is not None:
+        return _not_judged(name, "check", verdict.not_checked(), "lost")
     if report is None:
-        return _malformed(verdict, name)
+        return _not_judged(name, "read", verdict.error or "", "malformed input")
+    repro = verdict.repro if verdict.repro is not None and verdict.repro.file else None
     suite = ET.Element("testsuite", name=name)
     tests = failures = errors = skipped = 0
     for invariant, level in INVARIANTS.items():
@@ -81,6 +92,9 @@ def suite_element(verdict: Verdict, *, strict: bool, profile: str | None) -> ET.
                         + "\n".join(lines) + "\n")
             continue
         failures += 1
+        if repro is not None and repro.invariant == invariant:
+            lines.append(printable(f"minimal reproduction: {repro.file} ({repro.describe()}): "
+                                   f"{repro.command}"))
         fail = ET.SubElement(case, "failure", message=summary, type=level)
         fail.text = "\n".join(lines) + "\n"
     suite.set("tests", str(tests))
@@ -91,7 +105,8 @@ def suite_element(verdict: Verdict, *, strict: bool, profile: str | None) -> ET.
     props = ET.Element("properties")
     for key, value in (("steps", report.steps), ("requests", report.requests),
                        ("complete", str(report.complete).lower()),
-                       ("profile", profile or ""), ("strict", str(strict).lower())):
+                       ("profile", profile or ""), ("strict", str(strict).lower()),
+                       *([("reproduction", printable(repro.file or ""))] if repro else [])):
         ET.SubElement(props, "property", name=key, value=str(value))
     suite.insert(0, props)
     return suite
@@ -111,6 +126,58 @@ def junit_xml(traces: Sequence[Verdict], *, strict: bool, profile: str | None) -
     for key, value in totals.items():
         root.set(key, str(value))
     root.set("time", f"{seconds:.3f}")
+    ET.indent(root)
+    document = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+    assert isinstance(document, bytes)
+    return document + b"\n"
+
+
+def fuzz_junit_xml(campaign: Campaign, scheduler: str, checked: str,
+                   reproduce: str) -> bytes:
+    """The JUnit XML document of a `kvsched fuzz` campaign: one <testsuite> named by the
+    scheduler, one <testcase> per shard (`shard I (seed S)`): a <failure> for the shard
+    that found a failure (its message, the minimal workload's reproduce command), an
+    <error> of type `lost` for a shard whose Ray task was lost, <skipped> for the shards
+    after the first finding (the campaign stops there)."""
+    name = printable(scheduler)
+    root = ET.Element("testsuites", name="kvsched fuzz")
+    suite = ET.SubElement(root, "testsuite", name=name)
+    props = ET.SubElement(suite, "properties")
+    for key, value in (("checked", checked), ("examples", str(campaign.examples)),
+                       ("runs", str(campaign.runs))):
+        ET.SubElement(props, "property", name=key, value=value)
+    failures = errors = skipped = 0
+    ran = {o.shard.index: o for o in campaign.outcomes}
+    for shard in campaign.shards:
+        case = ET.SubElement(suite, "testcase", classname=name,
+                             name=f"shard {shard.index} (seed {shard.seed})", time="0")
+        outcome = ran.get(shard.index)
+        if outcome is None:
+            skipped += 1
+            ET.SubElement(case, "skipped", message="not run: an earlier shard found a "
+                          "failure, which ends the campaign")
+        elif outcome.lost is not None:
+            errors += 1
+            ET.SubElement(case, "error", type="lost", message=printable(
+                f"not run to its end: its Ray task was lost ({outcome.lost})"))
+        elif outcome.result is not None and outcome.result.finding is not None:
+            failures += 1
+            finding = outcome.result.finding
+            fail = ET.SubElement(case, "failure", type=finding.invariant,
+                                 message=printable(finding.message))
+            fail.text = (f"{len(finding.workload)} requests after shrinking, "
+                         f"{outcome.result.runs} runs\n"
+                         f"reproduce: {printable(reproduce)}\n")
+        else:
+            out = ET.SubElement(case, "system-out")
+            runs = outcome.result.runs if outcome.result is not None else 0
+            out.text = f"{runs} examples of {shard.examples}, no failure ({checked} checked)\n"
+    counts: dict[str, int] = {"tests": len(campaign.shards), "failures": failures,
+                              "errors": errors, "skipped": skipped}
+    for element in (suite, root):
+        for key, count in counts.items():
+            element.set(key, str(count))
+    suite.set("time", "0")
     ET.indent(root)
     document = ET.tostring(root, encoding="utf-8", xml_declaration=True)
     assert isinstance(document, bytes)

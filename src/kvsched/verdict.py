@@ -1,10 +1,12 @@
 """The verdict of `kvsched check` on each trace, as text and as JSON.
 
-Every trace gets its own verdict: its report, or the one-line reason it could not be
-read (malformed input). A verdict says what was checked: the invariants the trace let
+Every trace gets its own verdict: its report, the one-line reason it could not be
+read (malformed input), or the reason it was not checked at all (its Ray worker died or
+its node was lost). A verdict says what was checked: the invariants the trace let
 the checker judge only in part or not at all, with the reason, and, with `--require`,
 fails when one of those was required. The text leads with one line per broken
-invariant (how often, where first, whom first), then the first few violations.
+invariant (how often, where first, whom first), then the first few violations, and
+where the trace's minimal reproduction was written when one was asked for.
 
 Strings from a trace (request ids, unknown keys, file names) are shown with their
 control characters escaped (`printable`), so that a trace cannot move the cursor or
@@ -23,10 +25,12 @@ from rich.text import Text
 from kvsched.spec.violation import INVARIANTS, Violation
 
 if TYPE_CHECKING:
+    from kvsched.repro import Reproduction
     from kvsched.spec.checker import Report
 
-# Exit codes, the worst of the traces checked.
-CLEAN, FAILED, MALFORMED = 0, 1, 2
+# Exit codes, the worst of the traces checked: LOST, a trace that was not checked (its
+# worker or node was lost), outranks the others, since its verdict is unknown.
+CLEAN, FAILED, MALFORMED, LOST = 0, 1, 2, 3
 
 # Violations listed by default in the text after the per-invariant summary.
 SHOWN = 10
@@ -47,23 +51,35 @@ def _escape(code: int) -> str:
 
 @dataclass
 class Verdict:
-    """One trace's verdict: its report, or why it could not be read."""
+    """One trace's verdict: its report, why it could not be read, or why it was not
+    checked."""
 
     name: str
     report: Report | None = None
     error: str | None = None  # why it is malformed input, one line naming file and line
     seconds: float = 0.0
+    lost: str | None = None  # why it was not checked: Ray's reason, one line
+    repro: Reproduction | None = None  # its shortest failing prefix, when asked for
 
     @property
     def exit_code(self) -> int:
+        if self.lost is not None:
+            return LOST
         if self.report is None:
             return MALFORMED
         return FAILED if self.report.failed else CLEAN
 
+    def not_checked(self) -> str:
+        """The one line a lost trace gets in place of its verdict."""
+        return f"{self.name}: not checked: its Ray task was lost ({self.lost})"
+
     def as_dict(self) -> dict[str, Any]:
         r = self.report
+        if self.lost is not None:
+            return {"trace": self.name, "ok": False, "lost": self.lost}
         if r is None:
             return {"trace": self.name, "ok": False, "malformed": self.error}
+        repro = {"repro": self.repro.as_dict()} if self.repro is not None else {}
         return {
             "trace": self.name, "ok": not r.failed, "steps": r.steps,
             "requests": r.requests, "scheduled_entries": r.scheduled_entries,
@@ -72,7 +88,7 @@ class Verdict:
             "unchecked": dict(r.unchecked), "required_unchecked": r.missing(),
             "violations": [v.as_dict() for v in r.violations],
             "ignored_keys": sorted(r.unknown_keys),
-        }
+        } | repro
 
 
 def worst(verdicts: list[Verdict]) -> int:
@@ -120,6 +136,10 @@ def render_text(verdict: Verdict, console: Console, max_violations: int = SHOWN)
                                style="red" if inv in r.required else "yellow"))
     else:
         console.print(Text("  every invariant was checked on every step"))
+    repro = verdict.repro
+    if repro is not None and repro.file is not None:
+        console.print(Text(f"  minimal reproduction: {printable(repro.file)} "
+                           f"({printable(repro.describe())}): {printable(repro.command or '')}"))
     shown = r.violations[:max_violations]
     if shown:
         console.print(violation_table(shown))
