@@ -38,7 +38,10 @@ QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_
 
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
                           suppress_health_check=QUIET)
-settings.register_profile("deep", max_examples=2000, deadline=None, suppress_health_check=QUIET)
+# KVSCHED_DEEP_EXAMPLES sets a longer campaign (the lockstep machine's 30-minute runs).
+settings.register_profile("deep", max_examples=int(os.environ.get("KVSCHED_DEEP_EXAMPLES",
+                                                                  "2000")),
+                          deadline=None, suppress_health_check=QUIET)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
