@@ -1,7 +1,7 @@
 """Types of the compiled scheduler (optimized/compiled.pyx, built by setup.py)."""
 
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Decision, Request, RequestView, StepRecord
@@ -53,9 +53,15 @@ class CompiledScheduler:
                     scheduled: list[Any], finished: list[str], ordered: bool) -> bool: ...
     @overload
     def simulate(self, workload: Sequence[SimulatedRequest], block_ids: bool = True,
-                 max_steps: int | None = None, tally: None = None
-                 ) -> Iterator[StepRecord]: ...
+                 max_steps: int | None = None, events: None = None,
+                 lines: Literal[False] = False) -> Iterator[StepRecord]: ...
     @overload
     def simulate(self, workload: Sequence[SimulatedRequest], block_ids: bool,
-                 max_steps: int | None, tally: Callable[..., T]
-                 ) -> Iterator[tuple[StepRecord, T]]: ...
+                 max_steps: int | None, events: Callable[..., T],
+                 lines: Literal[False] = False) -> Iterator[tuple[StepRecord, T | None]]: ...
+    @overload
+    def simulate(self, workload: Sequence[SimulatedRequest], block_ids: bool,
+                 max_steps: int | None, events: Callable[..., T], lines: Literal[True]
+                 ) -> Iterator[tuple[bytes, T | None, int]]: ...
+    def totals(self) -> tuple[list[int], list[int], list[int], list[int], list[int],
+                              list[int], list[int], list[int]]: ...

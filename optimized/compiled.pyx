@@ -40,9 +40,12 @@ against the reference by tests/test_differential.py and the reference's own suit
 
 from libc.stdint cimport int8_t, int32_t, int64_t
 from libcpp.deque cimport deque
+from libcpp.string cimport string, to_string
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 from cython.operator cimport dereference as deref
+
+import orjson
 
 from kvsched.optimized.knobs import unsupported_knobs
 from kvsched.spec.blocks import rejectable
@@ -56,6 +59,7 @@ from kvsched.spec.model import (
     StepRecord,
 )
 from kvsched.spec.prefix import block_key
+from kvsched.spec.trace import step_fields
 
 cdef extern from *:
     """
@@ -201,6 +205,8 @@ cdef class CompiledScheduler:
     cdef vector[int32_t] e_slot, e_start, e_count, e_hits
     cdef vector[int8_t] e_admitted  # scheduled by the waiting pass
     cdef int64_t prompt_now  # prompt tokens the step computes
+    cdef int64_t tokens_now  # tokens the step schedules
+    cdef int64_t admitted_now  # requests the waiting pass schedules
     cdef vector[int64_t] e_n
     cdef vector[int32_t] rej_slot, pre_slot, in_slot, sampled
     cdef vector[int8_t] pre_mode
@@ -212,6 +218,11 @@ cdef class CompiledScheduler:
     # the simulation loop's per-slot bookkeeping: tokens sampled, the hidden output
     # length (end of sequence), full blocks whose content keys the trace has given
     cdef vector[int64_t] outputs, eos, keyed
+    # each step's numbers, for totals()
+    cdef vector[int64_t] tot_generated, tot_computed, tot_prompt, tot_preempted
+    cdef vector[int64_t] tot_waiting, tot_running, tot_swapped, tot_kv
+    cdef vector[string] id_json  # each slot's id as JSON (the trace lines' bytes)
+    cdef string line, line_blocks  # the step's trace line as it is built
     # a trace's ids as keys (two 64-bit words, kvsched.optimized.ids.id_key), for the
     # replay of a profile beside the vectorized checker
     cdef KvIdMap idmap
@@ -359,6 +370,7 @@ cdef class CompiledScheduler:
         self.outputs.resize(m)
         self.eos.resize(m)
         self.keyed.resize(m)
+        self.id_json.resize(m)
         self.key_lo.resize(m)
         self.key_hi.resize(m)
         self.has_key.resize(m, 0)
@@ -490,6 +502,7 @@ cdef class CompiledScheduler:
         self.e_hits.clear()
         self.e_admitted.clear()
         self.prompt_now = 0
+        self.admitted_now = 0
         self.pre_slot.clear()
         self.pre_mode.clear()
         self.pre_computed.clear()
@@ -536,6 +549,7 @@ cdef class CompiledScheduler:
         self.e_count.resize(m)
         self.e_hits.resize(m)
         self.e_admitted.resize(m)
+        self.tokens_now = tokens
         return tokens
 
     cdef tuple _table(self, int32_t s, Py_ssize_t start, Py_ssize_t stop, first):
@@ -547,12 +561,13 @@ cdef class CompiledScheduler:
         return tuple(out)
 
     cdef object _decision(self):
-        parts = self._parts()
+        parts = self._parts(True)
         return Decision(parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6])
 
-    cdef tuple _parts(self):
+    cdef tuple _parts(self, bint sampled_ids):
         """The step's decision as Decision's fields: rejected, preempted, swapped in,
-        scheduled, sampled, new blocks, prefix hits (read before `update`)."""
+        scheduled, sampled (empty unless `sampled_ids`: a trace does not carry them), new
+        blocks, prefix hits (read before `update`)."""
         cdef Py_ssize_t k
         cdef int32_t s
         first = self.config.first_block_id
@@ -576,7 +591,7 @@ cdef class CompiledScheduler:
         swapped_in = ()
         if self.in_slot.size():
             swapped_in = tuple([ids[s] for s in self.in_slot])
-        sampled = tuple([ids[s] for s in self.sampled])
+        sampled = tuple([ids[s] for s in self.sampled]) if sampled_ids else ()
         return (tuple(self.rejected_now), preempted, swapped_in, tuple(scheduled), sampled,
                 new_blocks, hits)
 
@@ -827,24 +842,37 @@ cdef class CompiledScheduler:
 
     # -- the simulation loop ------------------------------------------------------------
 
-    def simulate(self, workload, bint block_ids=True, max_steps=None, tally=None):
+    def simulate(self, workload, bint block_ids=True, max_steps=None, events=None,
+                 bint lines=False):
         """kvsched.simulate.run on this scheduler, with the loop's bookkeeping (outputs
         sampled, end of sequence at each request's hidden output length, the content
         keys a trace gives with prefix caching) kept per slot beside the scheduler's:
         yields the same StepRecords, one per step, until every request has ended (or
         max_steps). The workload must be sorted by arrival (workload.validate does that).
 
-        With `tally` (kvsched.metrics.StepTally) it yields (StepRecord, tally(...)): the
-        step's facts for the metrics, as this scheduler counted them."""
+        With `events` (kvsched.metrics.StepEvents) it yields (StepRecord, events(...)):
+        what happened to requests in the step, as this scheduler counted it for the
+        metrics (None in a step where nothing did); each step's numbers are kept for
+        `totals()`. With `lines` too, (line, events(...), ended): the step's trace line
+        as `kvsched.spec.trace.step_fields` makes it from the same parts and orjson
+        encodes it, in place of its record, and how many requests the step ended."""
         cdef list pending = list(workload)
         cdef Py_ssize_t nxt = 0, total = len(pending), k
         cdef int64_t step = 0
         cdef int32_t s
         cdef dict aborts = {}
-        cdef list arrivals, aborted, finished, arrival_slots, first_tokens
+        cdef list arrivals, aborted, finished, arrival_slots
         for w in pending:
             if w.abort is not None:
                 aborts.setdefault(w.abort, []).append(w.id)
+        self.tot_generated.clear()
+        self.tot_computed.clear()
+        self.tot_prompt.clear()
+        self.tot_preempted.clear()
+        self.tot_waiting.clear()
+        self.tot_running.clear()
+        self.tot_swapped.clear()
+        self.tot_kv.clear()
         while nxt < total or self.live > 0:
             if max_steps is not None and step >= max_steps:
                 return
@@ -859,6 +887,8 @@ cdef class CompiledScheduler:
                 self.outputs[s] = 0
                 self.eos[s] = w.output_len
                 self.keyed[s] = 0
+                if lines:
+                    self.id_json[s] = orjson.dumps(w.id)
                 arrivals.append(req)
                 arrival_slots.append(s)
             aborted = []
@@ -867,13 +897,19 @@ cdef class CompiledScheduler:
                     self.abort_request(rid)
                     aborted.append(rid)
             self._schedule()
-            parts = self._parts()
-            first_tokens = []
+            if lines:
+                self._line_head(step, arrival_slots, aborted, block_ids)
+                parts = None
+            else:
+                parts = self._parts(False)
+            first_tokens = ()
             for s in self.sampled:
                 self.outputs[s] += 1
                 if self.outputs[s] >= self.eos[s]:
                     self.stop_mark[s] = 1
-                if tally is not None and self.outputs[s] == 1:
+                if events is not None and self.outputs[s] == 1:
+                    if not first_tokens:
+                        first_tokens = []
                     first_tokens.append(self.ids[s])
             keys = {}
             if self.caching:
@@ -886,48 +922,210 @@ cdef class CompiledScheduler:
                     self._new_keys(s, keys)
             generated = self.sampled.size()
             kv_used = self.nb - self.nfree
-            admissions = self._admissions(parts[3]) if tally is not None else None
+            admissions = self._admissions() if events is not None else None
             self._update()
             for s in self.finished_now:
                 self.stop_mark[s] = 0
             finishes = [(self.ids[s], self.N[s] - self.P[s]) for s in self.finished_now] \
-                if tally is not None else None
+                if events is not None and self.finished_now.size() else ()
+            line = self._line_end(keys) if lines else None
             finished = self._take_finished()
+            self._total(generated, kv_used)
+            if lines:
+                rejected = tuple(self.rejected_now)
+                facts = self._events(events, arrivals, aborted, rejected, first_tokens,
+                                     admissions, finishes)
+                yield line, facts, len(finished) + len(aborted) + len(rejected)
+                step += 1
+                continue
             rec = StepRecord(step, tuple(arrivals), tuple(aborted), parts[0], parts[1],
                              parts[2], parts[3], tuple(finished), self.nfree,
                              parts[5] if block_ids else None, None, parts[6], keys)
-            if tally is None:
+            if events is None:
                 yield rec
             else:
-                yield rec, self._tally(tally, rec, first_tokens, admissions, finishes,
-                                       generated, kv_used)
+                yield rec, self._events(events, arrivals, aborted, parts[0], first_tokens,
+                                        admissions, finishes)
             step += 1
 
-    cdef list _admissions(self, tuple scheduled):
+    cdef object _admissions(self):
         """(id, N, hit tokens) of the step's waiting requests scheduled (before update)."""
         cdef Py_ssize_t k
+        if not self.admitted_now:
+            return ()
         out = []
         for k in range(<Py_ssize_t>self.e_slot.size()):
             if self.e_admitted[k]:
-                out.append((scheduled[k][0], self.N[self.e_slot[k]], self.e_hits[k] * self.bs))
+                out.append((self.ids[self.e_slot[k]], self.N[self.e_slot[k]],
+                            self.e_hits[k] * self.bs))
         return out
 
-    cdef object _tally(self, tally, rec, list first_tokens, list admissions, list finishes,
-                       Py_ssize_t generated, int64_t kv_used):
+    # -- the trace line of a step, written here ----------------------------------------
+
+    # The line kvsched.spec.trace.step_fields makes of the step's parts, as orjson writes
+    # it, byte for byte (tests/test_compiled.py holds it to that): the keys in
+    # step_fields' order, each only where step_fields writes it; ids as JSON once, when
+    # they arrive; the few parts that hold text (aborted ids, rejection reasons, block
+    # keys) through orjson itself. A step then costs no Python object per entry.
+
+    cdef void _line_head(self, int64_t step, list arrival_slots, list aborted,
+                         bint block_ids):
+        """The line up to its scheduled entries, and its new blocks and prefix hits
+        (which `update` would release), before `update`."""
+        cdef string *o = &self.line
         cdef Py_ssize_t k
-        victims = [(MODE_NAMES[self.pre_mode[k]], self.pre_computed[k])
-                   for k in range(<Py_ssize_t>self.pre_slot.size())]
-        computed = 0
+        cdef int32_t s, j, b
+        cdef bint first
+        first_id = self.config.first_block_id
+        o.assign(b'{"step":')
+        o.append(to_string(step))
+        if arrival_slots:
+            o.append(b',"arrivals":[')
+            for k in range(len(arrival_slots)):
+                s = arrival_slots[k]
+                if k:
+                    o.push_back(b',')
+                o.append(b'{"id":')
+                o.append(self.id_json[s])
+                o.append(b',"prompt_len":')
+                o.append(to_string(self.P[s]))
+                o.append(b',"max_tokens":')
+                o.append(to_string(self.O[s]))
+                o.append(b',"priority":')
+                o.append(to_string(self.prio[s]))
+                o.push_back(b'}')
+            o.push_back(b']')
+        if aborted:
+            o.append(b',"aborted":')
+            o.append(<bytes>orjson.dumps(aborted))
+        if self.rejected_now:
+            o.append(b',"rejected":')
+            o.append(<bytes>orjson.dumps([{"id": r.id, "reason": r.reason}
+                                          for r in self.rejected_now]))
+        if self.pre_slot.size():
+            o.append(b',"preempted":[')
+            for k in range(<Py_ssize_t>self.pre_slot.size()):
+                if k:
+                    o.push_back(b',')
+                o.append(b'{"id":')
+                o.append(self.id_json[self.pre_slot[k]])
+                o.append(b',"mode":"swap"}' if self.pre_mode[k] == SWAP
+                         else b',"mode":"recompute"}')
+            o.push_back(b']')
+        if self.in_slot.size():
+            o.append(b',"swapped_in":[')
+            for k in range(<Py_ssize_t>self.in_slot.size()):
+                if k:
+                    o.push_back(b',')
+                o.append(self.id_json[self.in_slot[k]])
+            o.push_back(b']')
+        if self.e_slot.size():
+            o.append(b',"scheduled":[')
+            for k in range(<Py_ssize_t>self.e_slot.size()):
+                if k:
+                    o.push_back(b',')
+                o.push_back(b'[')
+                o.append(self.id_json[self.e_slot[k]])
+                o.push_back(b',')
+                o.append(to_string(self.e_n[k]))
+                o.push_back(b']')
+            o.push_back(b']')
+        cdef string *t = &self.line_blocks
+        t.clear()
+        if block_ids:
+            t.append(b',"new_blocks":{')
+            first = True
+            for k in range(<Py_ssize_t>self.e_slot.size()):
+                if not self.e_count[k]:
+                    continue
+                s = self.e_slot[k]
+                if not first:
+                    t.push_back(b',')
+                first = False
+                t.append(self.id_json[s])
+                t.append(b':[')
+                for j in range(self.e_start[k], self.e_start[k] + self.e_count[k]):
+                    if j > self.e_start[k]:
+                        t.push_back(b',')
+                    t.append(to_string(self.gtable[s][j] + <int64_t>first_id))
+                t.push_back(b']')
+            t.push_back(b'}')
+        first = True
         for k in range(<Py_ssize_t>self.e_slot.size()):
-            computed += self.e_n[k]
-        ended = [(rid, Status.ABORTED) for rid in rec.aborted]
-        ended += [(r.id, Status.REJECTED) for r in rec.rejected]
+            if not self.e_hits[k]:
+                continue
+            s = self.e_slot[k]
+            t.append(b',"prefix_hits":{' if first else b',')
+            first = False
+            t.append(self.id_json[s])
+            t.append(b':[')
+            for j in range(self.e_hits[k]):
+                if j:
+                    t.push_back(b',')
+                t.append(to_string(self.gtable[s][j] + <int64_t>first_id))
+            t.push_back(b']')
+        if not first:
+            t.push_back(b'}')
+
+    cdef bytes _line_end(self, dict keys):
+        """The whole line, after `update` (its finishes and free blocks), before the
+        finished requests' slots go."""
+        cdef string *o = &self.line
+        cdef int32_t s
+        cdef Py_ssize_t k
+        if self.finished_now.size():
+            o.append(b',"finished":[')
+            for k in range(<Py_ssize_t>self.finished_now.size()):
+                if k:
+                    o.push_back(b',')
+                o.append(self.id_json[self.finished_now[k]])
+            o.push_back(b']')
+        o.append(b',"free_blocks":')
+        o.append(to_string(self.nfree))
+        o.append(self.line_blocks)
+        if keys:
+            o.append(b',"block_keys":')
+            o.append(<bytes>orjson.dumps(keys))
+        o.append(b'}\n')
+        return o[0]
+
+    cdef object _events(self, events, list arrivals, list aborted, tuple rejected,
+                        first_tokens, admissions, finishes):
+        """kvsched.metrics.StepEvents of the step (its fields in order), or None."""
+        cdef Py_ssize_t k
+        if not (arrivals or aborted or rejected or first_tokens or admissions or finishes
+                or self.pre_slot.size() or self.in_slot.size() or self.evicted_now):
+            return None
+        victims = () if not self.pre_slot.size() else [
+            (MODE_NAMES[self.pre_mode[k]], self.pre_computed[k])
+            for k in range(<Py_ssize_t>self.pre_slot.size())]
+        ended = ()
+        if aborted or rejected:
+            ended = [(rid, Status.ABORTED) for rid in aborted]
+            ended += [(r.id, Status.REJECTED) for r in rejected]
+        return events([r.id for r in arrivals] if arrivals else (), victims,
+                      self.in_slot.size(), admissions, self.evicted_now, first_tokens, ended,
+                      finishes)
+
+    cdef void _total(self, int64_t generated, int64_t kv_used):
+        """The step's numbers, for `totals()` (after `update`)."""
         cdef int64_t running = self.running.size(), swapped = self.swapped.size()
-        # StepTally's fields, in order.
-        return tally([r.id for r in rec.arrivals], victims, self.in_slot.size(), admissions,
-                     self.evicted_now, generated, computed, self.prompt_now, first_tokens,
-                     kv_used, ended, finishes, self.live - running - swapped, running,
-                     swapped)
+        self.tot_generated.push_back(generated)
+        self.tot_computed.push_back(self.tokens_now)
+        self.tot_prompt.push_back(self.prompt_now)
+        self.tot_preempted.push_back(self.pre_slot.size())
+        self.tot_waiting.push_back(self.live - running - swapped)
+        self.tot_running.push_back(running)
+        self.tot_swapped.push_back(swapped)
+        self.tot_kv.push_back(kv_used)
+
+    def totals(self):
+        """Each step's numbers of the last `simulate` with events, one entry per step
+        (kvsched.metrics.StepTotals' fields, in order): tokens sampled, computed, prompt
+        tokens computed, victims, the waiting, running and swapped queues after the step,
+        and the GPU blocks held while its batch ran."""
+        return (self.tot_generated, self.tot_computed, self.tot_prompt, self.tot_preempted,
+                self.tot_waiting, self.tot_running, self.tot_swapped, self.tot_kv)
 
     cdef void _new_keys(self, int32_t s, dict keys):
         """The keys of `s`'s blocks that became full of known tokens since the trace last
@@ -1398,6 +1596,7 @@ cdef class CompiledScheduler:
             self._allocate(r, need)
             self._add_entry(r, n, h, need, h)
             self.e_admitted[self.e_admitted.size() - 1] = 1
+            self.admitted_now += 1
             self._cache_filled(r, computed + n)
             self.status[r] = RUNNING
             self.running.push_back(r)

@@ -1,10 +1,8 @@
-"""Memory settings for the length of a check: numpy's large arrays kept in the malloc
-heap, and the cyclic garbage collector paused."""
+"""Memory settings for the length of a check or a simulation: numpy's large arrays kept
+in the malloc heap, and the cyclic garbage collector paused."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import sys
 from collections.abc import Callable, Iterator
@@ -17,6 +15,9 @@ GLIBC_DEFAULT = 128 * 1024  # both thresholds' initial values in glibc
 def _mallopt() -> Callable[[int, int], int] | None:
     if sys.platform != "linux":
         return None
+    import ctypes  # here: the garbage collector's pause alone needs no ctypes
+    import ctypes.util
+
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         fn: Callable[[int, int], int] = libc.mallopt

@@ -3,7 +3,7 @@
 Its decisions are the reference's (the PEP 399 suite through scheduler_factory, and the
 lockstep machine of test_differential.py); here: its simulation loop writes the trace
 kvsched.simulate.run writes with the reference, byte for byte; the facts it counts for
-the metrics (StepTally) give the metrics the spec's state gives from that trace; and
+the metrics (StepEvents, StepTotals) give the metrics the spec's state gives from that trace; and
 `kvsched simulate` takes it by default where it implements the profile, and says so.
 """
 
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvsched.metrics import MetricsCollector, StepTally, metrics_of
+from kvsched.metrics import MetricsCollector, StepEvents, StepTotals, metrics_of
 from kvsched.optimized.compiled import CompiledScheduler
 from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
@@ -52,6 +52,33 @@ def test_its_simulation_loop_writes_the_references_trace(config: Config, setup: 
     compiled = list(CompiledScheduler(config, knobs).simulate(items, block_ids, MAX_STEPS))
     assert compiled == reference
     assert trace_lines(compiled) == trace_lines(reference)
+    # Its own lines (written without records): the same bytes.
+    lines = CompiledScheduler(config, knobs).simulate(items, block_ids, MAX_STEPS,
+                                                      StepEvents, lines=True)
+    assert b"".join(line for line, _, _ in lines) == trace_lines(reference)
+
+
+def test_its_lines_write_any_id_as_json_does() -> None:
+    """Ids with quotes, backslashes, control characters and non-ASCII text, rejected,
+    aborted, preempted and prefix-hitting: the compiled loop's own lines are orjson's."""
+    from kvsched.spec.profiles import get_profile
+    from kvsched.workload import WorkItem, validate
+
+    odd = ['a"b', "c\\d", "e\nf", "\u00e9t\u00e9", "\x7f", "\U0001f600", "tab\t", "/x/"]
+    config = Config(block_size=4, num_gpu_blocks=12, max_num_batched_tokens=32,
+                    max_num_seqs=4, max_model_len=64, prefix_caching=True)
+    items = validate([WorkItem(rid, i // 2, 6 + 3 * i, 5 + i, 6 + i,
+                               abort=3 if i == 2 else None,
+                               prefix=("sys", 8) if i % 2 else None)
+                      for i, rid in enumerate([*odd, "huge"])]
+                     + [WorkItem("too-long", 0, 200, 1, 1)])
+    knobs = get_profile("vllm-v1").knobs
+    reference = list(run(ReferenceScheduler(config, knobs), items))
+    assert any(r.rejected for r in reference) and any(r.aborted for r in reference)
+    assert any(r.preempted for r in reference) and any(r.prefix_hits for r in reference)
+    lines = CompiledScheduler(config, knobs).simulate(items, True, None, StepEvents,
+                                                      lines=True)
+    assert b"".join(line for line, _, _ in lines) == trace_lines(reference)
 
 
 @given(config=st.one_of(configs(), configs(prefix_caching=True)), setup=policies(),
@@ -64,10 +91,12 @@ def test_its_tallies_give_the_metrics_of_its_trace(config: Config, setup: str | 
     items = data.draw(workloads(config, shared=config.prefix_caching), label="workload")
     collector = MetricsCollector(config, tallied=True)
     records = []
-    for rec, tally in CompiledScheduler(config, knobs).simulate(items, True, MAX_STEPS,
-                                                                StepTally):
-        collector.observe_tally(rec.step, tally)
+    scheduler = CompiledScheduler(config, knobs)
+    for rec, events in scheduler.simulate(items, True, MAX_STEPS, StepEvents):
+        if events is not None:
+            collector.observe_events(rec.step, events)
         records.append(rec)
+    collector.observe_totals(StepTotals(*scheduler.totals()))
     assert collector.result() == metrics_of(config, records)
 
 

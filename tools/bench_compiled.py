@@ -33,7 +33,7 @@ from tools.bench_optimized import ROOT, Section, place
 
 START = "<!-- bench_compiled: start -->"
 END = "<!-- bench_compiled: end -->"
-KVSCHED = [sys.executable, "-m", "kvsched"]
+KVSCHED = [str(Path(sys.executable).with_name("kvsched"))]  # the installed script
 
 
 @dataclass
@@ -88,9 +88,10 @@ def bench_processes(out: Section, quick: bool, tmp: Path) -> None:
             "table, the trace written), in turn; medians of the rounds. Both compute "
             "the same metrics and write the same trace, step for step: the reference's "
             "metrics follow the spec's state through each step, the compiled scheduler "
-            "counts each step's facts itself (kvsched.metrics.StepTally). Modules load "
-            "from their bytecode caches, as an installed package's do (a first, untimed "
-            "round of the small workload writes them).", "",
+            "counts each step's facts itself (kvsched.metrics.StepEvents, StepTotals). "
+            "Modules load from their bytecode caches, as an installed package's do (a "
+            "first, untimed round of the small workload writes them). The command is the "
+            "installed `kvsched` script.", "",
             "| workload | rounds | steps | reference, s (CPU s) | compiled, s (CPU s) | "
             "ratio (CPU) | same steps |",
             "|---|---:|---:|---:|---:|---:|---|")

@@ -24,7 +24,6 @@ first finding.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -210,6 +209,8 @@ def shard_seed(seed: int, index: int) -> int:
     it and their index (campaigns of nearby seeds share no shard)."""
     if index == 0:
         return seed
+    import hashlib  # here: `kvsched simulate`, which imports this module's defaults, never
+
     digest = hashlib.blake2b(f"kvsched fuzz {seed} {index}".encode(), digest_size=4)
     return int.from_bytes(digest.digest(), "big")
 

@@ -321,18 +321,17 @@ class _Series:
 
 
 @dataclass(slots=True)
-class StepTally:
-    """What a simulation knows of one of its steps, for the metrics: the facts that the
-    spec's transition rule derives from a trace line (kvsched.spec.state.StepFacts), as
-    a scheduler that ran the step counts them itself (the compiled scheduler's
-    simulation loop), so that no state has to be moved through the step again.
+class StepEvents:
+    """What happened to requests in one step of a simulation that counts its own steps
+    (the compiled scheduler's loop): the facts that the spec's transition rule derives
+    from a trace line (kvsched.spec.state.StepFacts), as the scheduler that ran the step
+    counted them, so that no state has to be moved through the step again.
 
     `victims` are (mode, C before), `admissions` (id, N, hit tokens) of the waiting
     requests scheduled (with prefix caching), `first_tokens` the ids that sampled their
     first token, `ended` the aborted and then the rejected ids with their status,
-    `finishes` (id, outputs); `kv_used` the GPU blocks held while the batch runs;
-    `waiting`, `running` and `swapped` the queues after the step. (Not frozen: one is
-    made every step, and a frozen dataclass's fields cost a call each to set.)
+    `finishes` (id, outputs). (Not frozen: one is made for every step that has events,
+    and a frozen dataclass's fields cost a call each to set.)
     """
 
     arrivals: Sequence[str] = ()
@@ -340,16 +339,25 @@ class StepTally:
     swap_ins: int = 0
     admissions: Sequence[tuple[str, int, int]] = ()
     evicted: int = 0
-    generated: int = 0
-    computed: int = 0
-    prompt_tokens: int = 0
     first_tokens: Sequence[str] = ()
-    kv_used: int = 0
     ended: Sequence[tuple[str, Status]] = ()
     finishes: Sequence[tuple[str, int]] = ()
-    waiting: int = 0
-    running: int = 0
-    swapped: int = 0
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """Each step's numbers of a run of steps, one entry per step in order: tokens sampled
+    and computed (of them, prompt tokens), victims, the queues after the step and the GPU
+    blocks held while its batch ran."""
+
+    generated: Sequence[int]
+    computed: Sequence[int]
+    prompt_tokens: Sequence[int]
+    preemptions: Sequence[int]
+    waiting: Sequence[int]
+    running: Sequence[int]
+    swapped: Sequence[int]
+    kv_used: Sequence[int]
 
 
 class MetricsCollector:
@@ -357,7 +365,7 @@ class MetricsCollector:
 
     Beside a checker of the same steps, share its state and `observe` the facts its
     `step` returns, so that the step is moved once. A simulation that counts its own
-    steps gives them as StepTally values to `observe_tally` instead (no state is kept
+    steps gives them to `observe_events` and `observe_totals` instead (no state is kept
     then).
     """
 
@@ -392,7 +400,7 @@ class MetricsCollector:
         self.series = _Series() if series else None
 
     def step(self, rec: StepRecord) -> None:
-        assert self.state is not None, "a tallied collector takes observe_tally only"
+        assert self.state is not None, "a tallied collector takes observe_events only"
         self.observe(rec, self.state.apply(rec))
 
     def observe(self, rec: StepRecord, f: StepFacts) -> None:
@@ -440,31 +448,36 @@ class MetricsCollector:
         self._close(end, generated, computed, len(rec.preempted), count[Status.WAITING],
                     count[Status.RUNNING], count[Status.SWAPPED], kv_used)
 
-    def observe_tally(self, step: int, tally: StepTally, time_ms: float | None = None
-                      ) -> None:
-        """Record one step of a simulation that counted it itself (StepTally)."""
-        start, end = self._clock(time_ms)
+    def observe_events(self, step: int, events: StepEvents) -> None:
+        """Record what happened to requests in one step of a simulation that counted it
+        itself (steps without events need no call); then `observe_totals` for all of
+        its steps. Such a simulation has no clock (no time_ms)."""
+        self.timed = False
         times = self.times
-        for rid in tally.arrivals:
-            self._arrive(rid, step, start)
-        for mode, computed in tally.victims:
+        for rid in events.arrivals:
+            self._arrive(rid, step, 0.0)
+        for mode, computed in events.victims:
             self._victim(mode, computed)
-        self.swap_ins += tally.swap_ins
+        self.swap_ins += events.swap_ins
         if self.config.prefix_caching:
-            for rid, known, tokens in tally.admissions:
+            for rid, known, tokens in events.admissions:
                 self._admission(rid, known, tokens)
-            self.cache["evictions"] += tally.evicted
-        self.prompt_tokens += tally.prompt_tokens
-        for rid in tally.first_tokens:
-            self._first_token(times[rid], step, end)
-        for rid, status in tally.ended:
+            self.cache["evictions"] += events.evicted
+        for rid in events.first_tokens:
+            self._first_token(times[rid], step, 0.0)
+        for rid, status in events.ended:
             self._end(rid, status)
-        for rid, outputs in tally.finishes:
+        for rid, outputs in events.finishes:
             t = times.pop(rid)
-            t.last_step, t.last_clock = step, end  # it sampled the token it finished on
+            t.last_step = step  # it sampled the token it finished on
             self._finish(t, step, outputs)
-        self._close(end, tally.generated, tally.computed, len(tally.victims), tally.waiting,
-                    tally.running, tally.swapped, tally.kv_used)
+
+    def observe_totals(self, totals: StepTotals) -> None:
+        """Each step's numbers of a simulation that counted them itself, all at once."""
+        self.timed = False
+        self.prompt_tokens += sum(totals.prompt_tokens)
+        self._totals(totals.generated, totals.computed, totals.preemptions,
+                     totals.waiting, totals.running, totals.swapped, totals.kv_used)
 
     # -- the definitions, one event at a time -------------------------------------------
 
@@ -508,26 +521,33 @@ class MetricsCollector:
 
     def _close(self, end: float, generated: int, computed: int, preemptions: int,
                waiting: int, running: int, swapped: int, kv_used: int) -> None:
-        """The step's totals and queues (sums and peaks in lists, in QUEUES order: one
-        call a step, so no dict is built for it)."""
-        self.steps += 1
-        self.generated += generated
-        self.computed += computed
+        """One step's totals and queues."""
         self.clock = end
+        self._totals((generated,), (computed,), (preemptions,), (waiting,), (running,),
+                     (swapped,), (kv_used,))
+
+    def _totals(self, generated: Sequence[int], computed: Sequence[int],
+                preemptions: Sequence[int], waiting: Sequence[int], running: Sequence[int],
+                swapped: Sequence[int], kv_used: Sequence[int]) -> None:
+        """Steps' totals and queues, one entry per step: summed, their peaks (in QUEUES
+        order) and, with series, kept."""
+        self.steps += len(generated)
+        self.generated += sum(generated)
+        self.computed += sum(computed)
         sums, peaks = self.sums, self.peaks
-        for k, v in enumerate((waiting, running, swapped, kv_used)):
-            sums[k] += v
-            if v > peaks[k]:
-                peaks[k] = v
+        for k, values in enumerate((waiting, running, swapped, kv_used)):
+            if values:
+                sums[k] += sum(values)
+                peaks[k] = max(peaks[k], max(values))
         if self.series is not None:
             sr = self.series
-            sr.waiting.append(waiting)
-            sr.running.append(running)
-            sr.swapped.append(swapped)
-            sr.kv_blocks.append(kv_used)
-            sr.preemptions.append(preemptions)
-            sr.generated.append(generated)
-            sr.computed.append(computed)
+            sr.waiting.extend(waiting)
+            sr.running.extend(running)
+            sr.swapped.extend(swapped)
+            sr.kv_blocks.extend(kv_used)
+            sr.preemptions.extend(preemptions)
+            sr.generated.extend(generated)
+            sr.computed.extend(computed)
 
     def _cache(self, f: StepFacts) -> None:
         """Count the step's admissions, hits and evictions (PrefixCache)."""

@@ -1,0 +1,310 @@
+"""`kvsched check TRACE...`: traces against the spec's invariants and a profile, one
+verdict each (serially or on Ray).
+
+Loaded when the command is named (kvsched.cli.Group).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+import click
+from rich.text import Text
+
+from kvsched import inputs
+from kvsched.cli import (
+    BadInput,
+    atomic_output,
+    err,
+    fail,
+    new_checker,
+    on_ray,
+    open_trace,
+    out,
+    profile_note,
+    progress_option,
+    ray_options,
+    trace_size,
+)
+from kvsched.inputs import InputError
+from kvsched.progress import Reporter, reading
+from kvsched.spec.profiles import PROFILES, get_profile, pinned_profile
+from kvsched.spec.trace import Header, TraceError, TraceReader
+from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS, INVARIANTS
+from kvsched.verdict import SHOWN, Verdict, printable, render_text, worst
+
+if TYPE_CHECKING:
+    from kvsched.spec.checker import Report
+
+
+# From this size on, `--checker auto` checks a trace with the vectorized checker.
+AUTO_VECTORIZED_BYTES = 8 * 1024 * 1024
+
+
+class Unreadable(Exception):
+    """A trace that cannot be read as trace v1: its verdict is malformed input."""
+
+
+def check_one(path: str, profile: str | None, max_preemptions: int, strict: bool = False,
+              checker_choice: str = "spec", required: frozenset[str] = frozenset(),
+              progress: bool | None = False) -> Report:
+    """One trace's report; raises Unreadable with the one-line reason."""
+    if checker_choice == "auto":
+        fast = big_trace(path) and (profile is None or replay_refused(profile) is None)
+        checker_choice = "vectorized" if fast else "spec"
+    try:
+        with open_trace(path) as raw, reading(raw, f"checking {printable(path)}",
+                                              trace_size(path), err, progress) as stream:
+            return check_stream(stream, path, profile, max_preemptions, strict,
+                                checker_choice, required)
+    except TraceError as e:
+        raise Unreadable(f"{path}: {e}") from None
+    except (BadInput, InputError) as e:  # the file itself: missing, unreadable, damaged
+        raise Unreadable(str(e)) from None
+
+
+def check_stream(stream: IO[bytes], path: str, profile: str | None, max_preemptions: int,
+                 strict: bool, checker_choice: str, required: frozenset[str],
+                 notes: bool = True) -> Report:
+    """The report of the trace `stream` holds (named `path`; TraceError if malformed);
+    `notes`: print the release note of a profile that follows another release."""
+    if checker_choice == "vectorized":
+        from kvsched.optimized.checker import check_trace_vectorized
+
+        def note(header: Header) -> None:
+            if profile is not None and notes:
+                release_note(path, profile, header.engine)
+
+        report = check_trace_vectorized(stream, max_preemptions, profile=profile,
+                                        on_header=note)
+        report.strict, report.required = strict, required
+        report.missing()  # computed from the fields just set
+        return report
+    reader = TraceReader(stream)
+    if profile is not None and notes:
+        release_note(path, profile, reader.header.engine)
+    return new_checker(reader.header.config, profile=profile, strict=strict,
+                       max_preemptions=max_preemptions, required=required,
+                       preempted_order=reader.header.preempted_order).run_trace(reader)
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """The options of `kvsched check` that decide a trace's verdict."""
+
+    profile: str | None = None
+    max_preemptions: int = DEFAULT_MAX_PREEMPTIONS
+    strict: bool = False
+    checker_choice: str = "auto"
+    required: frozenset[str] = frozenset()
+    repro: bool = False  # also find a failing trace's shortest failing prefix
+
+    def flags(self) -> list[str]:
+        """The `kvsched check` options that give these settings' verdicts."""
+        return [*(["--profile", self.profile] if self.profile else []),
+                *(["--strict"] if self.strict else []),
+                *(["--max-preemptions", str(self.max_preemptions)]
+                  if self.max_preemptions != DEFAULT_MAX_PREEMPTIONS else [])]
+
+
+def verdict_of(path: str, settings: CheckSettings, progress: bool | None = False) -> Verdict:
+    """One trace's verdict (and its reproduction with `settings.repro`): the check every
+    trace of `kvsched check` goes through, in this process or on a Ray worker."""
+    from kvsched.repro import reproduction
+
+    started = time.perf_counter()
+    try:
+        report = check_one(path, settings.profile, settings.max_preemptions, settings.strict,
+                           settings.checker_choice, settings.required, progress)
+    except Unreadable as e:
+        return Verdict(path, error=str(e))
+    verdict = Verdict(path, report, seconds=time.perf_counter() - started)
+    if settings.repro and report.failed:
+        def recheck(stream: IO[bytes]) -> Report:
+            return check_stream(stream, path, settings.profile, settings.max_preemptions,
+                                settings.strict, "spec", settings.required, notes=False)
+        verdict.repro = reproduction(path, report, recheck)
+    return verdict
+
+
+def release_note(path: str, profile: str, engine: dict[str, str]) -> None:
+    """A note on standard error when `profile` follows an engine's releases (vllm-v1)
+    and the trace's header names a release whose own profile decides otherwise."""
+    name, version = engine.get("name", ""), engine.get("version", "")
+    pinned = pinned_profile(profile, name, version)
+    if pinned is not None and get_profile(pinned).knobs != get_profile(profile).knobs:
+        err.print(Text(f"kvsched: note: {printable(path)} was recorded by {name} {version}, "
+                       f"whose profile is {pinned} ({profile} follows another release)"))
+
+
+def big_trace(path: str) -> bool:
+    """Whether `path` holds AUTO_VECTORIZED_BYTES of trace or more (a compressed file
+    counts as eight times its size)."""
+    file = Path(path)
+    if path in ("", "-") or not file.is_file():
+        return False
+    size = file.stat().st_size * (8 if inputs.is_compressed(path) else 1)
+    return size >= AUTO_VECTORIZED_BYTES
+
+
+def vectorized_available(profile: str | None) -> None:
+    """Refuse `--checker vectorized` where it cannot run, before any trace is read."""
+    try:
+        import kvsched.optimized.checker  # noqa: F401
+    except ImportError:
+        fail("--checker vectorized needs numpy and numba: pip install 'kvsched[optimized]'")
+    refused = replay_refused(profile) if profile is not None else None
+    if refused is not None:
+        fail(f"--checker vectorized replays --profile {profile} with the compiled "
+             f"scheduler, which {refused}: use --checker spec")
+
+
+def replay_refused(profile: str) -> str | None:
+    """Why the vectorized checker cannot replay `profile` (with the compiled scheduler,
+    kvsched.optimized.replay), or None: --checker spec replays it with the reference."""
+    from kvsched.optimized.knobs import unsupported_knobs
+
+    try:
+        import kvsched.optimized.compiled  # noqa: F401
+    except ImportError:
+        return "is not built here (kvsched was installed without a C++ compiler)"
+    if unsupported_knobs(get_profile(profile).knobs) is not None:
+        return "does not implement vLLM V0's rules"
+    return None
+
+
+def parse_required(text: str | None) -> frozenset[str]:
+    if not text:
+        return frozenset()
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in INVARIANTS]
+    if unknown:
+        fail(f"--require: unknown invariant {unknown[0]!r}; known: {', '.join(INVARIANTS)}")
+    return frozenset(names)
+
+
+@click.command()
+@click.argument("traces", nargs=-1, required=True)
+@click.option("--strict", is_flag=True, help="SHOULD warnings fail too (exit 1).")
+@click.option("--profile", type=click.Choice(list(PROFILES)), default=None,
+              help="Also replay this reference profile and require equal decisions.")
+@click.option("--max-preemptions", type=int, default=DEFAULT_MAX_PREEMPTIONS, show_default=True,
+              help="no-thrash: most preemptions of one request.")
+@click.option("--require", "require", default=None, metavar="IDS",
+              help="Comma-separated invariant ids that must be checked in full (for example "
+                   "block-ids,accounting): a trace that lets the checker judge one only in "
+                   "part or not at all fails.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--max-violations", type=int, default=SHOWN, show_default=True,
+              help="Violations listed in the text after the per-invariant summary.")
+@click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
+              help="Also write a JUnit XML report: one testsuite per trace, one testcase "
+                   "per invariant id.")
+@click.option("--repro-dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Write each failing trace's minimal reproduction (its shortest prefix "
+                   "that still fails the same way) under DIR, at the trace's own relative "
+                   "path; the report says where each one is.")
+@click.option("--checker", "checker_choice", type=click.Choice(["auto", "spec", "vectorized"]),
+              default="auto", show_default=True,
+              help="The spec's checker, or the vectorized one (same verdicts, for large "
+                   "traces); auto picks the vectorized one from 8 MiB on.")
+@ray_options("traces' checks")
+@progress_option
+def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemptions: int,
+          require: str | None, fmt: str, max_violations: int, junit_path: Path | None,
+          repro_dir: Path | None, checker_choice: str, workers: int | None, use_ray: bool,
+          ray_address: str | None, progress: bool | None) -> None:
+    """Check traces against the spec's MUST and SHOULD invariants (and a profile).
+
+    TRACES are trace files (gzip or zstd too; - is standard input), directories (their
+    *.jsonl, *.jsonl.gz and *.jsonl.zst files, at any depth), quoted patterns that
+    kvsched expands ('runs/**/*.jsonl'), or @LIST, a file of such paths, one per line.
+
+    Each trace gets its own verdict, in the order of the arguments. Exit codes, the
+    worst over the traces: 0 every trace is clean, 1 some trace broke an invariant (a
+    SHOULD one only with --strict, or a --require'd invariant could not be checked in
+    full), 2 some trace is malformed input or the options are wrong, 3 some trace was not
+    checked (its Ray worker died or its node was lost).
+    """
+    from functools import partial
+
+    from kvsched.repro import file_name, write_prefix
+    from kvsched.tracesets import TraceSetError, expand
+
+    if max_preemptions < 0:
+        fail(f"--max-preemptions must not be negative, got {max_preemptions}")
+    if max_violations < 0:
+        fail(f"--max-violations must not be negative, got {max_violations}")
+    if junit_path is not None and junit_path.is_dir():
+        fail(f"{junit_path}: is a directory; expected a file to write")
+    if repro_dir is not None and repro_dir.exists() and not repro_dir.is_dir():
+        fail(f"--repro-dir {repro_dir}: is a file; expected a directory to write "
+             "reproductions in")
+    required = parse_required(require)
+    profile_note(profile)
+    if checker_choice == "vectorized":
+        vectorized_available(profile)
+    try:
+        paths = expand(traces)
+    except TraceSetError as e:
+        fail(str(e))
+    distributed = use_ray or workers is not None or ray_address is not None
+    if distributed and "-" in paths:
+        fail("-: standard input cannot be handed to Ray workers; give trace files, or "
+             "check standard input without --workers, --ray and --ray-address")
+    settings = CheckSettings(profile, max_preemptions, strict, checker_choice, required,
+                             repro=repro_dir is not None)
+    verdicts: list[Verdict] = []
+    written: set[Path] = set()
+
+    def keep_reproduction(verdict: Verdict) -> None:
+        assert repro_dir is not None and verdict.repro is not None
+        name = repro_dir / file_name(verdict.name)
+        n = 1
+        while name in written:  # two traces with one relative path: number the later
+            n += 1
+            name = name.with_name(f"{name.name.removesuffix('.jsonl')}.{n}.jsonl")
+        written.add(name)
+        try:
+            name.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            fail(f"--repro-dir {repro_dir}: cannot create {name.parent} ({e.strerror})")
+        with atomic_output(name) as stream:
+            write_prefix(verdict.name, verdict.repro, stream)
+        verdict.repro = replace(verdict.repro, file=str(name), command=shlex.join(
+            ["kvsched", "check", *settings.flags(), str(name)]))
+
+    with on_ray(use_ray, workers, ray_address) as ex:
+        pieces = [partial(verdict_of, path, settings,
+                          False if ex.distributed else progress) for path in paths]
+        with Reporter("checking", len(paths), err, progress if ex.distributed else False,
+                      unit="traces") as bar:
+            for outcome in ex.run(pieces, on_done=lambda _: bar.advance(1)):
+                sys.stdout.write(outcome.stdout)
+                sys.stderr.write(outcome.stderr)
+                verdict = (outcome.value if outcome.value is not None
+                           else Verdict(paths[outcome.index], lost=outcome.lost))
+                verdicts.append(verdict)
+                if verdict.repro is not None and repro_dir is not None:
+                    keep_reproduction(verdict)
+                if verdict.lost is not None:
+                    err.print(Text(f"kvsched: {printable(verdict.not_checked())}"))
+                elif verdict.error is not None:
+                    err.print(Text(f"kvsched: error: {printable(verdict.error)}"))
+                elif fmt == "text":
+                    render_text(verdict, out, max_violations)
+    if junit_path is not None:
+        with atomic_output(junit_path) as stream:
+            from kvsched.junit import junit_xml
+
+            stream.write(junit_xml(verdicts, strict=strict, profile=profile))
+    if fmt == "json":
+        sys.stdout.write(json.dumps([v.as_dict() for v in verdicts], indent=2,
+                                    ensure_ascii=True) + "\n")
+    sys.exit(worst(verdicts))

@@ -1,0 +1,247 @@
+"""`kvsched diff A B`: the audit of a scheduler change.
+
+Loaded when the command is named (kvsched.cli.Group).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+import orjson
+from rich.text import Text
+
+from kvsched import __version__
+from kvsched.cli import (
+    WORKLOAD_PARAMS,
+    atomic_output,
+    build_config,
+    config_options,
+    counting,
+    dumps_line,
+    err,
+    fail,
+    load_workload,
+    open_trace,
+    out,
+    profile_note,
+    progress_option,
+    trace_size,
+    workload_options,
+)
+from kvsched.progress import Reporter, reading
+from kvsched.spec.model import (
+    StepRecord,
+)
+from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES
+from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
+from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS
+from kvsched.verdict import printable
+
+if TYPE_CHECKING:
+    pass
+
+
+TRACE_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
+def diff_side_kind(text: str, which: str) -> str:
+    """"trace", "profile" or "factory": what the argument A or B names."""
+    from kvsched.loading import is_factory_spec
+
+    path = Path(text)
+    if path.is_dir():
+        fail(f"{which}: {text}: is a directory; expected a trace file")
+    if path.exists():
+        return "trace"
+    if text in PROFILES:
+        return "profile"
+    if is_factory_spec(text):
+        return "factory"
+    if path.suffix in TRACE_SUFFIXES or "/" in text:
+        fail(f"{which}: {text}: no such trace file")
+    fail(f"{which}: {text!r} is neither a trace file, a profile ({', '.join(PROFILES)}) "
+         "nor module:factory")
+
+
+def trace_records(path: Path, reader: TraceReader) -> Iterator[StepRecord]:
+    """The reader's steps; a malformed line is bad input naming the file."""
+    try:
+        yield from reader
+    except TraceError as e:
+        fail(f"{path}: {e}")
+
+
+@click.command("diff")
+@click.argument("a")
+@click.argument("b")
+@config_options
+@workload_options
+@click.option("--out-a", type=click.Path(path_type=Path), default=None,
+              help="Schedulers: keep A's trace here.")
+@click.option("--out-b", type=click.Path(path_type=Path), default=None,
+              help="Schedulers: keep B's trace here.")
+@click.option("--max-steps", type=int, default=100_000, show_default=True,
+              help="Schedulers: stop each run after this many steps.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
+              help="Draw both sides over time (queues, KV use, preemptions) as a PNG.")
+@click.option("--max-preemptions", type=int, default=DEFAULT_MAX_PREEMPTIONS, show_default=True,
+              help="no-thrash: most preemptions of one request.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@progress_option
+@click.pass_context
+def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | None,
+                 generator: str, num_requests: int, arrival: str, priorities: str | None,
+                 max_tokens: int | None, rate: float, seed: int, system_prompts: str | None,
+                 skew: float | None, turns: float | None, think_steps: float | None,
+                 out_a: Path | None,
+                 out_b: Path | None, max_steps: int, plot_path: Path | None,
+                 max_preemptions: int, fmt: str, progress: bool | None,
+                 **config_given: Any) -> None:
+    """Audit a scheduler change: where two traces, or two schedulers, first differ.
+
+    A and B are two traces of the same workload, or two schedulers, each a profile
+    name (see kvsched profiles) or module:factory (a callable taking a
+    kvsched.spec.Config and returning a scheduler), run on one workload (a file or
+    a generated one, as for kvsched simulate).
+
+    \b
+    kvsched diff before.jsonl after.jsonl
+    kvsched diff vllm-v1 sarathi --requests 200 --plot diff.png
+    kvsched diff vllm-v1 my_engine.sched:make --workload w.jsonl --out-b mine.jsonl
+
+    It reports the first divergent step (inputs, decision, finishes, free block
+    count or length) with both versions and the state before it, the violations
+    per invariant on each side, and metric deltas.
+
+    \b
+    Exit codes: 0 no divergence, 1 the two sides diverge, 2 bad input.
+    """
+    from contextlib import ExitStack
+
+    from kvsched.diff import SideFailed, Stream, diff_streams, plot_png, render_text, simulated
+    from kvsched.loading import FactoryError, build, load_factory
+    from kvsched.plot import PlotUnavailable, require_matplotlib
+    from kvsched.spec.interface import Scheduler
+
+    kinds = (diff_side_kind(a, "A"), diff_side_kind(b, "B"))
+    for text, kind in zip((a, b), kinds, strict=True):
+        if kind == "profile":
+            profile_note(text)
+    traces = kinds == ("trace", "trace")
+    if "trace" in kinds and not traces:
+        fail("A and B must both be traces or both be schedulers (a profile or "
+             "module:factory); to check one trace against a profile use kvsched check "
+             "--profile")
+    if max_preemptions < 0:
+        fail(f"--max-preemptions must not be negative, got {max_preemptions}")
+    if traces:
+        for param in ctx.command.params:
+            if param.name in (*WORKLOAD_PARAMS, "out_a", "out_b", "max_steps",
+                              *config_given) \
+                    and ctx.get_parameter_source(param.name or "") \
+                    != click.core.ParameterSource.DEFAULT:
+                fail(f"{param.opts[0]} applies to schedulers, not to traces (the traces "
+                     "carry their own config and workload)")
+    if max_steps < 1:
+        fail(f"--max-steps must be at least 1, got {max_steps}")
+    for path in (out_a, out_b, plot_path):
+        if path is not None and path.is_dir():
+            fail(f"{path}: is a directory; expected a file to write")
+    if plot_path is not None:
+        try:
+            require_matplotlib()
+        except PlotUnavailable as e:
+            fail(str(e))
+
+    with ExitStack() as stack:
+        if traces:
+            streams = []
+            for text in (a, b):
+                path = Path(text)
+                stream = stack.enter_context(open_trace(path))
+                if text == a:  # the two are read in lockstep: A's bytes tell how far
+                    stream = stack.enter_context(reading(
+                        stream, "diffing", trace_size(text), err, progress))
+                try:
+                    reader = TraceReader(stream)
+                except TraceError as e:
+                    fail(f"{path}: {e}")
+                streams.append(Stream(text, reader.header.config, reader.header.engine,
+                                      trace_records(path, reader),
+                                      lambda r=reader: r.complete))  # type: ignore[misc]
+            sa, sb = streams
+        else:
+            configs = [build_config(text if kind == "profile" else DEFAULT_PROFILE,
+                                    config_given) for text, kind in zip((a, b), kinds,
+                                                                        strict=True)]
+            workload = load_workload(min(c.max_model_len for c in configs), workload_path,
+                                     generator, num_requests, arrival, priorities,
+                                     max_tokens, rate, seed, system_prompts, skew, turns,
+                                     think_steps)
+            sides: list[tuple[Stream, TraceWriter | None]] = []
+            reporter = stack.enter_context(Reporter("diffing", len(workload), err, progress,
+                                                    unit="requests"))
+            scheduler: Scheduler
+            for text, kind, config, keep in zip((a, b), kinds, configs, (out_a, out_b),
+                                                strict=True):
+                if kind == "profile":
+                    from kvsched.reference import reference_scheduler
+
+                    scheduler = reference_scheduler(text, config)
+                    label = f"{text} (reference)"
+                    engine = {"name": "kvsched-reference", "version": __version__,
+                              "profile": text}
+                else:
+                    label = text
+                    engine = {"name": text}
+                    try:
+                        scheduler = build(load_factory(text), config, text)
+                    except FactoryError as e:
+                        fail(str(e))
+                    except Exception as e:
+                        # The user's scheduler failed, as when it raises mid-run (and as
+                        # kvsched fuzz counts it): exit 1, not bad input.
+                        err.print(Text(f"kvsched: {printable(text)}: the factory raised "
+                                       f"{type(e).__name__}: " + printable(
+                                           (str(e).strip().splitlines() or [""])[0])))
+                        sys.exit(1)
+                writer = None
+                if keep is not None:
+                    writer = TraceWriter(stack.enter_context(atomic_output(keep)),
+                                         dumps_line)
+                    writer.header(config, engine)
+                on_step: Callable[[StepRecord], None] | None = (
+                    writer.step if writer else None)
+                if not sides:  # A's ended requests tell how far
+                    on_step = counting(reporter, on_step)
+                sides.append((simulated(label, scheduler, workload, engine,
+                                        max_steps=max_steps, on_step=on_step), writer))
+            (sa, writer_a), (sb, writer_b) = sides
+        try:
+            result = diff_streams(sa, sb, series=plot_path is not None,
+                                  max_preemptions=max_preemptions)
+        except SideFailed as e:
+            if traces:
+                fail(str(e))
+            err.print(f"kvsched: {e}", markup=False)
+            sys.exit(1)
+        if not traces:
+            for side, writer in ((sa, writer_a), (sb, writer_b)):
+                if writer is not None and side.complete():
+                    writer.end()
+    if plot_path is not None:
+        with atomic_output(plot_path) as stream:
+            stream.write(plot_png(result))
+    if fmt == "json":
+        sys.stdout.write(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2).decode()
+                         + "\n")
+    else:
+        render_text(result, out)
+        for what, path in (("A's trace", out_a), ("B's trace", out_b), ("plot", plot_path)):
+            if path is not None:
+                out.print(f"{what} written to {path}")
+    sys.exit(1 if result.diverged else 0)

@@ -1,0 +1,75 @@
+"""`kvsched metrics TRACE`: throughput, TTFT/TPOT, KV use, preemptions of a trace.
+
+Loaded when the command is named (kvsched.cli.Group).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+import orjson
+from rich.table import Table
+
+from kvsched.cli import (
+    atomic_output,
+    err,
+    fail,
+    open_trace,
+    out,
+    progress_option,
+    trace_size,
+)
+from kvsched.progress import reading
+from kvsched.spec.trace import TraceError, TraceReader
+from kvsched.verdict import printable
+
+if TYPE_CHECKING:
+    pass
+
+
+@click.command()
+@click.argument("trace")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
+              help="Draw the trace over time (queues, KV use, preemptions, TTFT and TPOT) "
+                   "as a PNG.")
+@progress_option
+def metrics(trace: str, fmt: str, plot_path: Path | None, progress: bool | None) -> None:
+    """Throughput, TTFT and TPOT percentiles, queue lengths, KV use, preemptions."""
+    from kvsched.metrics import MetricsCollector
+    from kvsched.plot import PlotUnavailable, metrics_png, require_matplotlib
+    if plot_path is not None:
+        if plot_path.is_dir():
+            fail(f"{plot_path}: is a directory; expected a file to write")
+        try:
+            require_matplotlib()
+        except PlotUnavailable as e:
+            fail(str(e))
+    with open_trace(trace) as raw, reading(raw, "reading", trace_size(trace), err,
+                                           progress) as stream:
+        try:
+            reader = TraceReader(stream)
+            collector = MetricsCollector(reader.header.config, series=plot_path is not None)
+            for rec in reader:
+                collector.step(rec)
+        except TraceError as e:
+            fail(f"{trace}: {e}")
+    result = collector.result()
+    if plot_path is not None:
+        with atomic_output(plot_path) as png:
+            png.write(metrics_png(result, f"kvsched metrics: {printable(trace)}"))
+    if fmt == "json":
+        sys.stdout.write(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2).decode()
+                         + "\n")
+        return
+    table = Table(title=f"kvsched metrics: {trace}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in result.rows():
+        table.add_row(name, value)
+    out.print(table)
+    if plot_path is not None:
+        out.print(f"plot written to {plot_path}")

