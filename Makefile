@@ -41,8 +41,9 @@ proofs: $(STAMP)
 
 test: lint unit
 
-# Baselines (reference, spec checker), then the optimized side by side, then auto
-# preemption's calibrated cost model against recompute and swap, then check and fuzz on
+# Baselines (reference, spec checker), then the compiled and torch schedulers and the
+# vectorized checker side by side, the tracing plugin, auto preemption's calibrated cost
+# model, whole kvsched simulate processes and the lockstep machine, and check and fuzz on
 # Ray (docs/benchmarks.md).
 bench: $(STAMP)
 	$(BIN)/python -m tools.bench --out docs/benchmarks.md
@@ -52,6 +53,8 @@ bench: $(STAMP)
 	$(BIN)/python -m tools.bench_optimized --prefix-caching --out docs/benchmarks.md
 	@# auto preemption's cost model calibrated here, against recompute and swap.
 	$(BIN)/python -m tools.bench_cost --out docs/benchmarks.md
+	@# Whole kvsched simulate processes and the lockstep machine, compiled against the rest.
+	$(BIN)/python -m tools.bench_compiled --out docs/benchmarks.md
 	@# kvsched check and kvsched fuzz on a local Ray, 1 and 2 workers against serial.
 	$(BIN)/python -m tools.bench_ray --out docs/benchmarks.md
 
