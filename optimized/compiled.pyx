@@ -1013,12 +1013,8 @@ cdef class CompiledScheduler:
                          else b',"mode":"recompute"}')
             o.push_back(b']')
         if self.in_slot.size():
-            o.append(b',"swapped_in":[')
-            for k in range(<Py_ssize_t>self.in_slot.size()):
-                if k:
-                    o.push_back(b',')
-                o.append(self.id_json[self.in_slot[k]])
-            o.push_back(b']')
+            o.append(b',"swapped_in":')
+            self._id_list(o, self.in_slot)
         if self.e_slot.size():
             o.append(b',"scheduled":[')
             for k in range(<Py_ssize_t>self.e_slot.size()):
@@ -1067,6 +1063,16 @@ cdef class CompiledScheduler:
         if not first:
             t.push_back(b'}')
 
+    cdef void _id_list(self, string *o, vector[int32_t] &slots):
+        """The slots' ids as a JSON array."""
+        cdef Py_ssize_t k
+        o.push_back(b'[')
+        for k in range(<Py_ssize_t>slots.size()):
+            if k:
+                o.push_back(b',')
+            o.append(self.id_json[slots[k]])
+        o.push_back(b']')
+
     cdef bytes _line_end(self, dict keys):
         """The whole line, after `update` (its finishes and free blocks), before the
         finished requests' slots go."""
@@ -1074,12 +1080,8 @@ cdef class CompiledScheduler:
         cdef int32_t s
         cdef Py_ssize_t k
         if self.finished_now.size():
-            o.append(b',"finished":[')
-            for k in range(<Py_ssize_t>self.finished_now.size()):
-                if k:
-                    o.push_back(b',')
-                o.append(self.id_json[self.finished_now[k]])
-            o.push_back(b']')
+            o.append(b',"finished":')
+            self._id_list(o, self.finished_now)
         o.append(b',"free_blocks":')
         o.append(to_string(self.nfree))
         o.append(self.line_blocks)

@@ -187,19 +187,25 @@ def plant(lines: list[dict[str, Any]], fault: str, pick: st.DataObject) -> None:
         line["step"] += 1
 
 
+def faulty_trace(config: Config, setup: Knobs, data: st.DataObject, faults: list[str]
+                 ) -> bytes:
+    """A drawn workload's trace under `setup`, with `faults` planted in it."""
+    items = data.draw(workloads(config), label="workload")
+    records, complete = simulate(config, ReferenceScheduler(config, setup), items)
+    lines = [orjson.loads(x) for x in trace_bytes(config, records, complete).splitlines()]
+    for fault in faults:
+        plant(lines, fault, data)
+    return b"".join(orjson.dumps(x) + b"\n" for x in lines)
+
+
 @given(config=VECTORIZED, setup=st.one_of(profiles(), knobs()), data=st.data(),
        faults=st.lists(st.sampled_from(FAULTS), min_size=1, max_size=3),
        run_steps=st.sampled_from([1, 2, 5, 2048]))
 def test_traces_with_planted_faults_agree(config: Config, setup: str | Knobs,
                                           data: st.DataObject, faults: list[str],
                                           run_steps: int) -> None:
-    config, setup = resolve(config, setup)
-    items = data.draw(workloads(config), label="workload")
-    records, complete = simulate(config, ReferenceScheduler(config, setup), items)
-    lines = [orjson.loads(x) for x in trace_bytes(config, records, complete).splitlines()]
-    for fault in faults:
-        plant(lines, fault, data)
-    assert_agree(both(b"".join(orjson.dumps(x) + b"\n" for x in lines), run_steps))
+    config, chosen = resolve(config, setup)
+    assert_agree(both(faulty_trace(config, chosen, data, faults), run_steps))
 
 
 @settings(max_examples=20)
@@ -208,13 +214,8 @@ def test_traces_with_planted_faults_agree(config: Config, setup: str | Knobs,
 def test_traces_under_other_allocations_and_scopes_agree_through_the_spec_checker(
         config: Config, setup: str | Knobs, data: st.DataObject, faults: list[str]) -> None:
     assume(spec_alone(config))
-    config, setup = resolve(config, setup)
-    items = data.draw(workloads(config), label="workload")
-    records, complete = simulate(config, ReferenceScheduler(config, setup), items)
-    lines = [orjson.loads(x) for x in trace_bytes(config, records, complete).splitlines()]
-    for fault in faults:
-        plant(lines, fault, data)
-    v = both(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    config, chosen = resolve(config, setup)
+    v = both(faulty_trace(config, chosen, data, faults))
     assert_agree(v)
     assert v.stats.get("fast", 0) == 0
 
@@ -293,13 +294,8 @@ def test_profile_replays_agree(config: Config, setup: str | Knobs, data: st.Data
                                replayed: str, faults: list[str], run_steps: int) -> None:
     """A trace of any scheduler setup, maybe with faults planted, replayed against any
     profile: both checkers find the same divergence (or none), reported alike."""
-    config, setup = resolve(config, setup)
-    items = data.draw(workloads(config), label="workload")
-    records, complete = simulate(config, ReferenceScheduler(config, setup), items)
-    lines = [orjson.loads(x) for x in trace_bytes(config, records, complete).splitlines()]
-    for fault in faults:
-        plant(lines, fault, data)
-    v = both(b"".join(orjson.dumps(x) + b"\n" for x in lines), run_steps, replayed)
+    config, chosen = resolve(config, setup)
+    v = both(faulty_trace(config, chosen, data, faults), run_steps, replayed)
     assert_agree(v)
 
 

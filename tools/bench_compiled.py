@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench import BENCH_CONFIG, machine
-from tools.bench_optimized import ROOT, Section, place
+from tools.bench_optimized import ROOT, Section, publish
 
 START = "<!-- bench_compiled: start -->"
 END = "<!-- bench_compiled: end -->"
@@ -183,11 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = "python -m tools.bench_compiled" + (" --quick" if args.quick else "")
     text = report(args.quick, command)
-    if args.out:
-        place(text, args.out, START, END)
-        print(f"written to {args.out}")
-    else:
-        print(text)
+    publish(text, args.out, START, END)
     return 0
 
 

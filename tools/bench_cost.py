@@ -277,14 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     from tools.bench import machine
 
     text = render(calibration, outcomes, "python -m tools.bench_cost", machine())
-    if args.out:
-        from tools.bench_optimized import place
+    from tools.bench_optimized import publish
 
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        place(text, args.out, START, END)
-        print(f"written to {args.out}")
-    else:
-        print(text)
+    publish(text, args.out, START, END)
     return 0
 
 

@@ -858,6 +858,17 @@ def report(sizes: Sizes, command: str) -> str:
     return "\n".join(out.lines) + "\n"
 
 
+def publish(text: str, out: Path | None, start: str, end: str) -> None:
+    """A benchmark's section: in `out` between its markers (replacing its last version),
+    or printed where there is no `out`."""
+    if out is None:
+        print(text)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    place(text, out, start, end)
+    print(f"written to {out}")
+
+
 def place(text: str, path: Path, start: str = START, end: str = END) -> None:
     """Replace the section between `start` and `end` in `path` (or append it)."""
     old = path.read_text() if path.exists() else "# Benchmarks\n"

@@ -242,14 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  fuzz, {name}: {runs / t.seconds:.1f} cases/s ({t.used:.1f} cores, "
               f"other jobs {t.others:.1f})", flush=True)
     text = render(sizes, command, start_s, count, steps, checked, runs, fuzzed)
-    if args.out:
-        from tools.bench_optimized import place
+    from tools.bench_optimized import publish
 
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        place(text, args.out, START, END)
-        print(f"written to {args.out}")
-    else:
-        print(text)
+    publish(text, args.out, START, END)
     return 0
 
 

@@ -54,6 +54,7 @@ from kvsched.workload import WorkItem, WorkloadError, read_workload
 
 if TYPE_CHECKING:
     from kvsched.cluster import Executor
+    from kvsched.metrics import Metrics
     from kvsched.spec.checker import Checker
 
 
@@ -593,14 +594,9 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
             {k: n for k, n in sorted(report.counts.items())},
         }, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
-    table = Table(title=f"kvsched simulate: {profile} on the {implementation} scheduler, "
-                        f"{len(workload)} requests, {steps} steps"
-                        + ("" if complete else " (stopped early)"))
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for name, value in metrics.rows():
-        table.add_row(name, value)
-    out.print(table)
+    out.print(metrics_table(f"kvsched simulate: {profile} on the {implementation} scheduler, "
+                            f"{len(workload)} requests, {steps} steps"
+                            + ("" if complete else " (stopped early)"), metrics))
     if out_path is not None:
         out.print(f"trace written to {out_path}")
     if report is not None and report.counts:
@@ -608,6 +604,16 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
                   + ", ".join(f"{k} x{n}" for k, n in sorted(report.counts.items())))
     elif report is not None:
         out.print(f"checked as it ran: no invariant broken ({report.steps} steps)")
+
+
+def metrics_table(title: str, metrics: Metrics) -> Table:
+    """The summary table of a run's or a trace's metrics."""
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in metrics.rows():
+        table.add_row(name, value)
+    return table
 
 
 def chosen_scheduler(implementation: str, device: str, config: Config, knobs: Knobs) -> str:

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import click
 import orjson
-from rich.table import Table
 
 from kvsched.cli import (
     atomic_output,
     err,
     fail,
+    metrics_table,
     open_trace,
     out,
     progress_option,
@@ -65,11 +65,6 @@ def metrics(trace: str, fmt: str, plot_path: Path | None, progress: bool | None)
         sys.stdout.write(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2).decode()
                          + "\n")
         return
-    table = Table(title=f"kvsched metrics: {trace}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for name, value in result.rows():
-        table.add_row(name, value)
-    out.print(table)
+    out.print(metrics_table(f"kvsched metrics: {trace}", result))
     if plot_path is not None:
         out.print(f"plot written to {plot_path}")
