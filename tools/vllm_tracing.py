@@ -96,9 +96,11 @@ def decision(side: Side, output: Any) -> dict[str, Any]:
 
 
 def run_job(job: dict[str, Any], model_dir: Path, sides: Sequence[Side],
-            on_step: Any = None) -> int:
+            on_step: Any = None, alternate: bool = False) -> int:
     """Drive every side through the job in lockstep; returns the steps run. `on_step`
-    gets (step, [decision per side]) after each step."""
+    gets (step, [decision per side]) after each step. With `alternate`, the sides take
+    each step's calls in the other order every other step (two sides: each goes first
+    in half the steps)."""
     contents = driver.Contents(job["requests"])
     pending = sorted(job["requests"], key=lambda w: w["arrival"])
     aborts: dict[int, list[str]] = {}
@@ -110,22 +112,24 @@ def run_job(job: dict[str, Any], model_dir: Path, sides: Sequence[Side],
     while nxt < len(pending) or any(s.live for s in sides):
         if step >= (job.get("max_steps") or 10_000):
             raise Mismatch(f"{job['name']}: not drained after {step} steps")
+        order = list(sides)[::-1] if alternate and step % 2 else list(sides)
         while nxt < len(pending) and pending[nxt]["arrival"] <= step:
             nxt += 1
-            for side in sides:
+            for side in order:
                 side.add(pending[nxt - 1], nxt, contents)
         for rid in aborts.pop(step, ()):
-            for side in sides:
+            for side in order:
                 side.abort(rid)
-        outputs = [side.timed(side.scheduler.schedule) for side in sides]
-        decisions = [decision(side, out) for side, out in zip(sides, outputs, strict=True)]
-        runner = [side.runner_output(out, contents)
-                  for side, out in zip(sides, outputs, strict=True)]
+        outputs = {id(side): side.timed(side.scheduler.schedule) for side in order}
+        decisions = [decision(side, outputs[id(side)]) for side in sides]
+        runner = {id(side): side.runner_output(outputs[id(side)], contents)
+                  for side in order}
         for rid in late.pop(step, ()):
-            for side in sides:
+            for side in order:
                 side.abort(rid)
-        for side, out, ran in zip(sides, outputs, runner, strict=True):
-            engine_outputs = side.timed(side.scheduler.update_from_output, out, ran)
+        for side in order:
+            engine_outputs = side.timed(side.scheduler.update_from_output,
+                                        outputs[id(side)], runner[id(side)])
             for f in driver.finishes(engine_outputs):
                 side.live.pop(f["id"], None)
         for d, side in zip(decisions, sides, strict=True):
@@ -164,9 +168,13 @@ def lockstep(job: dict[str, Any], trace_dir: Path, model_dir: Path) -> dict[str,
 
 def bench(job: dict[str, Any], rounds: int, model_dir: Path) -> dict[str, Any]:
     """Seconds inside the scheduler per run, untraced and traced. Each round drives both
-    schedulers in lockstep (each step: one side's calls, then the other's; which goes
-    first alternates by round), so the two meet the same moments of a shared machine's
-    noise; the ratio is taken per round. The garbage collector's heap is frozen once
+    schedulers in lockstep (each step: one side's calls, then the other's), so the two
+    meet the same moments of a shared machine's noise; the ratio is taken per round.
+    Which side goes first alternates step by step: the second finds the caches warm
+    from the first's run through the same vLLM code, a bias of several percent that
+    would otherwise favour whichever side went second in more rounds (with an odd
+    number of rounds, alternating by round leaves one round's bias in the mean). The
+    garbage collector's heap is frozen once
     the schedulers are built, as vLLM's engine core freezes it at the end of its
     start-up (EngineCore.__init__, freeze_gc_heap): otherwise each full collection
     walks torch's, vLLM's and the block pool's objects, and whichever side allocates
@@ -184,7 +192,7 @@ def bench(job: dict[str, Any], rounds: int, model_dir: Path) -> dict[str, Any]:
                 gc.collect(generation)
             gc.freeze()
             steps = run_job(job, model_dir, [plain, traced] if r % 2 == 0 else
-                            [traced, plain])
+                            [traced, plain], alternate=True)
             traced.scheduler.shutdown()
             Path(traced.scheduler.kvsched_trace_path).unlink()
             times["untraced"].append(plain.busy)
@@ -250,9 +258,8 @@ TRACING_LOADS = (("light", 64, 300, 0.5, 1024, 1024),
 def bench_tracing(rounds: int = 7, vllm_python: Path = VLLM_PYTHON) -> list[dict[str, Any]]:
     """Tracing overhead: vLLM's Scheduler with and without kvsched's tracing on the same
     workload, in lockstep, for each of TRACING_LOADS. The ratio of a round is its
-    traced over its untraced time; the answer is the geometric mean over the rounds,
-    whose order alternates (the scheduler that goes second in a step finds the caches
-    warm, a bias of a few percent either way that the mean cancels)."""
+    traced over its untraced time; the answer is the geometric mean over the rounds.
+    Which scheduler goes first alternates step by step (bench)."""
     from kvsched.adapters.vllm import Job, driver_input
     from kvsched.generators import SHARED_PROMPTS, generate
     from kvsched.spec.model import Config
@@ -334,10 +341,13 @@ def print_overhead(rounds: int, out: Path | None = None) -> int:
             "vLLM's own Python: each step runs one scheduler's calls, then the other's, "
             "so both meet the same moments of the machine's noise. Time is the thread's "
             "CPU time inside the scheduler's calls. Which scheduler goes first alternates "
-            "by round (the second finds the caches warm: a bias of a few percent either "
-            f"way), and the ratio is the geometric mean of the {rounds} rounds' traced / "
-            "untraced ratios. Python's garbage collector's heap is frozen once the "
-            "schedulers are built, as vLLM's engine core does at the end of its start-up.",
+            "step by step, so that every round is fair on its own (the second finds the "
+            "caches warm from the first's run through the same vLLM code: a bias of "
+            "several percent, which alternating by round left in the mean of an odd "
+            f"number of rounds), and the ratio is the geometric mean of the {rounds} "
+            "rounds' traced / untraced ratios. Python's garbage collector's heap is "
+            "frozen once the schedulers are built, as vLLM's engine core does at the end "
+            "of its start-up.",
             "",
             f"Target: at most {TRACING_TARGET:.2f} (5% of the scheduler's step time).", "",
             "| load | max_num_seqs | requests | steps | untraced us/step | traced us/step "
