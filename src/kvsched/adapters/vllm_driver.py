@@ -60,7 +60,6 @@ import sys
 import tempfile
 import weakref
 from collections.abc import Callable
-from itertools import compress
 from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, Any
@@ -293,11 +292,22 @@ class BlockKeys:
         return keys
 
 
+def finished_outputs(engine_outputs: Any) -> list[Any]:
+    """The outputs of the requests update_from_output finished (those with vLLM's finish
+    reason), in output order. (A plain loop: inside the engine's step it costs less than
+    a comprehension, a call of its own, or itertools' iterators, whose code is cold.)"""
+    found = []
+    for batch in engine_outputs.values():  # one per front-end client
+        for out in batch.outputs:
+            if out.finish_reason is not None:
+                found.append(out)
+    return found
+
+
 def finishes(engine_outputs: Any) -> list[dict[str, str]]:
     """The requests update_from_output finished, with vLLM's reason, in output order."""
     return [{"id": out.request_id, "reason": str(out.finish_reason)}
-            for batch in engine_outputs.values() for out in batch.outputs
-            if out.finish_reason is not None]
+            for out in finished_outputs(engine_outputs)]
 
 
 def refusal(model_config: Any, prompt_len: int) -> str | None:
@@ -347,40 +357,48 @@ def step_blocks(output: Any, block_size: int) -> tuple[dict[str, tuple[int, ...]
     An admitted request (new, or resumed after recompute) comes with its whole table
     and its computed tokens before the step, which are its hit's: the table's first
     num_computed_tokens / block_size blocks are the hit. A running request comes with
-    its new blocks only (None when it got none, as in most steps: those are skipped in
-    C, since a live engine calls this every step for its whole batch).
+    its new blocks only (None when it got none, as in most steps).
     """
     fresh: dict[str, tuple[int, ...]] = {}
     hits: dict[str, tuple[int, ...]] = {}
-
-    def split(rid: str, ids: tuple[int, ...], computed: int) -> None:
-        if computed % block_size:
-            raise DriverError(f"{rid} was admitted with {computed} computed tokens, not "
-                              f"whole blocks of {block_size}")
-        h = computed // block_size
-        if h:
-            hits[rid] = ids[:h]
-        if len(ids) > h:
-            fresh[rid] = ids[h:]
-
     for new in output.scheduled_new_reqs:
-        split(new.req_id, tuple(new.block_ids[0]) if new.block_ids else (),
-              new.num_computed_tokens)
+        _split_table(new.req_id, new.block_ids[0] if new.block_ids else [],
+                     new.num_computed_tokens, block_size, fresh, hits)
     cached = output.scheduled_cached_reqs
+    running, got = cached.req_ids, cached.new_block_ids
+    if len(running) != len(got):
+        raise DriverError(f"the scheduler output lists {len(running)} running "
+                          f"requests but {len(got)} new block lists")
+    # A step's new block lists are mostly None, and in a third of steps all are: a
+    # count in C, then a plain loop (inside the engine's step, cheaper than itertools'
+    # iterators, whose code is cold there).
+    if got.count(None) == len(got):
+        return fresh, hits
     resumed = cached.resumed_req_ids
-    if len(cached.req_ids) != len(cached.new_block_ids):
-        raise DriverError(f"the scheduler output lists {len(cached.req_ids)} running "
-                          f"requests but {len(cached.new_block_ids)} new block lists")
-    # The requests that got blocks, and their blocks, picked out in C: a step's new
-    # block lists are mostly None (a truth test of each, no call per request).
-    for rid, got in zip(compress(cached.req_ids, cached.new_block_ids),
-                        filter(None, cached.new_block_ids), strict=True):
-        ids = tuple(got[0])
-        if rid in resumed:
-            split(rid, ids, cached.num_computed_tokens[cached.req_ids.index(rid)])  # rare
+    for rid, blocks in zip(running, got, strict=True):
+        if not blocks:  # None: no new block
+            continue
+        ids = blocks[0]
+        if resumed and rid in resumed:  # rare
+            _split_table(rid, ids, cached.num_computed_tokens[running.index(rid)],
+                         block_size, fresh, hits)
         elif ids:
-            fresh[rid] = ids
+            fresh[rid] = tuple(ids)
     return fresh, hits
+
+
+def _split_table(rid: str, ids: list[int], computed: int, block_size: int,
+                 fresh: dict[str, tuple[int, ...]], hits: dict[str, tuple[int, ...]]) -> None:
+    """An admitted request's table: its first computed / block_size blocks are its hit,
+    the rest were handed out fresh."""
+    if computed % block_size:
+        raise DriverError(f"{rid} was admitted with {computed} computed tokens, not "
+                          f"whole blocks of {block_size}")
+    h = computed // block_size
+    if h:
+        hits[rid] = tuple(ids[:h])
+    if len(ids) > h:
+        fresh[rid] = tuple(ids[h:])
 
 
 def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
