@@ -235,8 +235,8 @@ def watch(pool: Any, keys: BlockKeys) -> None:
             out = cache(self, request, blocks, num_cached_blocks, num_full_blocks, *args,
                         **kwargs)
             watcher = _WATCHED.get(id(self))
-            if watcher is not None:
-                watcher.known(request, num_full_blocks)
+            if watcher is not None:  # (a list append: no call of ours in vLLM's step)
+                watcher.cached.append((request, num_full_blocks))
             return out
 
         cls.cache_full_blocks = cache_full_blocks
@@ -252,9 +252,11 @@ class BlockKeys:
     continuing from 0 without gaps. A request's prompt blocks are given when it arrives
     (vLLM hashes them then), a block of its outputs when vLLM caches it
     (BlockPool.cache_full_blocks, in schedule(): the step the block becomes hittable,
-    which is when the spec caches it too). Watching the cache costs a call per block
-    cached, not a look at every running request every step, which a live engine's
-    step budget could not pay for."""
+    which is when the spec caches it too). Watching the cache costs a list append per
+    call that caches blocks, not a look at every running request every step, which a
+    live engine's step budget could not pay for; the keys are picked out once a step
+    (take), or before a request is forgotten. (Its hashes are picked out later than
+    they were cached, from the same list: vLLM only appends to a request's hashes.)"""
 
     def __init__(self, pool: Any, block_size: int) -> None:
         if getattr(pool, "hash_block_size", block_size) != block_size:
@@ -263,24 +265,36 @@ class BlockKeys:
                               "keys need the two equal")
         self.written: dict[str, int] = {}  # keys given so far, by request
         self.pending: dict[str, list[bytes]] = {}  # keys for this step's line
+        # (request, its full blocks) as vLLM caches them, in order, not yet picked out.
+        self.cached: list[tuple[Any, int]] = []
         watch(pool, self)
-
-    def known(self, request: Any, full: int) -> None:
-        """`request`'s first `full` blocks are cached: the keys of those not given yet
-        (vLLM's hashes as they are, bytes; key_text writes one)."""
-        rid = request.request_id
-        before = self.written.get(rid, 0)
-        if full > before:
-            self.pending.setdefault(rid, []).extend(request.block_hashes[before:full])
-            self.written[rid] = full
 
     def arrived(self, request: Any) -> None:
         """A new request: its prompt blocks' keys."""
-        self.known(request, len(request.block_hashes))
+        self.cached.append((request, len(request.block_hashes)))
+
+    def _pick(self) -> None:
+        """The keys of the blocks cached since the last pick that were not given yet
+        (vLLM's hashes as they are, bytes; key_text writes one), into pending."""
+        written, pending = self.written, self.pending
+        for request, full in self.cached:
+            rid = request.request_id
+            before = written.get(rid, 0)
+            if full > before:
+                new = request.block_hashes[before:full]
+                got = pending.get(rid)
+                if got is None:
+                    pending[rid] = new
+                else:
+                    got += new
+                written[rid] = full
+        self.cached.clear()
 
     def forget(self, rid: str, unwritten: bool = False) -> None:
         """A request that ended: no more keys for it; with `unwritten`, not even those
         it has waiting for this step's line (an abort before the step's schedule())."""
+        if self.cached:
+            self._pick()
         self.written.pop(rid, None)
         if unwritten:
             self.pending.pop(rid, None)
@@ -288,6 +302,8 @@ class BlockKeys:
     def take(self) -> dict[str, list[bytes]]:
         """The keys that became known since the last take, by request: vLLM's hashes,
         which a trace line writes with key_text."""
+        if self.cached:
+            self._pick()
         keys, self.pending = self.pending, {}
         return keys
 

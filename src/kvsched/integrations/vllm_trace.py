@@ -257,7 +257,8 @@ class LiveTrace:
             scheduled=self.batch, finished=finished,
             free_blocks=free_blocks - self.late_freed, new_blocks=self.fresh,
             time_ms=micros / 1000, prefix_hits=self.hits,
-            block_keys=keys.take() if keys is not None and keys.pending else None), buffer)
+            block_keys=keys.take() if keys is not None and (keys.cached or keys.pending)
+            else None), buffer)
         buffer.append(0x0A)  # the buffer keeps its memory: no copy for the newline
         written = self.stream.write(buffer)
         if written < len(buffer):  # an unbuffered file's write may take only part
