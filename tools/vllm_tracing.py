@@ -362,9 +362,10 @@ def print_overhead(rounds: int, out: Path | None = None) -> int:
             "|---|---:|---:|---:|---:|---:|---:|---:|---|", *rows, "",
             verdict(results),
             "What a step's tracing does: after schedule(), it reads the batch and the "
-            "blocks handed out from the scheduler output; when vLLM caches a block, it "
-            "takes the block's content key (one call per block cached, through the block "
-            "pool; vLLM's hash bytes go to the encoder as they are); after "
+            "blocks handed out from the scheduler output; when vLLM caches blocks, the "
+            "block pool's hook notes the request (a list append), and the new blocks' "
+            "content keys are picked out once a step (vLLM's hash bytes go to the encoder "
+            "as they are); after "
             "update_from_output(), it reads the finished requests, builds the line from "
             "its parts, encodes it with msgspec (vLLM's own dependency) into a buffer kept "
             "across steps and writes that buffer in one system call on an unbuffered file. "
