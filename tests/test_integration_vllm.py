@@ -106,7 +106,7 @@ def test_a_steps_arrivals_are_written_in_the_order_vllm_ranks_equals(policy: str
     empty = SimpleNamespace(req_ids=[], new_block_ids=[], num_computed_tokens=[],
                             resumed_req_ids=set())
     trace.scheduled(SimpleNamespace(num_scheduled_tokens={}, scheduled_new_reqs=[],
-                                    scheduled_cached_reqs=empty), 0.0)
+                                    scheduled_cached_reqs=empty), 0)
     trace.updated({}, 512)
     step = json.loads(stream.getvalue().splitlines()[1])
     order = [a["id"] for a in step["arrivals"]]

@@ -96,9 +96,11 @@ def decision(side: Side, output: Any) -> dict[str, Any]:
 
 
 def run_job(job: dict[str, Any], model_dir: Path, sides: Sequence[Side],
-            on_step: Any = None) -> int:
+            on_step: Any = None, alternate: bool = False) -> int:
     """Drive every side through the job in lockstep; returns the steps run. `on_step`
-    gets (step, [decision per side]) after each step."""
+    gets (step, [decision per side]) after each step. With `alternate`, the sides take
+    each step's calls in the other order every other step (two sides: each goes first
+    in half the steps)."""
     contents = driver.Contents(job["requests"])
     pending = sorted(job["requests"], key=lambda w: w["arrival"])
     aborts: dict[int, list[str]] = {}
@@ -110,27 +112,35 @@ def run_job(job: dict[str, Any], model_dir: Path, sides: Sequence[Side],
     while nxt < len(pending) or any(s.live for s in sides):
         if step >= (job.get("max_steps") or 10_000):
             raise Mismatch(f"{job['name']}: not drained after {step} steps")
+        order = list(sides)[::-1] if alternate and step % 2 else list(sides)
         while nxt < len(pending) and pending[nxt]["arrival"] <= step:
             nxt += 1
-            for side in sides:
+            for side in order:
                 side.add(pending[nxt - 1], nxt, contents)
         for rid in aborts.pop(step, ()):
-            for side in sides:
+            for side in order:
                 side.abort(rid)
-        outputs = [side.timed(side.scheduler.schedule) for side in sides]
-        decisions = [decision(side, out) for side, out in zip(sides, outputs, strict=True)]
-        runner = [side.runner_output(out, contents)
-                  for side, out in zip(sides, outputs, strict=True)]
+        outputs = {id(side): side.timed(side.scheduler.schedule) for side in order}
+        # Only when compared: the bench runs none of the plugin's readings between the
+        # timed calls, which would warm them for the traced side.
+        decisions = [decision(side, outputs[id(side)]) for side in sides] \
+            if on_step is not None else []
+        runner = {id(side): side.runner_output(outputs[id(side)], contents)
+                  for side in order}
         for rid in late.pop(step, ()):
-            for side in sides:
+            for side in order:
                 side.abort(rid)
-        for side, out, ran in zip(sides, outputs, runner, strict=True):
-            engine_outputs = side.timed(side.scheduler.update_from_output, out, ran)
-            for f in driver.finishes(engine_outputs):
-                side.live.pop(f["id"], None)
-        for d, side in zip(decisions, sides, strict=True):
-            d["free_blocks"] = side.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+        for side in order:
+            engine_outputs = side.timed(side.scheduler.update_from_output,
+                                        outputs[id(side)], runner[id(side)])
+            for batch in engine_outputs.values():  # (not the plugin's finished_outputs)
+                for out in batch.outputs:
+                    if out.finish_reason is not None:
+                        side.live.pop(out.request_id, None)
         if on_step is not None:
+            for d, side in zip(decisions, sides, strict=True):
+                d["free_blocks"] = \
+                    side.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
             on_step(step, decisions)
         step += 1
     return step
@@ -164,9 +174,13 @@ def lockstep(job: dict[str, Any], trace_dir: Path, model_dir: Path) -> dict[str,
 
 def bench(job: dict[str, Any], rounds: int, model_dir: Path) -> dict[str, Any]:
     """Seconds inside the scheduler per run, untraced and traced. Each round drives both
-    schedulers in lockstep (each step: one side's calls, then the other's; which goes
-    first alternates by round), so the two meet the same moments of a shared machine's
-    noise; the ratio is taken per round. The garbage collector's heap is frozen once
+    schedulers in lockstep (each step: one side's calls, then the other's), so the two
+    meet the same moments of a shared machine's noise; the ratio is taken per round.
+    Which side goes first alternates step by step: the second finds the caches warm
+    from the first's run through the same vLLM code, a bias of several percent that
+    would otherwise favour whichever side went second in more rounds (with an odd
+    number of rounds, alternating by round leaves one round's bias in the mean). The
+    garbage collector's heap is frozen once
     the schedulers are built, as vLLM's engine core freezes it at the end of its
     start-up (EngineCore.__init__, freeze_gc_heap): otherwise each full collection
     walks torch's, vLLM's and the block pool's objects, and whichever side allocates
@@ -184,7 +198,7 @@ def bench(job: dict[str, Any], rounds: int, model_dir: Path) -> dict[str, Any]:
                 gc.collect(generation)
             gc.freeze()
             steps = run_job(job, model_dir, [plain, traced] if r % 2 == 0 else
-                            [traced, plain])
+                            [traced, plain], alternate=True)
             traced.scheduler.shutdown()
             Path(traced.scheduler.kvsched_trace_path).unlink()
             times["untraced"].append(plain.busy)
@@ -250,9 +264,8 @@ TRACING_LOADS = (("light", 64, 300, 0.5, 1024, 1024),
 def bench_tracing(rounds: int = 7, vllm_python: Path = VLLM_PYTHON) -> list[dict[str, Any]]:
     """Tracing overhead: vLLM's Scheduler with and without kvsched's tracing on the same
     workload, in lockstep, for each of TRACING_LOADS. The ratio of a round is its
-    traced over its untraced time; the answer is the geometric mean over the rounds,
-    whose order alternates (the scheduler that goes second in a step finds the caches
-    warm, a bias of a few percent either way that the mean cancels)."""
+    traced over its untraced time; the answer is the geometric mean over the rounds.
+    Which scheduler goes first alternates step by step (bench)."""
     from kvsched.adapters.vllm import Job, driver_input
     from kvsched.generators import SHARED_PROMPTS, generate
     from kvsched.spec.model import Config
@@ -289,12 +302,8 @@ def verdict(results: list[dict[str, Any]]) -> str:
     added = "; ".join(f"about {(r['ratio'] - 1) * r['untraced_us_per_step']:.0f} us a step "
                       f"at the {r['load']} load" for r in missed)
     return ("**The target is not met** where the table says no: the tracing adds "
-            f"{added}. Part of it is fixed per step (the line's parts, their encoding, "
-            "and one write, a system call of several microseconds on this virtual "
-            "machine's ext4), which weighs most against a light step; the rest grows with "
-            "the batch (reading it, encoding it). Measured inside the engine's step, each "
-            "of these costs several times what it costs in a loop of its own: vLLM's "
-            "scheduler has the caches.\n")
+            f"{added}. Most of it is fixed per step (the write, the line's parts and "
+            "their encoding), which weighs most against a light step.\n")
 
 
 TRACING_START = "<!-- vllm tracing overhead: start -->"
@@ -334,23 +343,41 @@ def print_overhead(rounds: int, out: Path | None = None) -> int:
             "vLLM's own Python: each step runs one scheduler's calls, then the other's, "
             "so both meet the same moments of the machine's noise. Time is the thread's "
             "CPU time inside the scheduler's calls. Which scheduler goes first alternates "
-            "by round (the second finds the caches warm: a bias of a few percent either "
-            f"way), and the ratio is the geometric mean of the {rounds} rounds' traced / "
-            "untraced ratios. Python's garbage collector's heap is frozen once the "
-            "schedulers are built, as vLLM's engine core does at the end of its start-up.",
+            "step by step, so that every round is fair on its own (the second finds the "
+            "caches warm from the first's run through the same vLLM code: a bias of "
+            "several percent, which alternating by round left in the mean of an odd "
+            f"number of rounds), and the ratio is the geometric mean of the {rounds} "
+            "rounds' traced / untraced ratios. Between the timed calls the harness runs "
+            "none of the plugin's code (which would warm it for the traced side). Python's "
+            "garbage collector's heap is frozen once the schedulers are built, as vLLM's "
+            "engine core does at the end of its start-up. Both schedulers share one "
+            "process, so vLLM's code meets two scheduler classes, and the block pool's "
+            "cache hook, which the plugin sets on the pool's class, runs for both: each "
+            "costs both sides alike and so lowers the ratio a little (a few tenths of a "
+            "percent at most).",
             "",
             f"Target: at most {TRACING_TARGET:.2f} (5% of the scheduler's step time).", "",
             "| load | max_num_seqs | requests | steps | untraced us/step | traced us/step "
             "| ratio | rounds' range | within 5% |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|", *rows, "",
             verdict(results),
-            "What a step's tracing costs: the batch and its new blocks read from the "
-            "scheduler output (the running requests that got no block are skipped in C), "
-            "the content keys of blocks vLLM caches (one call per block cached, through "
-            "the block pool; vLLM's hash bytes go to the encoder as they are), one JSON "
-            "line encoded with msgspec (vLLM's own dependency) from the line's parts, and "
-            "one write to an unbuffered file. Against a real engine step (milliseconds of "
-            "forward pass) the added microseconds are a fraction of a percent.", TRACING_END])
+            "What a step's tracing does: after schedule(), it reads the batch and the "
+            "blocks handed out from the scheduler output; when vLLM caches blocks, the "
+            "block pool's hook notes the request (a list append), and the new blocks' "
+            "content keys are picked out once a step (vLLM's hash bytes go to the encoder "
+            "as they are); after "
+            "update_from_output(), it reads the finished requests, builds the line from "
+            "its parts, encodes it with msgspec (vLLM's own dependency) into a buffer kept "
+            "across steps and writes that buffer in one system call on an unbuffered file. "
+            "The write is the largest single part (a few microseconds on this machine's "
+            "ext4, more in the steps where the file's modification time goes to the "
+            "journal). Inside the engine's step, where vLLM's scheduler has the caches, "
+            "each Python call and object costs several times what a loop of its own "
+            "measures, and rarely used C code (itertools' iterators, the JSON encoder) is "
+            "cold, so a step makes few calls and objects: plain loops over vLLM's lists, "
+            "no record built for the line's parts, no copy of the line. "
+            "Against a real engine step (milliseconds of forward pass) the added "
+            "microseconds are a fraction of a percent.", TRACING_END])
               + "\n", out, TRACING_START, TRACING_END)
     return 0
 

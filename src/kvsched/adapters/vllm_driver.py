@@ -60,7 +60,6 @@ import sys
 import tempfile
 import weakref
 from collections.abc import Callable
-from itertools import compress
 from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, Any
@@ -236,8 +235,8 @@ def watch(pool: Any, keys: BlockKeys) -> None:
             out = cache(self, request, blocks, num_cached_blocks, num_full_blocks, *args,
                         **kwargs)
             watcher = _WATCHED.get(id(self))
-            if watcher is not None:
-                watcher.known(request, num_full_blocks)
+            if watcher is not None:  # (a list append: no call of ours in vLLM's step)
+                watcher.cached.append((request, num_full_blocks))
             return out
 
         cls.cache_full_blocks = cache_full_blocks
@@ -253,9 +252,11 @@ class BlockKeys:
     continuing from 0 without gaps. A request's prompt blocks are given when it arrives
     (vLLM hashes them then), a block of its outputs when vLLM caches it
     (BlockPool.cache_full_blocks, in schedule(): the step the block becomes hittable,
-    which is when the spec caches it too). Watching the cache costs a call per block
-    cached, not a look at every running request every step, which a live engine's
-    step budget could not pay for."""
+    which is when the spec caches it too). Watching the cache costs a list append per
+    call that caches blocks, not a look at every running request every step, which a
+    live engine's step budget could not pay for; the keys are picked out once a step
+    (take), or before a request is forgotten. (Its hashes are picked out later than
+    they were cached, from the same list: vLLM only appends to a request's hashes.)"""
 
     def __init__(self, pool: Any, block_size: int) -> None:
         if getattr(pool, "hash_block_size", block_size) != block_size:
@@ -264,24 +265,36 @@ class BlockKeys:
                               "keys need the two equal")
         self.written: dict[str, int] = {}  # keys given so far, by request
         self.pending: dict[str, list[bytes]] = {}  # keys for this step's line
+        # (request, its full blocks) as vLLM caches them, in order, not yet picked out.
+        self.cached: list[tuple[Any, int]] = []
         watch(pool, self)
-
-    def known(self, request: Any, full: int) -> None:
-        """`request`'s first `full` blocks are cached: the keys of those not given yet
-        (vLLM's hashes as they are, bytes; key_text writes one)."""
-        rid = request.request_id
-        before = self.written.get(rid, 0)
-        if full > before:
-            self.pending.setdefault(rid, []).extend(request.block_hashes[before:full])
-            self.written[rid] = full
 
     def arrived(self, request: Any) -> None:
         """A new request: its prompt blocks' keys."""
-        self.known(request, len(request.block_hashes))
+        self.cached.append((request, len(request.block_hashes)))
+
+    def _pick(self) -> None:
+        """The keys of the blocks cached since the last pick that were not given yet
+        (vLLM's hashes as they are, bytes; key_text writes one), into pending."""
+        written, pending = self.written, self.pending
+        for request, full in self.cached:
+            rid = request.request_id
+            before = written.get(rid, 0)
+            if full > before:
+                new = request.block_hashes[before:full]
+                got = pending.get(rid)
+                if got is None:
+                    pending[rid] = new
+                else:
+                    got += new
+                written[rid] = full
+        self.cached.clear()
 
     def forget(self, rid: str, unwritten: bool = False) -> None:
         """A request that ended: no more keys for it; with `unwritten`, not even those
         it has waiting for this step's line (an abort before the step's schedule())."""
+        if self.cached:
+            self._pick()
         self.written.pop(rid, None)
         if unwritten:
             self.pending.pop(rid, None)
@@ -289,15 +302,28 @@ class BlockKeys:
     def take(self) -> dict[str, list[bytes]]:
         """The keys that became known since the last take, by request: vLLM's hashes,
         which a trace line writes with key_text."""
+        if self.cached:
+            self._pick()
         keys, self.pending = self.pending, {}
         return keys
+
+
+def finished_outputs(engine_outputs: Any) -> list[Any]:
+    """The outputs of the requests update_from_output finished (those with vLLM's finish
+    reason), in output order. (A plain loop: inside the engine's step it costs less than
+    a comprehension, a call of its own, or itertools' iterators, whose code is cold.)"""
+    found = []
+    for batch in engine_outputs.values():  # one per front-end client
+        for out in batch.outputs:
+            if out.finish_reason is not None:
+                found.append(out)
+    return found
 
 
 def finishes(engine_outputs: Any) -> list[dict[str, str]]:
     """The requests update_from_output finished, with vLLM's reason, in output order."""
     return [{"id": out.request_id, "reason": str(out.finish_reason)}
-            for batch in engine_outputs.values() for out in batch.outputs
-            if out.finish_reason is not None]
+            for out in finished_outputs(engine_outputs)]
 
 
 def refusal(model_config: Any, prompt_len: int) -> str | None:
@@ -347,40 +373,48 @@ def step_blocks(output: Any, block_size: int) -> tuple[dict[str, tuple[int, ...]
     An admitted request (new, or resumed after recompute) comes with its whole table
     and its computed tokens before the step, which are its hit's: the table's first
     num_computed_tokens / block_size blocks are the hit. A running request comes with
-    its new blocks only (None when it got none, as in most steps: those are skipped in
-    C, since a live engine calls this every step for its whole batch).
+    its new blocks only (None when it got none, as in most steps).
     """
     fresh: dict[str, tuple[int, ...]] = {}
     hits: dict[str, tuple[int, ...]] = {}
-
-    def split(rid: str, ids: tuple[int, ...], computed: int) -> None:
-        if computed % block_size:
-            raise DriverError(f"{rid} was admitted with {computed} computed tokens, not "
-                              f"whole blocks of {block_size}")
-        h = computed // block_size
-        if h:
-            hits[rid] = ids[:h]
-        if len(ids) > h:
-            fresh[rid] = ids[h:]
-
     for new in output.scheduled_new_reqs:
-        split(new.req_id, tuple(new.block_ids[0]) if new.block_ids else (),
-              new.num_computed_tokens)
+        _split_table(new.req_id, new.block_ids[0] if new.block_ids else [],
+                     new.num_computed_tokens, block_size, fresh, hits)
     cached = output.scheduled_cached_reqs
+    running, got = cached.req_ids, cached.new_block_ids
+    if len(running) != len(got):
+        raise DriverError(f"the scheduler output lists {len(running)} running "
+                          f"requests but {len(got)} new block lists")
+    # A step's new block lists are mostly None, and in a third of steps all are: a
+    # count in C, then a plain loop (inside the engine's step, cheaper than itertools'
+    # iterators, whose code is cold there).
+    if got.count(None) == len(got):
+        return fresh, hits
     resumed = cached.resumed_req_ids
-    if len(cached.req_ids) != len(cached.new_block_ids):
-        raise DriverError(f"the scheduler output lists {len(cached.req_ids)} running "
-                          f"requests but {len(cached.new_block_ids)} new block lists")
-    # The requests that got blocks, and their blocks, picked out in C: a step's new
-    # block lists are mostly None (a truth test of each, no call per request).
-    for rid, got in zip(compress(cached.req_ids, cached.new_block_ids),
-                        filter(None, cached.new_block_ids), strict=True):
-        ids = tuple(got[0])
-        if rid in resumed:
-            split(rid, ids, cached.num_computed_tokens[cached.req_ids.index(rid)])  # rare
+    for rid, blocks in zip(running, got, strict=True):
+        if not blocks:  # None: no new block
+            continue
+        ids = blocks[0]
+        if resumed and rid in resumed:  # rare
+            _split_table(rid, ids, cached.num_computed_tokens[running.index(rid)],
+                         block_size, fresh, hits)
         elif ids:
-            fresh[rid] = ids
+            fresh[rid] = tuple(ids)
     return fresh, hits
+
+
+def _split_table(rid: str, ids: list[int], computed: int, block_size: int,
+                 fresh: dict[str, tuple[int, ...]], hits: dict[str, tuple[int, ...]]) -> None:
+    """An admitted request's table: its first computed / block_size blocks are its hit,
+    the rest were handed out fresh."""
+    if computed % block_size:
+        raise DriverError(f"{rid} was admitted with {computed} computed tokens, not "
+                          f"whole blocks of {block_size}")
+    h = computed // block_size
+    if h:
+        hits[rid] = tuple(ids[:h])
+    if len(ids) > h:
+        fresh[rid] = tuple(ids[h:])
 
 
 def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:

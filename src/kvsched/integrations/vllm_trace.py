@@ -14,6 +14,13 @@ step, as the trace format orders them, and the in-flight step's free_blocks leav
 the blocks it released, so that the count is the one the trace's decisions imply.
 Each step's line is written, in one system call on an unbuffered file, when the step
 ends: a crash loses at most the step in flight.
+
+NOTE on cost: this runs inside the engine's step, where vLLM's scheduler has the
+caches, so each Python object made and each call costs several times what it costs in
+a loop of its own. A step reads vLLM's answers once (the batch, its blocks, the
+finished outputs), builds nothing it does not write (victims and arrivals are kept as
+the records the line writes), encodes the line into one buffer kept across steps, and
+writes that buffer.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from kvsched.adapters.vllm import AdapterError, config_from_vllm
 from kvsched.adapters.vllm_driver import (
     BlockKeys,
     effective_config,
-    finishes,
+    finished_outputs,
     key_text,
     step_blocks,
 )
@@ -82,7 +89,7 @@ def open_trace(folder: Path, pid: int, started: datetime) -> tuple[Path, IO[byte
         raise TraceSetupError(f"{path}: cannot write the trace ({e.strerror})") from None
 
 
-def write_all(stream: IO[bytes], data: bytes) -> None:
+def write_all(stream: IO[bytes], data: bytes | memoryview) -> None:
     """Write all of `data`: an unbuffered file's write may take only part of it."""
     done = stream.write(data)
     if done < len(data):
@@ -136,17 +143,23 @@ def header_extra(prefix_caching: bool, pid: int, started: datetime) -> dict[str,
     return {"preempted_order": True, "adapter": adapter}
 
 
-def line_encoder() -> Callable[[Any], bytes]:
-    """The JSON encoder of a trace line in the engine's process: msgspec's (a dependency
-    of vLLM, ten times as fast as the standard library's on a step's line, which the
-    overhead budget needs; it writes a block key, vLLM's hash as bytes, in base64 in C,
-    as key_text does), else the standard library's with key_text."""
+# Encodes a trace line (without its newline) into a buffer, replacing what it held.
+LineEncoder = Callable[[Any, bytearray], None]
+
+
+def line_encoder() -> LineEncoder:
+    """The JSON encoder of a trace line in the engine's process, into a buffer kept
+    across steps: msgspec's encode_into (a dependency of vLLM, ten times as fast as the
+    standard library's on a step's line, which the overhead budget needs; it writes a
+    block key, vLLM's hash as bytes, in base64 in C, as key_text does), else the
+    standard library's with key_text."""
     try:
-        encode = importlib.import_module("msgspec").json.Encoder().encode
+        return importlib.import_module("msgspec").json.Encoder().encode_into  # type: ignore[no-any-return]
     except ImportError:
-        return lambda obj: json.dumps(obj, separators=(",", ":"),
-                                      default=_bytes_as_key).encode() + b"\n"
-    return lambda obj: encode(obj) + b"\n"
+        def encode_json(obj: Any, buffer: bytearray) -> None:
+            buffer[:] = json.dumps(obj, separators=(",", ":"), default=_bytes_as_key).encode()
+
+        return encode_json
 
 
 def _bytes_as_key(obj: Any) -> str:
@@ -159,13 +172,13 @@ class LiveTrace:
     """The trace of one engine process, written step by step while it serves.
 
     The scheduler calls arrived / aborted / preempted as they happen, scheduled after
-    schedule() and updated after update_from_output(); updated writes and flushes the
-    step's line.
+    schedule() (with the time.perf_counter_ns() of its start) and updated after
+    update_from_output(); updated writes the step's line.
     """
 
     def __init__(self, stream: IO[bytes], config: Config, engine: dict[str, str],
                  extra: dict[str, Any], keys: BlockKeys | None = None,
-                 dumps: Callable[[Any], bytes] | None = None) -> None:
+                 encode: LineEncoder | None = None) -> None:
         self.stream = stream
         self.block_size = config.block_size
         self.keys = keys  # with prefix caching: the blocks' content keys
@@ -174,22 +187,26 @@ class LiveTrace:
         # other order: a step's arrivals are written in stamp order then.
         self.by_stamp = config.policy == "priority"
         self.stamps: dict[str, tuple[float, str]] = {}
-        self.dumps = dumps or line_encoder()
-        self.writer = TraceWriter(stream, self.dumps)
+        self.encode = encode or line_encoder()
+        self.buffer = bytearray()  # each line is encoded here, then written whole
+        self.writer = TraceWriter(stream, self._line)
         self.writer.header(config, engine, extra)
-        stream.flush()
         self.step = 0
         self.arrivals: list[Request] = []
         self.aborts: list[str] = []
-        self.victims: list[str] = []
+        self.victims: list[Preemption] = []
         self.in_flight = False
         self.late_aborts: list[str] = []  # aborted while the step is in flight
         self.late_freed = 0  # blocks they released
-        self.started = 0.0
+        self.started = 0
         self.batch: tuple[tuple[str, int], ...] = ()
         self.fresh: dict[str, tuple[int, ...]] = {}
         self.hits: dict[str, tuple[int, ...]] = {}
         self.closed = False
+
+    def _line(self, obj: Any) -> bytes:
+        self.encode(obj, self.buffer)
+        return bytes(self.buffer) + b"\n"
 
     def arrived(self, request: Any) -> None:
         rid = request.request_id
@@ -213,9 +230,9 @@ class LiveTrace:
                 self.keys.forget(rid, unwritten=not self.in_flight)
 
     def preempted(self, rid: str) -> None:
-        self.victims.append(rid)
+        self.victims.append(Preemption(rid, "recompute"))
 
-    def scheduled(self, output: Any, started: float) -> None:
+    def scheduled(self, output: Any, started: int) -> None:
         """After schedule(): the batch in vLLM's order and the blocks it handed out."""
         self.in_flight = True
         self.started = started
@@ -223,29 +240,38 @@ class LiveTrace:
         self.fresh, self.hits = step_blocks(output, self.block_size)
 
     def updated(self, engine_outputs: Any, free_blocks: int) -> None:
-        """After update_from_output(): write the step's line in one system call. (Its
-        microseconds count against the engine's step: the line's parts go to the
-        encoder as they are, with no record built for them.)"""
-        finished = [f["id"] for f in finishes(engine_outputs)
-                    if f["id"] not in self.late_aborts]
-        if self.by_stamp and len(self.arrivals) > 1:
-            self.arrivals.sort(key=lambda r: self.stamps[r.id])
-        line = self.dumps(step_fields(
-            self.step, arrivals=self.arrivals, aborted=self.aborts,
-            preempted=[Preemption(rid, "recompute") for rid in self.victims],
+        """After update_from_output(): write the step's line in one system call."""
+        finished = finished_outputs(engine_outputs)
+        if finished:  # (most steps finish nothing)
+            finished = [out.request_id for out in finished
+                        if out.request_id not in self.late_aborts]
+        arrivals = self.arrivals
+        if self.by_stamp and len(arrivals) > 1:
+            arrivals.sort(key=lambda r: self.stamps[r.id])
+        keys = self.keys
+        buffer = self.buffer
+        # Microseconds rounded, as milliseconds: round() on a float costs more.
+        micros = (time.perf_counter_ns() - self.started + 500) // 1000
+        self.encode(step_fields(
+            self.step, arrivals=arrivals, aborted=self.aborts, preempted=self.victims,
             scheduled=self.batch, finished=finished,
             free_blocks=free_blocks - self.late_freed, new_blocks=self.fresh,
-            time_ms=round((time.perf_counter() - self.started) * 1000.0, 3),
-            prefix_hits=self.hits, block_keys=self.keys.take() if self.keys is not None else None))
-        write_all(self.stream, line)
-        self.stream.flush()  # a no-op on the unbuffered file open_trace makes
-        if self.keys is not None:
-            for rid in finished:
-                self.keys.forget(rid)
+            time_ms=micros / 1000, prefix_hits=self.hits,
+            block_keys=keys.take() if keys is not None and (keys.cached or keys.pending)
+            else None), buffer)
+        buffer.append(0x0A)  # the buffer keeps its memory: no copy for the newline
+        written = self.stream.write(buffer)
+        if written < len(buffer):  # an unbuffered file's write may take only part
+            write_all(self.stream, memoryview(buffer)[written:])
         self.step += 1
-        self.arrivals.clear()
-        self.stamps.clear()
-        self.victims.clear()
+        if finished and keys is not None:
+            for rid in finished:
+                keys.forget(rid)
+        if arrivals:
+            arrivals.clear()
+            self.stamps.clear()
+        if self.victims:
+            self.victims = []
         if self.aborts or self.late_aborts:
             self.aborts, self.late_aborts, self.late_freed = self.late_aborts, [], 0
         self.in_flight = False
