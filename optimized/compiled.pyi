@@ -7,6 +7,7 @@ from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Decision, Request, RequestView, StepRecord
 
 T = TypeVar("T")
+LINE_BLOCK: int
 Buffer = Any  # an int64 array (numpy's, from the vectorized checker's scanner)
 
 class SimulatedRequest(Protocol):
@@ -62,6 +63,6 @@ class CompiledScheduler:
     @overload
     def simulate(self, workload: Sequence[SimulatedRequest], block_ids: bool,
                  max_steps: int | None, events: Callable[..., T], lines: Literal[True]
-                 ) -> Iterator[tuple[bytes, T | None, int]]: ...
+                 ) -> Iterator[tuple[bytes, int, list[tuple[int, T]], int]]: ...
     def totals(self) -> tuple[list[int], list[int], list[int], list[int], list[int],
                               list[int], list[int], list[int]]: ...

@@ -143,6 +143,9 @@ cdef int64_t MAX_BLOCK_ID = 2147483647
 
 STATUS_NAMES = {WAITING: Status.WAITING, RUNNING: Status.RUNNING, SWAPPED: Status.SWAPPED}
 MODE_NAMES = ("recompute", "swap")
+# Steps per block of trace lines simulate(lines=True) hands out: one write and one
+# resumption of the loop per block rather than per step.
+LINE_BLOCK = 256
 
 
 cdef inline int64_t cdiv(int64_t a, int64_t b) nogil:
@@ -853,15 +856,19 @@ cdef class CompiledScheduler:
         With `events` (kvsched.metrics.StepEvents) it yields (StepRecord, events(...)):
         what happened to requests in the step, as this scheduler counted it for the
         metrics (None in a step where nothing did); each step's numbers are kept for
-        `totals()`. With `lines` too, (line, events(...), ended): the step's trace line
-        as `kvsched.spec.trace.step_fields` makes it from the same parts and orjson
-        encodes it, in place of its record, and how many requests the step ended."""
+        `totals()`. With `lines` too, the steps come in blocks of up to LINE_BLOCK, each
+        (lines, steps, [(step, events(...)), ...], ended): the steps' trace lines as
+        `kvsched.spec.trace.step_fields` makes them from the same parts and orjson
+        encodes them, in place of their records, how many steps, the events of the steps
+        with any, and how many requests the steps ended."""
         cdef list pending = list(workload)
         cdef Py_ssize_t nxt = 0, total = len(pending), k
         cdef int64_t step = 0
         cdef int32_t s
         cdef dict aborts = {}
         cdef list arrivals, aborted, finished, arrival_slots
+        cdef list block = [], block_events = []
+        cdef Py_ssize_t block_ended = 0
         for w in pending:
             if w.abort is not None:
                 aborts.setdefault(w.abort, []).append(w.id)
@@ -875,7 +882,7 @@ cdef class CompiledScheduler:
         self.tot_kv.clear()
         while nxt < total or self.live > 0:
             if max_steps is not None and step >= max_steps:
-                return
+                break
             arrivals = []
             arrival_slots = []
             while nxt < total and pending[nxt].arrival <= step:
@@ -935,8 +942,16 @@ cdef class CompiledScheduler:
                 rejected = tuple(self.rejected_now)
                 facts = self._events(events, arrivals, aborted, rejected, first_tokens,
                                      admissions, finishes)
-                yield line, facts, len(finished) + len(aborted) + len(rejected)
+                block.append(line)
+                if facts is not None:
+                    block_events.append((step, facts))
+                block_ended += len(finished) + len(aborted) + len(rejected)
                 step += 1
+                if len(block) == LINE_BLOCK:
+                    yield b"".join(block), len(block), block_events, block_ended
+                    block = []
+                    block_events = []
+                    block_ended = 0
                 continue
             rec = StepRecord(step, tuple(arrivals), tuple(aborted), parts[0], parts[1],
                              parts[2], parts[3], tuple(finished), self.nfree,
@@ -947,6 +962,8 @@ cdef class CompiledScheduler:
                 yield rec, self._events(events, arrivals, aborted, parts[0], first_tokens,
                                         admissions, finishes)
             step += 1
+        if block:
+            yield b"".join(block), len(block), block_events, block_ended
 
     cdef object _admissions(self):
         """(id, N, hit tokens) of the step's waiting requests scheduled (before update)."""

@@ -413,9 +413,9 @@ class TraceWriter:
     def step(self, rec: StepRecord) -> None:
         self._stream.write(self._dumps(step_dict(rec)))
 
-    def encoded(self, line: bytes) -> None:
-        """A step's line already encoded, as this writer's `dumps` would encode it."""
-        self._stream.write(line)
+    def encoded(self, lines: bytes) -> None:
+        """Step lines already encoded, as this writer's `dumps` would encode them."""
+        self._stream.write(lines)
 
     def end(self) -> None:
         self._stream.write(self._dumps({"end": True}))

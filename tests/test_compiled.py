@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvsched.metrics import MetricsCollector, StepEvents, StepTotals, metrics_of
-from kvsched.optimized.compiled import CompiledScheduler
+from kvsched.optimized.compiled import LINE_BLOCK, CompiledScheduler
 from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
 from kvsched.spec.knobs import Knobs
@@ -53,9 +53,16 @@ def test_its_simulation_loop_writes_the_references_trace(config: Config, setup: 
     assert compiled == reference
     assert trace_lines(compiled) == trace_lines(reference)
     # Its own lines (written without records): the same bytes.
-    lines = CompiledScheduler(config, knobs).simulate(items, block_ids, MAX_STEPS,
-                                                      StepEvents, lines=True)
-    assert b"".join(line for line, _, _ in lines) == trace_lines(reference)
+    blocks = list(CompiledScheduler(config, knobs).simulate(items, block_ids, MAX_STEPS,
+                                                            StepEvents, lines=True))
+    assert b"".join(block for block, _, _, _ in blocks) == trace_lines(reference)
+    # Each block: its steps' count, the events the records' loop gives, what they ended.
+    assert sum(count for _, count, _, _ in blocks) == len(reference)
+    tallied = CompiledScheduler(config, knobs).simulate(items, block_ids, MAX_STEPS,
+                                                        StepEvents)
+    assert [e for _, _, events, _ in blocks for e in events] == [
+        (rec.step, events) for rec, events in tallied if events is not None]
+    assert sum(ended for _, _, _, ended in blocks) == sum(r.num_ended for r in reference)
 
 
 def test_its_lines_write_any_id_as_json_does() -> None:
@@ -78,7 +85,30 @@ def test_its_lines_write_any_id_as_json_does() -> None:
     assert any(r.preempted for r in reference) and any(r.prefix_hits for r in reference)
     lines = CompiledScheduler(config, knobs).simulate(items, True, None, StepEvents,
                                                       lines=True)
-    assert b"".join(line for line, _, _ in lines) == trace_lines(reference)
+    assert b"".join(block for block, _, _, _ in lines) == trace_lines(reference)
+
+
+@pytest.mark.parametrize("max_steps", [None, LINE_BLOCK, LINE_BLOCK + 1, 3 * LINE_BLOCK - 7])
+def test_its_lines_come_in_blocks_of_steps(max_steps: int | None) -> None:
+    """A run of several blocks, and one stopped at, just past and inside a block's end:
+    whole blocks of LINE_BLOCK steps, then the rest, the reference's trace byte for byte."""
+    from kvsched.generators import generate
+    from kvsched.spec.profiles import get_profile
+
+    config = Config(block_size=16, num_gpu_blocks=400, max_num_batched_tokens=512,
+                    max_num_seqs=16, max_model_len=2048, prefix_caching=True)
+    knobs = get_profile("vllm-v1").knobs
+    items = generate("shared-prompts", 120, seed=3, max_model_len=config.max_model_len)
+    reference = list(run(ReferenceScheduler(config, knobs), items))
+    assert len(reference) > 3 * LINE_BLOCK
+    reference = reference[:max_steps]
+    blocks = list(CompiledScheduler(config, knobs).simulate(items, True, max_steps,
+                                                            StepEvents, lines=True))
+    counts = [count for _, count, _, _ in blocks]
+    assert counts[:-1] == [LINE_BLOCK] * (len(counts) - 1) and 0 < counts[-1] <= LINE_BLOCK
+    assert sum(counts) == len(reference)
+    assert b"".join(block for block, _, _, _ in blocks) == trace_lines(reference)
+    assert sum(ended for _, _, _, ended in blocks) == sum(r.num_ended for r in reference)
 
 
 @given(config=st.one_of(configs(), configs(prefix_caching=True)), setup=policies(),

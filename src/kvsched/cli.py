@@ -49,7 +49,6 @@ from kvsched.spec.model import (
 )
 from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from kvsched.spec.trace import TraceError, TraceWriter
-from kvsched.verdict import printable
 from kvsched.workload import WorkItem, WorkloadError, read_workload
 
 if TYPE_CHECKING:
@@ -65,8 +64,9 @@ def new_checker(config: Config, **options: Any) -> Checker:
 
     return checker(config, **options)
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# No emoji codes: ":name:" in an id or a path is printed as it is.
+out = Console(highlight=False, soft_wrap=True, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 # The built-in default: a 1024-block cache (16k tokens) under a ShareGPT-like load that
 # outruns it, so that a demo shows queueing and preemption, yet finishes in seconds.
@@ -162,6 +162,8 @@ class Group(click.Group):
             err.print("kvsched: terminated")
             sys.exit(143)
         except (BadInput, TraceError, WorkloadError, InputError) as e:
+            from kvsched.verdict import printable  # here: a run without an error does not load it
+
             err.print(Text(f"kvsched: error: {printable(str(e))}"))
             sys.exit(2)
         except BrokenPipeError:
@@ -533,17 +535,17 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
             if tallied and checker is None:
                 # Nothing needs the StepRecords: the compiled scheduler's trace lines (as
                 # dumps_line encodes them) and what it counted go straight to the writer
-                # and the metrics.
+                # and the metrics, a block of steps at a time.
                 from kvsched.optimized.compiled import CompiledScheduler
 
                 assert isinstance(scheduler, CompiledScheduler)
-                for line, events, now in scheduler.simulate(
+                for lines, count, block_events, now in scheduler.simulate(
                         workload, not no_block_ids, max_steps, StepEvents, lines=True):
                     if writer is not None:
-                        writer.encoded(line)
-                    if events is not None:
-                        collector.observe_events(steps, events)
-                    steps += 1
+                        writer.encoded(lines)
+                    for at, happened in block_events:
+                        collector.observe_events(at, happened)
+                    steps += count
                     if now:
                         ended += now
                         bar.set(ended)

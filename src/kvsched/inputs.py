@@ -7,7 +7,6 @@ reaches the damage, as InputError, never as a traceback.
 
 from __future__ import annotations
 
-import gzip
 import io
 import sys
 import zlib
@@ -76,6 +75,8 @@ def open_trace(name: str) -> IO[bytes]:
     assert isinstance(raw, io.BufferedReader)
     head = raw.peek(4)[:4]
     if head.startswith(GZIP_MAGIC):
+        import gzip  # here: a command that reads no trace does not load it
+
         return io.BufferedReader(_Guarded(gzip.GzipFile(fileobj=raw), label, "gzip"))
     if head.startswith(ZSTD_MAGIC):
         import zstandard
