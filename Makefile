@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 conformance-vllm-v0 vllm-v0-env vllm-v0-traces vllm-release-traces vllm-plugin serve-check proofs mutation clean
+.PHONY: compiled demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 conformance-vllm-v0 vllm-v0-env vllm-v0-traces vllm-release-traces vllm-plugin serve-check proofs mutation clean
 VLLM_VENV ?= .venv-vllm
 VLLM033_VENV ?= .venv-vllm-0.33
 VLLM_V0_VENV ?= .venv-vllm-v0
@@ -16,7 +16,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The compiled scheduler, built in place again when its source is newer than the module
+# (the install builds it once; without this an edit of the .pyx would test the old one).
+compiled: $(STAMP)
+	@so=$$(ls optimized/compiled.cpython-*.so 2>/dev/null | head -1); \
+	if [ -z "$$so" ] || [ optimized/compiled.pyx -nt "$$so" ] || [ setup.py -nt "$$so" ]; then \
+		$(BIN)/python setup.py -q build_ext --inplace; fi
+
+demo: compiled
 	@mkdir -p $(DEMO)
 	$(BIN)/kvsched simulate --out $(DEMO)/trace.jsonl
 	$(BIN)/kvsched check $(DEMO)/trace.jsonl
@@ -30,7 +37,7 @@ lint: $(STAMP)
 	@# spec/ and reference/ stay standard-library Python (design.md section 1).
 	$(BIN)/python tests/layout_rules.py
 
-unit: $(STAMP)
+unit: compiled
 	$(BIN)/python -m proofs.run --quick --jobs 2
 	@# --dist loadgroup: the Ray tests (xdist_group "ray") share one worker and one Ray.
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -p no:cacheprovider
@@ -45,7 +52,7 @@ test: lint unit
 # vectorized checker side by side, the tracing plugin, auto preemption's calibrated cost
 # model, whole kvsched simulate processes and the lockstep machine, and check and fuzz on
 # Ray (docs/benchmarks.md).
-bench: $(STAMP)
+bench: compiled
 	$(BIN)/python -m tools.bench --out docs/benchmarks.md
 	$(BIN)/python -m tools.bench_optimized --out docs/benchmarks.md
 	@# The vLLM tracing plugin's overhead (skipped without $(VLLM_VENV)).
@@ -60,7 +67,7 @@ bench: $(STAMP)
 
 # The whole 1M-request simulation through both schedulers, not extrapolated (about an
 # hour: the reference's run).
-bench-full: $(STAMP)
+bench-full: compiled
 	$(BIN)/python -m tools.bench_optimized --full-simulation --out docs/benchmarks.md
 
 # On a machine with a CUDA GPU (and a CUDA build of torch): the CUDA tests, then the
@@ -75,7 +82,7 @@ mutation: $(STAMP)
 	$(BIN)/mutmut run --max-children 2
 	$(BIN)/python -m tools.mutation_score
 
-fuzz-deep: $(STAMP)
+fuzz-deep: compiled
 	HYPOTHESIS_PROFILE=deep $(BIN)/python -m pytest -p no:cacheprovider \
 		tests/test_property.py tests/test_stateful.py tests/test_differential.py \
 		tests/test_checkers_agree.py tests/test_scan.py tests/test_reader_fuzz.py
