@@ -251,7 +251,7 @@ def test_driver_block_ids_come_from_new_and_cached_requests() -> None:
             req_ids=["r", "s"], new_block_ids=[([9],), None], num_computed_tokens=[7, 8],
             resumed_req_ids=set()))
     # a running request that got no block this step ("s") is left out
-    assert vllm_driver.step_blocks(output, 4) == ({"n": (3, 4), "r": (9,)}, {})
+    assert vllm_driver.step_blocks(output, 4) == ({"n": [3, 4], "r": [9]}, {})
 
 
 def test_driver_splits_an_admitted_table_into_hit_and_fresh_blocks() -> None:
@@ -264,8 +264,8 @@ def test_driver_splits_an_admitted_table_into_hit_and_fresh_blocks() -> None:
             req_ids=["run", "back", "cold"], new_block_ids=[([9],), ([2, 3, 4],), ([8],)],
             num_computed_tokens=[12, 4, 0], resumed_req_ids={"back", "cold"}))
     fresh, hits = vllm_driver.step_blocks(output, 4)
-    assert hits == {"n": (5, 6), "back": (2,)}
-    assert fresh == {"n": (7,), "run": (9,), "back": (3, 4), "cold": (8,)}
+    assert hits == {"n": [5, 6], "back": [2]}
+    assert fresh == {"n": [7], "run": [9], "back": [3, 4], "cold": [8]}
     odd = SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(
         req_id="n", block_ids=([5],), num_computed_tokens=3)],
         scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[],

@@ -364,8 +364,8 @@ def make_request(item: dict[str, Any], order: int, contents: Contents,
         priority=item.get("priority", 0), block_hasher=hasher)
 
 
-def step_blocks(output: Any, block_size: int) -> tuple[dict[str, tuple[int, ...]],
-                                                       dict[str, tuple[int, ...]]]:
+def step_blocks(output: Any, block_size: int) -> tuple[dict[str, list[int]],
+                                                       dict[str, list[int]]]:
     """The blocks each scheduled request got this step (one KV cache group): those
     handed out fresh (requests that got none are left out), and the prefix hits of the
     admitted ones.
@@ -373,10 +373,12 @@ def step_blocks(output: Any, block_size: int) -> tuple[dict[str, tuple[int, ...]
     An admitted request (new, or resumed after recompute) comes with its whole table
     and its computed tokens before the step, which are its hit's: the table's first
     num_computed_tokens / block_size blocks are the hit. A running request comes with
-    its new blocks only (None when it got none, as in most steps).
+    its new blocks only (None when it got none, as in most steps). The lists are
+    vLLM's own where whole (it makes them for the step's output and changes none of
+    them after): a copy of each would be the step's time.
     """
-    fresh: dict[str, tuple[int, ...]] = {}
-    hits: dict[str, tuple[int, ...]] = {}
+    fresh: dict[str, list[int]] = {}
+    hits: dict[str, list[int]] = {}
     for new in output.scheduled_new_reqs:
         _split_table(new.req_id, new.block_ids[0] if new.block_ids else [],
                      new.num_computed_tokens, block_size, fresh, hits)
@@ -391,7 +393,7 @@ def step_blocks(output: Any, block_size: int) -> tuple[dict[str, tuple[int, ...]
     if got.count(None) == len(got):
         return fresh, hits
     resumed = cached.resumed_req_ids
-    for rid, blocks in zip(running, got, strict=True):
+    for rid, blocks in zip(running, got):  # (of equal lengths, checked above)
         if not blocks:  # None: no new block
             continue
         ids = blocks[0]
@@ -399,12 +401,12 @@ def step_blocks(output: Any, block_size: int) -> tuple[dict[str, tuple[int, ...]
             _split_table(rid, ids, cached.num_computed_tokens[running.index(rid)],
                          block_size, fresh, hits)
         elif ids:
-            fresh[rid] = tuple(ids)
+            fresh[rid] = ids
     return fresh, hits
 
 
 def _split_table(rid: str, ids: list[int], computed: int, block_size: int,
-                 fresh: dict[str, tuple[int, ...]], hits: dict[str, tuple[int, ...]]) -> None:
+                 fresh: dict[str, list[int]], hits: dict[str, list[int]]) -> None:
     """An admitted request's table: its first computed / block_size blocks are its hit,
     the rest were handed out fresh."""
     if computed % block_size:
@@ -412,9 +414,9 @@ def _split_table(rid: str, ids: list[int], computed: int, block_size: int,
                           f"whole blocks of {block_size}")
     h = computed // block_size
     if h:
-        hits[rid] = tuple(ids[:h])
+        hits[rid] = ids[:h]
     if len(ids) > h:
-        fresh[rid] = tuple(ids[h:])
+        fresh[rid] = ids[h:] if h else ids
 
 
 def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:

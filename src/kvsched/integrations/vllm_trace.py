@@ -200,8 +200,8 @@ class LiveTrace:
         self.late_freed = 0  # blocks they released
         self.started = 0
         self.batch: tuple[tuple[str, int], ...] = ()
-        self.fresh: dict[str, tuple[int, ...]] = {}
-        self.hits: dict[str, tuple[int, ...]] = {}
+        self.fresh: dict[str, list[int]] = {}
+        self.hits: dict[str, list[int]] = {}
         self.closed = False
 
     def _line(self, obj: Any) -> bytes:
