@@ -393,7 +393,7 @@ def step_blocks(output: Any, block_size: int) -> tuple[dict[str, list[int]],
     if got.count(None) == len(got):
         return fresh, hits
     resumed = cached.resumed_req_ids
-    for rid, blocks in zip(running, got):  # (of equal lengths, checked above)
+    for rid, blocks in zip(running, got, strict=True):
         if not blocks:  # None: no new block
             continue
         ids = blocks[0]
