@@ -6,6 +6,7 @@ Loaded when the command is named (kvsched.cli.Group).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,47 @@ from kvsched.verdict import printable
 from kvsched.workload import read_workload
 
 if TYPE_CHECKING:
-    pass
+    from kvsched.spec.model import Config
+    from kvsched.workload import WorkItem
+
+
+def recorder_options(engine: str, python_default: str) -> Callable[[Callable[..., Any]],
+                                                                    Callable[..., Any]]:
+    """The options of a recorder of `engine` (its name in the help), after the config's."""
+    options = [
+        click.option("--workload", "workload_path", type=click.Path(path_type=Path),
+                     required=True, help="Workload JSONL file."),
+        click.option("--out", "out_path", type=click.Path(path_type=Path), required=True,
+                     help="Write the trace here (JSON Lines)."),
+        click.option("--vllm-python", type=click.Path(path_type=Path), default=None,
+                     help=f"Python of {engine}'s own environment [default: "
+                          f"{python_default}]."),
+        click.option("--max-steps", type=int, default=None,
+                     help="Stop after this many steps."),
+        click.option("--allow-undersized-cache", is_flag=True,
+                     help="Drive a cache that cannot hold one max_model_len sequence "
+                          f"({engine}'s engine refuses it at start-up; for experiments)."),
+    ]
+
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            f = option(f)
+        return config_options(f)
+
+    return apply
+
+
+def recording(profile: str, workload_path: Path, out_path: Path, max_steps: int | None,
+              config_given: dict[str, Any]) -> tuple[Config, list[WorkItem]]:
+    """The config (the profile's defaults under the options) and the workload of a
+    recording, its arguments checked."""
+    if max_steps is not None and max_steps < 1:
+        fail(f"--max-steps must be at least 1, got {max_steps}")
+    config = build_config(profile, config_given)
+    workload = read_workload(workload_path)
+    if out_path.is_dir():
+        fail(f"{out_path}: is a directory; expected a file to write")
+    return config, workload
 
 
 @click.group()
@@ -32,17 +73,7 @@ def record() -> None:
 
 
 @record.command("vllm")
-@config_options
-@click.option("--workload", "workload_path", type=click.Path(path_type=Path), required=True,
-              help="Workload JSONL file.")
-@click.option("--out", "out_path", type=click.Path(path_type=Path), required=True,
-              help="Write the trace here (JSON Lines).")
-@click.option("--vllm-python", type=click.Path(path_type=Path), default=None,
-              help="Python of vLLM's own environment [default: .venv-vllm/bin/python].")
-@click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
-@click.option("--allow-undersized-cache", is_flag=True,
-              help="Drive a cache that cannot hold one max_model_len sequence (vLLM's "
-                   "engine refuses it at start-up; for experiments).")
+@recorder_options("vLLM", ".venv-vllm/bin/python")
 def record_vllm(workload_path: Path, out_path: Path, vllm_python: Path | None,
                 max_steps: int | None, allow_undersized_cache: bool,
                 **config_given: Any) -> None:
@@ -50,12 +81,7 @@ def record_vllm(workload_path: Path, out_path: Path, vllm_python: Path | None,
     from kvsched.adapters.vllm import DEFAULT_VLLM_PYTHON, AdapterError
     from kvsched.adapters.vllm import record as record_with_vllm
 
-    if max_steps is not None and max_steps < 1:
-        fail(f"--max-steps must be at least 1, got {max_steps}")
-    config = build_config("vllm-v1", config_given)
-    workload = read_workload(workload_path)
-    if out_path.is_dir():
-        fail(f"{out_path}: is a directory; expected a file to write")
+    config, workload = recording("vllm-v1", workload_path, out_path, max_steps, config_given)
     try:
         result = record_with_vllm(config, workload, out_path, vllm_python or DEFAULT_VLLM_PYTHON,
                                   max_steps, allow_undersized_cache)
@@ -68,18 +94,7 @@ def record_vllm(workload_path: Path, out_path: Path, vllm_python: Path | None,
 
 
 @record.command("vllm-v0")
-@config_options
-@click.option("--workload", "workload_path", type=click.Path(path_type=Path), required=True,
-              help="Workload JSONL file.")
-@click.option("--out", "out_path", type=click.Path(path_type=Path), required=True,
-              help="Write the trace here (JSON Lines).")
-@click.option("--vllm-python", type=click.Path(path_type=Path), default=None,
-              help="Python of V0's own environment [default: .venv-vllm-v0/bin/python; "
-                   "make vllm-v0-env creates it].")
-@click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
-@click.option("--allow-undersized-cache", is_flag=True,
-              help="Drive a cache that cannot hold one max_model_len sequence (V0's "
-                   "engine refuses it at start-up; for experiments).")
+@recorder_options("V0", ".venv-vllm-v0/bin/python; make vllm-v0-env creates it")
 def record_vllm_v0(workload_path: Path, out_path: Path, vllm_python: Path | None,
                    max_steps: int | None, allow_undersized_cache: bool,
                    **config_given: Any) -> None:
@@ -93,12 +108,7 @@ def record_vllm_v0(workload_path: Path, out_path: Path, vllm_python: Path | None
     from kvsched.adapters.vllm_v0 import DEFAULT_VLLM_V0_PYTHON
     from kvsched.adapters.vllm_v0 import record as record_with_v0
 
-    if max_steps is not None and max_steps < 1:
-        fail(f"--max-steps must be at least 1, got {max_steps}")
-    config = build_config("vllm-v0", config_given)
-    workload = read_workload(workload_path)
-    if out_path.is_dir():
-        fail(f"{out_path}: is a directory; expected a file to write")
+    config, workload = recording("vllm-v0", workload_path, out_path, max_steps, config_given)
     try:
         result = record_with_v0(config, workload, out_path,
                                 vllm_python or DEFAULT_VLLM_V0_PYTHON, max_steps,
