@@ -298,13 +298,15 @@ with tempfile.TemporaryDirectory() as tmp:
            "policy": "fcfs", "watermark": 0.0, "enable_prefix_caching": False}
     s = d.build_scheduler(cfg, Path(tmp))
     contents = d.Contents([])  # each request's tokens, made as it is added
+    hasher = d.block_hasher(s)
     order = [0]
     def add(rid, i, arrival):
         order[0] += 1
-        item = {"id": rid, "prompt_len": 16 + i % 48, "max_tokens": 30 + (i * 7919) % 200,
-                "output_len": 30 + (i * 7919) % 200, "priority": i % 3}
+        length = 30 + (i * 7919) % 200  # it runs to max_tokens
+        item = {"id": rid, "prompt_len": 16 + i % 48, "max_tokens": length,
+                "output_len": length, "priority": i % 3}
         contents.items[rid] = item
-        s.add_request(d.make_request(item, order[0], contents, d.block_hasher(s)))
+        s.add_request(d.make_request(item, order[0], contents, hasher))
     def step():
         t0 = time.perf_counter()
         out = s.schedule()
