@@ -7,12 +7,18 @@ its schedulers through the factory it is given (kvsched.testing.implementations)
 
 And `cli`: the command line run in this process (click's runner), for tests that share
 this process's state with it (the Ray instance a test session started).
+
+And a guard for the machine: the session fails, naming the file, if /dev/null, /dev/zero
+or /dev/full is not a character device when it ends (a test, run as root, wrote over
+one through an output option).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import stat
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -87,3 +93,39 @@ def cli() -> Callable[..., Ran]:
         return Ran(result.exit_code, result.stdout, result.stderr)
 
     return invoke
+
+
+# The system's devices the command line's tests write to or read from.
+SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full")
+# Each of them this machine had when the session started: whether it was a device then.
+DEVICES_AT_START = pytest.StashKey[dict[str, bool]]()
+
+
+def is_character_device(path: str) -> bool:
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:  # missing, or a symlink into nowhere
+        return False
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[DEVICES_AT_START] = {
+        path: is_character_device(path) for path in SYSTEM_DEVICES if os.path.lexists(path)}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when one of SYSTEM_DEVICES that the machine had at its start, or
+    has now, is not a character device: the tests must never harm the machine they run
+    on (run as root, a rename over /dev/null makes it a regular file)."""
+    at_start = session.config.stash.get(DEVICES_AT_START, {})
+    for path in SYSTEM_DEVICES:
+        if (path in at_start or os.path.lexists(path)) and not is_character_device(path):
+            when = ("it was one when the session started: a test wrote over it"
+                    if at_start.get(path) else "nor was it when the session started")
+            line = f"kvsched tests: {path} is not a character device ({when})"
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(line, red=True, bold=True)
+            else:
+                print(line, file=sys.stderr)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -23,6 +23,7 @@ import orjson
 
 from kvsched.generators import SHARED_PROMPTS, generate
 from kvsched.optimized.checker import check_trace_vectorized
+from kvsched.outputs import atomic_output
 from kvsched.reference import reference_scheduler
 from kvsched.simulate import run
 from kvsched.spec.checker import check_trace
@@ -209,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         # The sections tools.bench_optimized places (between its markers) stay as they are.
         old = args.out.read_text() if args.out.exists() else ""
         kept = old.find("<!-- bench_optimized")
-        args.out.write_text(text + ("\n" + old[kept:] if kept >= 0 else ""))
+        with atomic_output(args.out) as stream:
+            stream.write((text + ("\n" + old[kept:] if kept >= 0 else "")).encode())
         print(f"written to {args.out}")
     else:
         print(text)

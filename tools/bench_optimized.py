@@ -41,6 +41,7 @@ from kvsched.optimized import OptimizedScheduler
 from kvsched.optimized.checker import check_trace_vectorized
 from kvsched.optimized.compiled import CompiledScheduler
 from kvsched.optimized.simulation import Arrivals, run_fast, step_dict
+from kvsched.outputs import atomic_output
 from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
 from kvsched.spec.checker import Report, check_trace
@@ -884,9 +885,8 @@ def place(text: str, path: Path, start: str = START, end: str = END) -> None:
         new = head + text + ("\n" + tail if tail else "")
     else:
         new = old.rstrip("\n") + "\n\n" + text
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(new)
-    tmp.replace(path)
+    with atomic_output(path) as stream:
+        stream.write(new.encode())
 
 
 def gpu_check() -> int:

@@ -1,12 +1,17 @@
 """The `kvsched` command line: simulate, check, metrics, profiles.
 
-Exit codes: 0 clean, 1 violations (SHOULD ones only with --strict), 2 bad input.
+Exit codes: 0 clean, 1 violations (SHOULD ones only with --strict), 2 bad input, or an
+output that cannot be written (a full disk: one line naming the file, or standard
+output, and why), 141 when the reader of standard output (or error) leaves early
+(`kvsched check ... | head`; 128 + SIGPIPE, as a shell reports it), silently.
 Every error a user can cause is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
+import os
 import re
 import signal
 import sys
@@ -36,6 +41,8 @@ from kvsched.generators import (
     parse_priorities,
 )
 from kvsched.inputs import InputError
+from kvsched.outputs import STANDARD_ERROR, STANDARD_OUTPUT, OutputError, named_standard_streams
+from kvsched.outputs import atomic_output as atomic_output  # the commands import it from here
 from kvsched.progress import Reporter
 from kvsched.spec.interface import Scheduler as AnyScheduler
 from kvsched.spec.knobs import GROW_CHECKS, PASSES, REJECT_AT, SWAPPED_ORDERS, VICTIMS, Knobs
@@ -92,25 +99,6 @@ def dumps_line(obj: Any) -> bytes:
     return orjson.dumps(obj) + b"\n"
 
 
-@contextmanager
-def atomic_output(path: Path) -> Iterator[IO[bytes]]:
-    """Write to PATH.part and rename on success, so nothing half-written is left."""
-    if path.is_dir():
-        fail(f"{path}: is a directory; expected a file to write")
-    tmp = path.with_name(path.name + ".part")
-    try:
-        stream = tmp.open("wb")
-    except OSError as e:
-        fail(f"{path}: cannot write ({e.strerror})")
-    try:
-        with stream:
-            yield stream
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 class Terminated(BaseException):
     """SIGTERM arrived."""
 
@@ -147,6 +135,22 @@ class Group(click.Group):
         kwargs["standalone_mode"] = False
         # SIGTERM unwinds like ^C, so a PATH.part being written is removed.
         signal.signal(signal.SIGTERM, _terminated)
+        with named_standard_streams():
+            try:
+                try:
+                    result = self.dispatch(*args, **kwargs)
+                except SystemExit:
+                    sys.stdout.flush()  # the exit status stands once the output is out
+                    raise
+                # Here, not at interpreter exit: standard output refusing the last of
+                # the output is reported as any other output is.
+                sys.stdout.flush()
+                return result
+            except OutputError as e:
+                output_failed(e)
+
+    def dispatch(self, *args: Any, **kwargs: Any) -> Any:
+        """The command's own result; each way it can fail is one line and its exit code."""
         try:
             return super().main(*args, **kwargs)
         except click.exceptions.NoArgsIsHelpError as e:
@@ -166,8 +170,22 @@ class Group(click.Group):
 
             err.print(Text(f"kvsched: error: {printable(str(e))}"))
             sys.exit(2)
-        except BrokenPipeError:
-            sys.exit(1)
+
+
+def output_failed(e: OutputError) -> NoReturn:
+    """Exit for an output that could not be written: 141 (128 + SIGPIPE, what a shell
+    reports for a process SIGPIPE killed), without a word, when the reader of standard
+    output or standard error left; else 2, with one line naming the output."""
+    if e.errno == errno.EPIPE and e.output in (STANDARD_OUTPUT, STANDARD_ERROR):
+        # What is still buffered then goes to /dev/null, not to an "Exception ignored"
+        # at exit (Python's signal docs, "Note on SIGPIPE").
+        gone = sys.stdout if e.output == STANDARD_OUTPUT else sys.stderr
+        os.dup2(os.open(os.devnull, os.O_WRONLY), gone.fileno())
+        sys.exit(141)
+    from kvsched.verdict import printable
+
+    err.print(Text(f"kvsched: error: {printable(str(e))}"))
+    sys.exit(2)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
+from kvsched.outputs import Output, OutputError
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
 from kvsched.spec.trace import TraceWriter
@@ -240,7 +241,7 @@ def check_python(vllm_python: Path) -> None:
 
 
 class _Writer:
-    """The trace file of one job, written to PATH.part and renamed when complete."""
+    """The trace file of one job, written as every output is (kvsched.outputs)."""
 
     def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
         built = config_from_vllm(header["config"], int(header["null_block"]))
@@ -249,11 +250,8 @@ class _Writer:
             raise AdapterError(f"{job.name}: vLLM changed the config: {changes[0]}")
         self.result = Recorded(job, built, {"name": "vllm", "version": str(header["vllm"])})
         self.by_id = {w.id: w for w in job.workload}
-        self.tmp = job.out.with_name(job.out.name + ".part")
-        try:
-            self.stream: IO[bytes] = self.tmp.open("wb")
-        except OSError as e:
-            raise AdapterError(f"{job.out}: cannot write ({e.strerror})") from None
+        self.output = Output(job.out)
+        self.stream: IO[bytes] = self.output.stream
         self.writer = TraceWriter(self.stream)
         self.writer.header(built, self.result.engine, header_extra(built.prefix_caching))
 
@@ -269,14 +267,12 @@ class _Writer:
         complete = bool(event["complete"])
         if complete:
             self.writer.end()
-        self.stream.close()
-        self.tmp.replace(self.result.job.out)
+        self.output.commit()
         self.result.complete = complete
         return self.result
 
     def discard(self) -> None:
-        self.stream.close()
-        self.tmp.unlink(missing_ok=True)
+        self.output.discard()
 
 
 def read_events(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
@@ -309,7 +305,8 @@ def assemble_with(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
                   ) -> list[R]:
     """Write each job's trace from a driver's events (`start` opens one from the job's
     header event); the jobs come in order. Returns the jobs recorded, fewer than given
-    if the events stop early; a job left unfinished leaves no file."""
+    if the events stop early; a job left unfinished leaves no file. A trace file that
+    cannot be written (a full disk) is an AdapterError naming it."""
     results: list[R] = []
     current: JobTrace[R] | None = None
     try:
@@ -327,6 +324,8 @@ def assemble_with(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
             elif "done" in event:
                 results.append(current.done(event))
                 current = None
+    except OutputError as e:
+        raise AdapterError(str(e)) from None
     finally:
         if current is not None:
             current.discard()

@@ -41,6 +41,7 @@ from kvsched.adapters.vllm import (
     config_changes,
     run_driver,
 )
+from kvsched.outputs import Output
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
 from kvsched.spec.profiles import VLLM_V0_DEFAULTS
@@ -239,7 +240,7 @@ class RecordedV0(Recorded):
 
 
 class _Writer:
-    """The trace file of one job, written to PATH.part and renamed when done."""
+    """The trace file of one job, written as every output is (kvsched.outputs)."""
 
     def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
         built = config_from_v0(header["config"])
@@ -248,11 +249,8 @@ class _Writer:
             raise AdapterError(f"{job.name}: V0 changed the config: {changes[0]}")
         self.result = RecordedV0(job, built, {"name": "vllm", "version": str(header["vllm"])})
         self.by_id = {w.id: w for w in job.workload}
-        self.tmp = job.out.with_name(job.out.name + ".part")
-        try:
-            self.stream: IO[bytes] = self.tmp.open("wb")
-        except OSError as e:
-            raise AdapterError(f"{job.out}: cannot write ({e.strerror})") from None
+        self.output = Output(job.out)
+        self.stream: IO[bytes] = self.output.stream
         TraceWriter(self.stream).header(built, self.result.engine, header_extra())
 
     def step(self, event: Mapping[str, Any]) -> StepRecord:
@@ -269,16 +267,14 @@ class _Writer:
         complete = bool(event["complete"])
         if complete:
             TraceWriter(self.stream).end()
-        self.stream.close()
-        self.tmp.replace(self.result.job.out)
+        self.output.commit()
         self.result.complete = complete
         self.result.engine_error = event.get("engine_error")
         self.result.stalled = event.get("stalled")
         return self.result
 
     def discard(self) -> None:
-        self.stream.close()
-        self.tmp.unlink(missing_ok=True)
+        self.output.discard()
 
 
 def assemble(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
