@@ -62,7 +62,8 @@ def check_trace_vectorized(stream: IO[bytes],
                            run_steps: int = RUN_STEPS,
                            stats: dict[str, int] | None = None,
                            profile: str | None = None,
-                           on_header: Callable[[Header], None] | None = None) -> Report:
+                           on_header: Callable[[Header], None] | None = None,
+                           stall_steps: int = should.DEFAULT_STALL_STEPS) -> Report:
     """Check a trace (a binary stream) as `kvsched.spec.checker.check_trace` does with a
     TraceReader: the same Report, or the same TraceError. With `profile`, its
     decisions are replayed beside by the compiled scheduler (kvsched.optimized.replay),
@@ -76,7 +77,8 @@ def check_trace_vectorized(stream: IO[bytes],
     many steps went through the spec's ProfileReplay ("replayed_slow")."""
     with no_cycle_collection(), arrays_in_heap():
         driver = TraceDriver(max_preemptions, run_steps,
-                             sc.Scanner(SCAN_LINES, SCAN_ENTRIES), profile, on_header)
+                             sc.Scanner(SCAN_LINES, SCAN_ENTRIES), profile, on_header,
+                             stall_steps)
         report = driver.check(stream)
         if stats is not None:
             stats.update(driver.stats())

@@ -59,6 +59,7 @@ from kvsched.spec.model import (
     StepRecord,
 )
 from kvsched.spec.prefix import block_key
+from kvsched.spec.violation import DEFAULT_STALL_STEPS
 from kvsched.spec.trace import step_fields
 
 cdef extern from *:
@@ -846,7 +847,7 @@ cdef class CompiledScheduler:
     # -- the simulation loop ------------------------------------------------------------
 
     def simulate(self, workload, bint block_ids=True, max_steps=None, events=None,
-                 bint lines=False):
+                 bint lines=False, int64_t stall_steps=DEFAULT_STALL_STEPS):
         """kvsched.simulate.run on this scheduler, with the loop's bookkeeping (outputs
         sampled, end of sequence at each request's hidden output length, the content
         keys a trace gives with prefix caching) kept per slot beside the scheduler's:
@@ -860,7 +861,11 @@ cdef class CompiledScheduler:
         (lines, steps, [(step, events(...)), ...], ended): the steps' trace lines as
         `kvsched.spec.trace.step_fields` makes them from the same parts and orjson
         encodes them, in place of their records, how many steps, the events of the steps
-        with any, and how many requests the steps ended."""
+        with any, and how many requests the steps ended.
+
+        As kvsched.simulate.run, after the `stall_steps`-th step in a row that changed
+        nothing while work waits (kvsched.spec.should.Stall) it raises Stalled, once that
+        step is yielded."""
         cdef list pending = list(workload)
         cdef Py_ssize_t nxt = 0, total = len(pending), k
         cdef int64_t step = 0
@@ -869,6 +874,8 @@ cdef class CompiledScheduler:
         cdef list arrivals, aborted, finished, arrival_slots
         cdef list block = [], block_events = []
         cdef Py_ssize_t block_ended = 0
+        cdef int64_t quiet = 0  # steps in a row that changed nothing while work waits
+        cdef bint stuck = False
         for w in pending:
             if w.abort is not None:
                 aborts.setdefault(w.abort, []).append(w.id)
@@ -938,6 +945,14 @@ cdef class CompiledScheduler:
             line = self._line_end(keys) if lines else None
             finished = self._take_finished()
             self._total(generated, kv_used)
+            # kvsched.spec.should.moves and Stall, on the step's parts.
+            if (self.live > 0 and not (self.e_slot.size() or self.pre_slot.size()
+                                       or self.in_slot.size() or len(self.rejected_now)
+                                       or len(finished) or len(aborted))):
+                quiet += 1
+                stuck = quiet == stall_steps
+            else:
+                quiet = 0
             if lines:
                 rejected = tuple(self.rejected_now)
                 facts = self._events(events, arrivals, aborted, rejected, first_tokens,
@@ -946,6 +961,9 @@ cdef class CompiledScheduler:
                 if facts is not None:
                     block_events.append((step, facts))
                 block_ended += len(finished) + len(aborted) + len(rejected)
+                if stuck:
+                    yield b"".join(block), len(block), block_events, block_ended
+                    raise self._stalled(pending, step, stall_steps)
                 step += 1
                 if len(block) == LINE_BLOCK:
                     yield b"".join(block), len(block), block_events, block_ended
@@ -961,9 +979,19 @@ cdef class CompiledScheduler:
             else:
                 yield rec, self._events(events, arrivals, aborted, parts[0], first_tokens,
                                         admissions, finishes)
+            if stuck:
+                raise self._stalled(pending, step, stall_steps)
             step += 1
         if block:
             yield b"".join(block), len(block), block_events, block_ended
+
+    def _stalled(self, list pending, int64_t step, int64_t limit):
+        """The Stalled of a run stuck at `step` (kvsched.spec.should.stalled_run)."""
+        from kvsched.spec.should import stalled_run  # here: a run that ends never needs it
+
+        live = {w.id: w for w in pending if w.id in self.slot_of}
+        return stalled_run(self, lambda rid: live[rid].request(live[rid].arrival), step,
+                           limit)
 
     cdef object _admissions(self):
         """(id, N, hit tokens) of the step's waiting requests scheduled (before update)."""

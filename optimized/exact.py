@@ -18,6 +18,7 @@ import numpy as np
 from kvsched.optimized.columns import CODE_OF, STATUS_OF, Columns
 from kvsched.spec.checker import Checker, CheckOptions, Report
 from kvsched.spec.model import Config, Request, Status, StepRecord
+from kvsched.spec.should import DEFAULT_STALL_STEPS
 from kvsched.spec.state import LiveRequest
 from kvsched.spec.trace import STEP_KEYS, TraceError, load_line, parse_step
 
@@ -35,13 +36,15 @@ class SpecBridge:
     """The spec's Checker beside the columns of `state`, and the hand-over between them."""
 
     def __init__(self, state: Columns, max_preemptions: int, keep: int,
-                 preempted_order: bool = True) -> None:
+                 preempted_order: bool = True,
+                 stall_steps: int = DEFAULT_STALL_STEPS) -> None:
         self.state = state
         self.alone = spec_alone(state.config)
         # The kernel's needed-preemption test asks about the last victim only; where the
         # victims are a set that is stricter, so a run it passes passes here too.
         self.checker = Checker(state.config, CheckOptions(max_preemptions=max_preemptions,
-                                                          keep=keep), None, preempted_order)
+                                                          keep=keep, stall_steps=stall_steps),
+                               None, preempted_order)
 
     @property
     def report(self) -> Report:
@@ -54,6 +57,11 @@ class SpecBridge:
 
     def add_ended(self, ended: Mapping[str, Status]) -> None:
         self.checker.state.ended.update(ended)
+
+    def moved(self) -> None:
+        """A run checked by the vectorized rules: none of its steps was quiet while work
+        waited (the driver hands such a run to the Checker), so no stall goes on."""
+        self.checker.stall.quiet = 0
 
     def check_lines(self, steps: list[tuple[int, Any]], expected: int,
                     unknown_keys: dict[str, int]) -> int:

@@ -24,11 +24,13 @@ class VectorizedChecker:
     """
 
     def __init__(self, config: Config, max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS,
-                 keep: int = 20, preempted_order: bool = True) -> None:
+                 keep: int = 20, preempted_order: bool = True,
+                 stall_steps: int = should.DEFAULT_STALL_STEPS) -> None:
         self.config = config
         self.max_preemptions = max_preemptions
         self.state = Columns(config)
-        self.spec = SpecBridge(self.state, max_preemptions, keep, preempted_order)
+        self.spec = SpecBridge(self.state, max_preemptions, keep, preempted_order,
+                               stall_steps)
         self.fast_runs = 0
         self.exact_runs = 0
 
@@ -65,6 +67,7 @@ class VectorizedChecker:
             return False
         self.fast_runs += 1
         self.spec.add_ended(ended)
+        self.spec.moved()
         report = self.spec.report
         report.steps += run.T
         report.scheduled_entries += int(run.n_ent.sum())

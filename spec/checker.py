@@ -23,7 +23,8 @@ from kvsched.spec.violation import INVARIANTS, SHOULD, Violation
 @dataclass(frozen=True)
 class CheckOptions:
     """How to judge a trace: SHOULD warnings fail too when `strict`; `max_preemptions`
-    is no-thrash's K; `keep` violations of each id are kept whole (all are counted); an
+    is no-thrash's K, `stall_steps` progress's K; `keep` violations of each id are kept
+    whole (all are counted); an
     invariant in `required` that the trace lets the checker judge only in part or not at
     all fails the check (CI's `--require block-ids,accounting`)."""
 
@@ -31,6 +32,7 @@ class CheckOptions:
     max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS
     keep: int = 20
     required: frozenset[str] = frozenset()  # invariants that must be checked in full
+    stall_steps: int = should.DEFAULT_STALL_STEPS
 
 
 @dataclass
@@ -129,6 +131,7 @@ class Checker:
         self.leaked = 0  # free blocks the engine reported missing, so each leak is told once
         self.steps_with_free = 0
         self.step_no = -1
+        self.stall = should.Stall(self.options.stall_steps)
 
     def flag(self, v: Violation) -> None:
         self.report.counts[v.invariant] += 1
@@ -145,6 +148,8 @@ class Checker:
         self.report.requests += len(f.arrivals)
         for v in judge(f, self.state, self.options, self.leaked, self.preempted_order):
             self.flag(v)
+        if self.stall.observe(should.moves(rec), bool(self.state.live)):
+            self.flag(should.state_progress(rec.step, self.stall.limit, self.state))
         if rec.free_blocks is not None:
             self.leaked = f.free - rec.free_blocks
         if self.replay is not None:

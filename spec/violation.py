@@ -25,11 +25,17 @@ INVARIANTS: dict[str, str] = {
     "completion": SHOULD,
     "no-thrash": SHOULD,
     "needed-preemption": SHOULD,
+    "progress": SHOULD,
     "profile": PROFILE,
 }
 
 # no-thrash: the most preemptions of one request before it is a warning.
 DEFAULT_MAX_PREEMPTIONS = 8
+
+# progress: K, the steps in a row that change nothing while work waits before it is a
+# violation. Far more than any engine's quiet stretch while it can run (none has one),
+# few enough that a stuck run is told in well under a second.
+DEFAULT_STALL_STEPS = 100
 
 
 @dataclass(frozen=True)
@@ -64,3 +70,14 @@ class Violation:
             "rhs": self.rhs,
             "message": self.message,
         }
+
+
+class Stalled(Exception):
+    """A run that kvsched drives is stuck: K steps in a row changed nothing while work
+    waits, and nothing outside the scheduler is left to change its state. `violation`
+    is the `progress` violation that says where and who waits
+    (kvsched.spec.should.stalled_run)."""
+
+    def __init__(self, violation: Violation) -> None:
+        super().__init__(f"stuck at step {violation.step}: {violation.message}")
+        self.violation = violation

@@ -96,7 +96,7 @@ def test_a_deprecated_profile_says_so_in_one_line_whenever_it_is_used(
 def test_max_steps_leaves_an_incomplete_trace(tmp_path: Path) -> None:
     out = tmp_path / "partial.jsonl"
     result = kvsched("simulate", *SMALL, "--max-steps", "20", "--out", str(out))
-    assert result.returncode == 0 and "stopped early" in result.stdout
+    assert result.returncode == 0 and "(stopped at --max-steps 20)" in result.stdout
     assert len(out.read_text().splitlines()) == 21  # header + 20 steps, no end line
     assert "no end line" in kvsched("check", str(out)).stdout
 

@@ -67,6 +67,7 @@ class Example:
     end: bool = False
     max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS
     profile: str | None = None
+    stall_steps: int = should.DEFAULT_STALL_STEPS
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ def findings(docs: DocExamples, name: str) -> list[str]:
     """What the checker (and the example's profile, if any) reports, one line each."""
     ex = docs.examples[name]
     reader = TraceReader(io.BytesIO(docs.trace_text(name).encode()))
-    report = check_reader(reader, profile=ex.profile, max_preemptions=ex.max_preemptions)
+    report = check_reader(reader, profile=ex.profile, max_preemptions=ex.max_preemptions,
+                          stall_steps=ex.stall_steps)
     return [violation_line(v) for v in report.violations]
 
 

@@ -220,6 +220,12 @@ EXAMPLES: dict[str, Example] = {
         {"step": 2, "scheduled": [["r0", 1], ["r1", 4]]},
         {"step": 3, "preempted": [recompute("r1")], "scheduled": [["r0", 1]]},
     ], config={"num_gpu_blocks": 4}, max_preemptions=1),
+    "progress": Example([
+        {"step": 0, "arrivals": [arrival("r0", 7), arrival("r1", 7)],
+         "scheduled": [["r0", 7], ["r1", 7]]},
+        {"step": 1, "scheduled": [["r0", 1], ["r1", 1]]},
+        {"step": 2}, {"step": 3}, {"step": 4},
+    ], config={"num_gpu_blocks": 4}, stall_steps=3),
     "needed-preemption": Example([PREFILL_TWO, PREEMPT_R1]),
     "needed-preemption-ok": Example([PREFILL_TWO, PREEMPT_R1], config={"num_gpu_blocks": 4}),
     "needed-preemption-after-overflow": Example([

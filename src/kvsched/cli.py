@@ -56,6 +56,7 @@ from kvsched.spec.model import (
 )
 from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from kvsched.spec.trace import TraceError, TraceWriter
+from kvsched.spec.violation import DEFAULT_STALL_STEPS, Stalled
 from kvsched.workload import WorkItem, WorkloadError, read_workload
 
 if TYPE_CHECKING:
@@ -204,6 +205,15 @@ def main() -> None:
     kvsched diff A B            audit a scheduler change: first divergence, violations, metrics
     kvsched fuzz MOD:FACTORY    hypothesis-drawn workloads against your scheduler
     """
+
+
+def stall_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--stall-steps: progress's K (docs/spec.md, the progress invariant)."""
+    return click.option(
+        "--stall-steps", type=click.IntRange(min=1), default=DEFAULT_STALL_STEPS,
+        show_default=True, metavar="K",
+        help="Liveness (progress): K steps in a row that schedule, preempt, swap in, "
+             "finish, abort and reject nothing while requests wait are a stall.")(f)
 
 
 def progress_option(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -471,6 +481,7 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
 @click.option("--check/--no-check", "self_check", default=False, show_default=True,
               help="Also check the run with the spec's checker as it goes (kvsched check "
                    "on the trace gives the same verdict).")
+@stall_option
 def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
              reserve_full_sequence: bool | None, lift_threshold_when_alone: bool | None,
              continue_after_self_preemption: bool | None, grow_check: str | None,
@@ -483,12 +494,15 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
              skew: float | None, turns: float | None, think_steps: float | None,
              out_path: Path | None, no_block_ids: bool, max_steps: int | None, fmt: str,
              progress: bool | None, implementation: str, device: str, self_check: bool,
-             **config_given: Any) -> None:
+             stall_steps: int, **config_given: Any) -> None:
     """Run a scheduler on a workload: its metrics, and a trace v1 with --out.
 
     The scheduler is the fastest installed one that implements the profile (the
     compiled scheduler, else the reference; --scheduler picks one), named in the
-    summary and the trace's header; all make the same decisions.
+    summary and the trace's header; all make the same decisions. A run that gets stuck
+    (--stall-steps steps in a row change nothing while requests wait) stops there with
+    one line naming the waiting requests and why, exit 1; its trace ends there, without
+    an end line.
     """
     from kvsched.metrics import MetricsCollector, StepEvents, StepTotals
     from kvsched.simulate import run
@@ -521,7 +535,7 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
 
     implementation = chosen_scheduler(implementation, device, config, knobs)
     scheduler = make_scheduler(implementation, device, config, knobs)
-    checker = new_checker(config) if self_check else None
+    checker = new_checker(config, stall_steps=stall_steps) if self_check else None
     # The compiled scheduler counts each step's facts for the metrics itself; any other
     # is followed with the spec's state (the checker's, when it checks).
     tallied = implementation == "compiled"
@@ -534,56 +548,65 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
              | {"cost": asdict(knobs.cost)}}
     steps = 0
     ended = 0
+    stalled: Stalled | None = None
 
     def steps_of() -> Iterator[tuple[StepRecord, StepEvents | None]]:
         if tallied:
             from kvsched.optimized.compiled import CompiledScheduler
 
             assert isinstance(scheduler, CompiledScheduler)
-            yield from scheduler.simulate(workload, not no_block_ids, max_steps, StepEvents)
-            collector.observe_totals(StepTotals(*scheduler.totals()))
+            yield from scheduler.simulate(workload, not no_block_ids, max_steps, StepEvents,
+                                          stall_steps=stall_steps)
         else:
             for rec in run(scheduler, workload, block_ids=not no_block_ids,
-                           max_steps=max_steps):
+                           max_steps=max_steps, stall_steps=stall_steps):
                 yield rec, None
 
     def drive(writer: TraceWriter | None) -> bool:
-        nonlocal steps, ended
+        nonlocal steps, ended, stalled
         with Reporter("simulating", len(workload), err, progress, unit="requests") as bar:
-            if tallied and checker is None:
-                # Nothing needs the StepRecords: the compiled scheduler's trace lines (as
-                # dumps_line encodes them) and what it counted go straight to the writer
-                # and the metrics, a block of steps at a time.
+            try:
+                if tallied and checker is None:
+                    # Nothing needs the StepRecords: the compiled scheduler's trace lines
+                    # (as dumps_line encodes them) and what it counted go straight to the
+                    # writer and the metrics, a block of steps at a time.
+                    from kvsched.optimized.compiled import CompiledScheduler
+
+                    assert isinstance(scheduler, CompiledScheduler)
+                    for lines, count, block_events, now in scheduler.simulate(
+                            workload, not no_block_ids, max_steps, StepEvents, lines=True,
+                            stall_steps=stall_steps):
+                        if writer is not None:
+                            writer.encoded(lines)
+                        for at, happened in block_events:
+                            collector.observe_events(at, happened)
+                        steps += count
+                        if now:
+                            ended += now
+                            bar.set(ended)
+                else:
+                    for rec, events in steps_of():
+                        if writer is not None:
+                            writer.step(rec)
+                        facts = checker.step(rec) if checker is not None else None
+                        if tallied:
+                            if events is not None:
+                                collector.observe_events(rec.step, events)
+                        elif facts is not None:
+                            collector.observe(rec, facts)
+                        else:
+                            collector.step(rec)
+                        steps += 1
+                        if rec.num_ended:
+                            ended += rec.num_ended
+                            bar.set(ended)
+            except Stalled as e:  # the steps so far stay: the trace ends where it stuck
+                stalled = e
+            if tallied:
                 from kvsched.optimized.compiled import CompiledScheduler
 
                 assert isinstance(scheduler, CompiledScheduler)
-                for lines, count, block_events, now in scheduler.simulate(
-                        workload, not no_block_ids, max_steps, StepEvents, lines=True):
-                    if writer is not None:
-                        writer.encoded(lines)
-                    for at, happened in block_events:
-                        collector.observe_events(at, happened)
-                    steps += count
-                    if now:
-                        ended += now
-                        bar.set(ended)
                 collector.observe_totals(StepTotals(*scheduler.totals()))
-                return finish(writer)
-            for rec, events in steps_of():
-                if writer is not None:
-                    writer.step(rec)
-                facts = checker.step(rec) if checker is not None else None
-                if tallied:
-                    if events is not None:
-                        collector.observe_events(rec.step, events)
-                elif facts is not None:
-                    collector.observe(rec, facts)
-                else:
-                    collector.step(rec)
-                steps += 1
-                if rec.num_ended:
-                    ended += rec.num_ended
-                    bar.set(ended)
         return finish(writer)
 
     def finish(writer: TraceWriter | None) -> bool:
@@ -609,14 +632,18 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
         sys.stdout.write(orjson.dumps({
             "config": asdict(config), "profile": profile, "scheduler": implementation,
             "steps": steps, "requests": len(workload), "complete": complete,
+            "stuck": None if stalled is None else stalled.violation.as_dict(),
             "trace": str(out_path or ""), "metrics": metrics.as_dict(),
             "violations": None if report is None else
             {k: n for k, n in sorted(report.counts.items())},
         }, option=orjson.OPT_INDENT_2).decode() + "\n")
+        if stalled is not None:
+            sys.exit(1)
         return
+    ending = " (stuck)" if stalled is not None else "" if complete else \
+        f" (stopped at --max-steps {max_steps})"
     out.print(metrics_table(f"kvsched simulate: {profile} on the {implementation} scheduler, "
-                            f"{len(workload)} requests, {steps} steps"
-                            + ("" if complete else " (stopped early)"), metrics))
+                            f"{len(workload)} requests, {steps} steps" + ending, metrics))
     if out_path is not None:
         out.print(f"trace written to {out_path}")
     if report is not None and report.counts:
@@ -624,6 +651,12 @@ def simulate(profile: str, victim: str | None, admit_after_preempt: bool | None,
                   + ", ".join(f"{k} x{n}" for k, n in sorted(report.counts.items())))
     elif report is not None:
         out.print(f"checked as it ran: no invariant broken ({report.steps} steps)")
+    if stalled is not None:
+        from kvsched.verdict import printable  # here: a run that ends well does not load it
+
+        err.print(Text(f"kvsched: the {implementation} scheduler is {printable(str(stalled))}"
+                       f" (progress; --stall-steps {stall_steps})"))
+        sys.exit(1)
 
 
 def metrics_table(title: str, metrics: Metrics) -> Table:

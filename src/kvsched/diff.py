@@ -67,13 +67,24 @@ class SideFailed(Exception):
 
 @dataclass
 class Stream:
-    """One side of a diff: its steps, and whether it ended with every request done."""
+    """One side of a diff: its steps, whether it ended with every request done, and (a
+    run) why it stopped before that: stuck, or at its step limit."""
 
     label: str
     config: Config
     engine: dict[str, str]
     records: Iterator[StepRecord]
     complete: Callable[[], bool]
+    stopped: Callable[[], Stop | None] = lambda: None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why a side's run stopped with work left: `stuck` (the progress violation's words)
+    or at its step limit; either is told in the report, never silently."""
+
+    why: str
+    stuck: bool
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,7 @@ class Side:
     engine: dict[str, str]
     report: Report
     metrics: Metrics
+    stopped: Stop | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +166,11 @@ class Diff:
     def diverged(self) -> bool:
         return self.divergence is not None
 
+    @property
+    def stuck(self) -> bool:
+        """A side's run got stuck (it can never end): a failure, like a divergence."""
+        return any(s.stopped is not None and s.stopped.stuck for s in (self.a, self.b))
+
     def violation_counts(self) -> list[tuple[str, str, int, int]]:
         """(invariant id, level, count in A, count in B) for every id either side broke."""
         ids = [i for i in INVARIANTS if self.a.report.counts[i] or self.b.report.counts[i]]
@@ -167,8 +184,11 @@ class Diff:
         def side(s: Side) -> dict[str, Any]:
             return {"label": s.label, "engine": s.engine, "steps": s.report.steps,
                     "requests": s.report.requests, "complete": s.report.complete,
+                    "stopped": None if s.stopped is None else s.stopped.why,
+                    "stuck": s.stopped is not None and s.stopped.stuck,
                     "violations": {k: n for k, n in sorted(s.report.counts.items())}}
-        return {"diverged": self.diverged, "steps_compared": self.steps_compared,
+        return {"diverged": self.diverged, "stuck": self.stuck,
+                "steps_compared": self.steps_compared,
                 "divergence": None if self.divergence is None else self.divergence.as_dict(),
                 "config_differences": list(self.config_differences),
                 "a": side(self.a), "b": side(self.b),
@@ -339,10 +359,11 @@ def config_differences(a: Config, b: Config) -> tuple[str, ...]:
 
 
 def diff_streams(a: Stream, b: Stream, *, series: bool = False,
-                 max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS) -> Diff:
+                 max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS,
+                 stall_steps: int = should.DEFAULT_STALL_STEPS) -> Diff:
     """Walk A and B in lockstep; report the first divergence, both checks, both metrics."""
-    ca = new_checker(a.config, max_preemptions=max_preemptions)
-    cb = new_checker(b.config, max_preemptions=max_preemptions)
+    ca = new_checker(a.config, max_preemptions=max_preemptions, stall_steps=stall_steps)
+    cb = new_checker(b.config, max_preemptions=max_preemptions, stall_steps=stall_steps)
     ma = MetricsCollector(a.config, series=series, state=ca.state)
     mb = MetricsCollector(b.config, series=series, state=cb.state)
     divergence: Divergence | None = None
@@ -367,25 +388,36 @@ def diff_streams(a: Stream, b: Stream, *, series: bool = False,
                 collector.observe(rec, checker.step(rec))
             except TraceError as e:
                 raise SideFailed(stream.label, str(e)) from None
-    sa = Side(a.label, a.config, a.engine, ca.end(a.complete()), ma.result())
-    sb = Side(b.label, b.config, b.engine, cb.end(b.complete()), mb.result())
+    sa = Side(a.label, a.config, a.engine, ca.end(a.complete()), ma.result(), a.stopped())
+    sb = Side(b.label, b.config, b.engine, cb.end(b.complete()), mb.result(), b.stopped())
     return Diff(sa, sb, config_differences(a.config, b.config), divergence, compared)
 
 
 def simulated(label: str, scheduler: Scheduler, workload: Sequence[WorkItem],
               engine: dict[str, str], *, max_steps: int | None = None,
-              on_step: Callable[[StepRecord], None] | None = None) -> Stream:
-    """A side that runs `scheduler` on `workload` through the simulation loop."""
+              on_step: Callable[[StepRecord], None] | None = None,
+              stall_steps: int = should.DEFAULT_STALL_STEPS) -> Stream:
+    """A side that runs `scheduler` on `workload` through the simulation loop; a run
+    that gets stuck, or reaches `max_steps` with work left, stops and says why."""
     ended = 0
+    stop: Stop | None = None
 
     def records() -> Iterator[StepRecord]:
-        nonlocal ended
-        steps = run(scheduler, workload, max_steps=max_steps)
+        nonlocal ended, stop
+        steps = run(scheduler, workload, max_steps=max_steps, stall_steps=stall_steps)
         step = 0
         while True:
             try:
                 rec = next(steps)
             except StopIteration:
+                if ended < len(workload):
+                    left = len(workload) - ended
+                    stop = Stop(f"stopped at the step limit of {max_steps} steps "
+                                f"(--max-steps) with {left} request"
+                                f"{'s' if left != 1 else ''} unfinished", stuck=False)
+                return
+            except should.Stalled as e:
+                stop = Stop(str(e), stuck=True)
                 return
             except Exception as e:  # the scheduler's fault, told in one line
                 text = (str(e).strip().splitlines() or [""])[0]
@@ -397,7 +429,8 @@ def simulated(label: str, scheduler: Scheduler, workload: Sequence[WorkItem],
                 on_step(rec)
             yield rec
 
-    return Stream(label, scheduler.config, engine, records(), lambda: ended == len(workload))
+    return Stream(label, scheduler.config, engine, records(), lambda: ended == len(workload),
+                  lambda: stop)
 
 
 # -- the report --------------------------------------------------------------------------
@@ -433,6 +466,11 @@ def render_text(d: Diff, console: Console) -> None:
         if v.state:
             table.add_row("state before", v.state)
         console.print(table)
+    for name, side in (("A", d.a), ("B", d.b)):
+        if side.stopped is not None:
+            colour = "red" if side.stopped.stuck else "yellow"
+            console.print(f"[{colour}]{name} stopped early[/{colour}]: ", end="")
+            console.print(side.stopped.why, markup=False)
     counts = d.violation_counts()
     if counts:
         table = Table(title="violations per invariant")

@@ -10,6 +10,13 @@ raises is a finding as well. Hypothesis then shrinks the first failing example t
 minimal one (fewest requests, shortest prompts, smallest cache), which the caller
 writes as a workload file beside its config.
 
+Every example has limits (`RunLimits`), and reaching one is a finding, never a silent
+cut: a run stuck for K steps (`progress`: nothing changes while work waits), a run still
+going at its step bound (`progress`: four times the tokens the workload can need, so it
+can only be going round in circles), and a run, or a factory, still going at its
+wall-clock limit (`time-limit`; such an example is not shrunk, as each try would cost
+the whole limit again).
+
 Runs are deterministic for a seed: no example database, the seed drives the draws.
 
 A campaign is a sequence of shards (`plan`): independent searches of at most
@@ -29,16 +36,31 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from kvsched.deadline import OutOfTime, deadline
 from kvsched.loading import FactoryError
-from kvsched.simulate import run
+from kvsched.simulate import bound_reached, run, step_bound
 from kvsched.spec.interface import Scheduler
 from kvsched.spec.model import Config
+from kvsched.spec.should import DEFAULT_STALL_STEPS, Stalled
 from kvsched.spec.trace import TraceError
 from kvsched.spec.violation import SHOULD, Violation
 from kvsched.workload import WorkItem
 
 CRASH = "crash"  # the finding's invariant when the scheduler raised
+TIME_LIMIT = "time-limit"  # the finding's invariant when an example ran out of time
 DEFAULT_SHARD_EXAMPLES = 100  # examples per shard of a campaign
+# An example's wall-clock limit: drawn workloads are small, and the reference runs one
+# in milliseconds; a scheduler a thousand times slower still fits.
+DEFAULT_EXAMPLE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    """The limits of each example's run: progress's K, and the wall-clock seconds of the
+    factory and the run together (None: none)."""
+
+    stall_steps: int = DEFAULT_STALL_STEPS
+    seconds: float | None = DEFAULT_EXAMPLE_SECONDS
 
 
 class FuzzUnavailable(RuntimeError):
@@ -72,19 +94,10 @@ class FuzzResult:
     runs: int  # examples run, shrinking included
 
 
-def step_bound(config: Config, workload: tuple[WorkItem, ...]) -> int:
-    """Steps after which a run is cut (an incomplete trace: no completion check). Four
-    times the tokens the workload can ever need leaves room for recomputes; a scheduler
-    that stops making progress is cut off there instead of looping forever."""
-    tokens = sum(min(w.prompt_len + w.max_tokens, config.max_model_len) for w in workload)
-    last = max((w.arrival for w in workload), default=0)
-    return last + 4 * tokens + 50
-
-
 def check_case(make: Callable[[Config], Scheduler], config: Config,
                workload: tuple[WorkItem, ...], *, profile: str | None = None,
-               strict: bool = False) -> Finding | None:
-    """Run one example; the first failing violation (or crash), if any.
+               strict: bool = False, limits: RunLimits = RunLimits()) -> Finding | None:
+    """Run one example; the first failing violation (or crash, or limit reached), if any.
 
     A FactoryError (the factory returned something without the interface) is the
     caller's bad input and propagates; any other exception is a finding.
@@ -92,14 +105,25 @@ def check_case(make: Callable[[Config], Scheduler], config: Config,
     from kvsched.conformance import checker as new_checker  # loads the reference
 
     steps = 0
-    checker = new_checker(config, profile=profile, strict=strict)
+    ended = 0
+    bound = step_bound(config, workload, limits.stall_steps)
+    checker = new_checker(config, profile=profile, strict=strict,
+                          stall_steps=limits.stall_steps)
+    made = False
+    stuck: Violation | None = None
     try:
-        scheduler = make(config)
-        ended = 0
-        for rec in run(scheduler, workload, max_steps=step_bound(config, workload)):
-            steps += 1
-            checker.step(rec)
-            ended += rec.num_ended
+        with deadline(limits.seconds) as clock:
+            scheduler = make(config)
+            made = True
+            try:
+                for rec in run(scheduler, workload, max_steps=bound,
+                               stall_steps=limits.stall_steps):
+                    steps += 1
+                    checker.step(rec)
+                    ended += rec.num_ended
+                    clock.check()
+            except Stalled as e:
+                stuck = e.violation
         report = checker.end(ended == len(workload))
     except FactoryError:
         raise
@@ -107,11 +131,21 @@ def check_case(make: Callable[[Config], Scheduler], config: Config,
         v = Violation("one-state", checker.step_no, e.message)
         return Finding(config, workload, v.invariant, f"step {v.step}: {e.message}", (v,),
                        steps)
+    except OutOfTime as e:
+        who = f"the run {e} (at step {steps})" if made else f"the factory {e}"
+        return Finding(config, workload, TIME_LIMIT, who, (), steps)
     except Exception as e:
         text = (str(e).strip().splitlines() or [""])[0]
         return Finding(config, workload, CRASH, f"the scheduler raised {type(e).__name__} "
                        f"at step {steps}: {text}", (), steps)
-    failing = tuple(v for v in report.violations if v.level != SHOULD or strict)
+    failing = [v for v in report.violations if v.level != SHOULD or strict]
+    # A run that cannot end fails, strict or not: the checker's own word on the stall
+    # (from the trace) where it has one, else the run's.
+    if stuck is None and ended < len(workload) and steps >= bound:
+        stuck = bound_reached(steps, bound, len(workload) - ended)
+    if stuck is not None and not any(v.invariant == "progress" for v in failing):
+        failing.append(next((v for v in report.violations if v.invariant == "progress"),
+                            stuck))
     if not failing:
         return None
     first = failing[0]
@@ -119,12 +153,16 @@ def check_case(make: Callable[[Config], Scheduler], config: Config,
     numbers = f" ({first.numbers()})" if first.numbers() else ""
     return Finding(config, workload, first.invariant,
                    f"{first.level} {first.invariant} at step {first.step}{where}{numbers}: "
-                   f"{first.message}", failing, steps)
+                   f"{first.message}", tuple(failing), steps)
+
+
+class _OutOfTime(Exception):
+    """An example ran out of time: the search stops there, unshrunk."""
 
 
 def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int = 0,
          pinned: Mapping[str, Any] | None = None, profile: str | None = None,
-         strict: bool = False) -> FuzzResult:
+         strict: bool = False, limits: RunLimits = RunLimits()) -> FuzzResult:
     """Draw up to `examples` cases; shrink the first failing one to a minimal one.
 
     pre: examples >= 1
@@ -160,9 +198,11 @@ def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int 
     def fails(case: tuple[Config, tuple[WorkItem, ...]]) -> bool:
         nonlocal runs
         runs += 1
-        finding = check_case(make, *case, profile=profile, strict=strict)
+        finding = check_case(make, *case, profile=profile, strict=strict, limits=limits)
         if finding is not None:
             found[case] = finding
+            if finding.invariant == TIME_LIMIT:
+                raise _OutOfTime
         return finding is not None
 
     chosen = settings(max_examples=examples, database=None, deadline=None,
@@ -174,6 +214,8 @@ def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int 
                                 random=random.Random(seed))
     except NoSuchExample:
         return FuzzResult(None, runs)
+    except _OutOfTime:
+        return FuzzResult(next(f for f in found.values() if f.invariant == TIME_LIMIT), runs)
     except Unsatisfiable:
         raise NoValidConfig("the pinned config fields leave no well-formed config: "
                             + ", ".join(f"{k}={v}" for k, v in fixed.items())) from None
@@ -229,7 +271,8 @@ def plan(examples: int, seed: int, shard_examples: int = DEFAULT_SHARD_EXAMPLES
 
 
 def fuzz_shard(factory: str, shard: Shard, pinned: Mapping[str, Any] | None = None,
-               profile: str | None = None, strict: bool = False) -> FuzzResult:
+               profile: str | None = None, strict: bool = False,
+               limits: RunLimits = RunLimits()) -> FuzzResult:
     """One shard against the scheduler `factory` names (module:factory), loaded where the
     shard runs (on a Ray worker: from that worker's sys.path)."""
     from kvsched.loading import build, load_factory
@@ -240,7 +283,7 @@ def fuzz_shard(factory: str, shard: Shard, pinned: Mapping[str, Any] | None = No
         return build(make, config, factory)
 
     return fuzz(scheduler, examples=shard.examples, seed=shard.seed, pinned=pinned,
-                profile=profile, strict=strict)
+                profile=profile, strict=strict, limits=limits)
 
 
 @dataclass(frozen=True)

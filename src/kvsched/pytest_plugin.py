@@ -14,6 +14,12 @@ also a SHOULD warning) raises SpecViolation, an AssertionError, in the step it
 happens, naming the invariant id, the step, the request and both sides of the broken
 inequality. The fixture is session-scoped (it holds no state), so hypothesis tests
 may use it with `@given`.
+
+`run(workload)` also fails a run that cannot end, strict or not: one stuck for
+`stall_steps` steps (SHOULD progress: nothing changes while work waits), one still
+going at its step bound (four times the tokens the workload can need; `max_steps`
+given instead is a cap you chose, where the run simply stops), and one past its
+wall-clock limit (`time_limit` seconds, RunTooLong).
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from collections.abc import Callable, Collection, Sequence
 import pytest
 
 from kvsched.conformance import checker as new_checker
-from kvsched.simulate import run
+from kvsched.deadline import OutOfTime, deadline
+from kvsched.simulate import bound_reached, run, step_bound
 from kvsched.spec import should
 from kvsched.spec.checker import Report
 from kvsched.spec.interface import Scheduler
@@ -32,7 +39,10 @@ from kvsched.spec.trace import TraceError
 from kvsched.spec.violation import SHOULD, Violation
 from kvsched.workload import WorkItem
 
-__all__ = ["CheckedScheduler", "SpecViolation", "kvsched_checked"]
+__all__ = ["CheckedScheduler", "RunTooLong", "SpecViolation", "kvsched_checked"]
+
+# run()'s wall-clock limit by default: ample for a test's workload on any scheduler.
+DEFAULT_TIME_LIMIT = 60.0
 
 
 class SpecViolation(AssertionError):
@@ -46,6 +56,10 @@ class SpecViolation(AssertionError):
         self.violation = violation
 
 
+class RunTooLong(AssertionError):
+    """A run went past its wall-clock limit (CheckedScheduler.run's `time_limit`)."""
+
+
 class CheckedScheduler:
     """A scheduler whose every step is checked by the spec as it happens.
 
@@ -56,12 +70,14 @@ class CheckedScheduler:
 
     def __init__(self, scheduler: Scheduler, *, profile: str | None = None,
                  strict: bool = False,
-                 max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS) -> None:
+                 max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS,
+                 stall_steps: int = should.DEFAULT_STALL_STEPS) -> None:
         self.scheduler = scheduler
         self.config: Config = scheduler.config
         self.strict = strict
+        self.stall_steps = stall_steps
         self.checker = new_checker(self.config, profile=profile, strict=strict,
-                                   max_preemptions=max_preemptions)
+                                   max_preemptions=max_preemptions, stall_steps=stall_steps)
         self.steps = 0
         self._arrivals: list[Request] = []
         self._aborted: list[str] = []
@@ -136,15 +152,32 @@ class CheckedScheduler:
         self._raise_first(report.violations[seen:])
         return report
 
-    def run(self, workload: Sequence[WorkItem], *, max_steps: int | None = None
-            ) -> list[StepRecord]:
+    def run(self, workload: Sequence[WorkItem], *, max_steps: int | None = None,
+            time_limit: float | None = DEFAULT_TIME_LIMIT) -> list[StepRecord]:
         """Drive `workload` (sorted by arrival, as kvsched.workload.validate returns it)
-        through the simulation loop, checking every step; return the steps."""
+        through the simulation loop, checking every step; return the steps. A run that
+        gets stuck, or reaches its step bound (without `max_steps`), raises SpecViolation
+        (progress); one past `time_limit` seconds raises RunTooLong."""
         records = []
         ended = 0
-        for rec in run(self, workload, max_steps=max_steps):
-            records.append(rec)
-            ended += rec.num_ended
+        bound = step_bound(self.config, workload, self.stall_steps) if max_steps is None \
+            else max_steps
+        try:
+            with deadline(time_limit) as clock:
+                for rec in run(self, workload, max_steps=bound,
+                               stall_steps=self.stall_steps):
+                    records.append(rec)
+                    ended += rec.num_ended
+                    clock.check()
+        except should.Stalled as e:
+            # The checker's word on the stall (from the steps) where it has one.
+            raise SpecViolation(next((v for v in self.report.violations
+                                      if v.invariant == "progress"), e.violation)) from None
+        except OutOfTime as e:
+            raise RunTooLong(f"the run {e} (at step {len(records)}): pass a larger "
+                             "time_limit for a longer run") from None
+        if max_steps is None and ended < len(workload) and len(records) >= bound:
+            raise SpecViolation(bound_reached(len(records), bound, len(workload) - ended))
         self.end(complete=ended == len(workload))
         return records
 
@@ -154,7 +187,8 @@ Wrap = Callable[..., CheckedScheduler]
 
 def wrap(scheduler: Scheduler | Callable[[Config], Scheduler], config: Config | None = None,
          *, profile: str | None = None, strict: bool = False,
-         max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS) -> CheckedScheduler:
+         max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS,
+         stall_steps: int = should.DEFAULT_STALL_STEPS) -> CheckedScheduler:
     """A CheckedScheduler around a scheduler instance, or around `factory(config)`."""
     if isinstance(scheduler, Scheduler):
         if config is not None and config != scheduler.config:
@@ -170,7 +204,7 @@ def wrap(scheduler: Scheduler | Callable[[Config], Scheduler], config: Config | 
                             f"{type(instance).__name__}, which lacks the "
                             "kvsched.spec.interface.Scheduler interface")
     return CheckedScheduler(instance, profile=profile, strict=strict,
-                            max_preemptions=max_preemptions)
+                            max_preemptions=max_preemptions, stall_steps=stall_steps)
 
 
 @pytest.fixture(scope="session")

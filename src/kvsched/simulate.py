@@ -5,6 +5,11 @@ request that caught up samples one token (end-of-sequence at its hidden output
 length), and the scheduler finishes what stopped. The loop is the model and the
 clock; the scheduler sees only what a real engine's scheduler sees.
 
+A run that stops making progress (kvsched.spec.should.Stall: K steps in a row that
+change nothing while work waits) can never go on, since nothing outside the scheduler
+is left to change its state: the loop yields that K-th step, then raises Stalled, whose
+`progress` violation names the waiting requests and why each waits.
+
 With prefix caching the trace also carries each request's content keys (`block_keys`,
 from its shared prefix: kvsched.spec.prefix), its prompt's at arrival and each later
 block's once its tokens are known, as an engine writes its block hashes.
@@ -15,14 +20,38 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from kvsched.spec.interface import Scheduler
-from kvsched.spec.model import StepRecord
+from kvsched.spec.model import Config, StepRecord
 from kvsched.spec.prefix import block_key
+from kvsched.spec.should import DEFAULT_STALL_STEPS, Stall, moves, stalled_run
+from kvsched.spec.violation import Violation
 from kvsched.workload import WorkItem
 
 
+def step_bound(config: Config, workload: Sequence[WorkItem],
+               stall_steps: int = DEFAULT_STALL_STEPS) -> int:
+    """The steps a run of `workload` may take before it is going round in circles: four
+    times the tokens the workload can ever need leaves room for recomputes, and
+    `stall_steps` more let a run that got stuck be told as stuck (its requests named)."""
+    tokens = sum(min(w.prompt_len + w.max_tokens, config.max_model_len) for w in workload)
+    last = max((w.arrival for w in workload), default=0)
+    return last + 4 * tokens + 50 + stall_steps
+
+
+def bound_reached(steps: int, bound: int, live: int) -> Violation:
+    """The `progress` violation of a run still going, `live` requests unfinished, after
+    `steps` steps at its step bound (step_bound)."""
+    return Violation("progress", steps - 1,
+                     f"the run did not end within its step bound of {bound} steps (four "
+                     f"times the tokens its workload can need): {live} "
+                     f"request{'s are' if live != 1 else ' is'} still live")
+
+
 def run(scheduler: Scheduler, workload: Sequence[WorkItem], *, block_ids: bool = True,
-        max_steps: int | None = None) -> Iterator[StepRecord]:
-    """Yield one StepRecord per step until every request has ended (or max_steps).
+        max_steps: int | None = None,
+        stall_steps: int = DEFAULT_STALL_STEPS) -> Iterator[StepRecord]:
+    """Yield one StepRecord per step until every request has ended (or max_steps);
+    raise Stalled after the `stall_steps`-th step in a row that changed nothing while
+    work waits.
 
     The workload must be sorted by arrival (workload.validate does that).
     """
@@ -45,6 +74,7 @@ def run(scheduler: Scheduler, workload: Sequence[WorkItem], *, block_ids: bool =
         keyed[rid] = full
         return tuple(block_key(rid, w.shared, i, bs) for i in range(done, full))
 
+    stall = Stall(stall_steps)
     nxt = 0
     step = 0
     while nxt < len(pending) or outputs:
@@ -83,9 +113,13 @@ def run(scheduler: Scheduler, workload: Sequence[WorkItem], *, block_ids: bool =
         for rid in finished:
             del outputs[rid]
             keyed.pop(rid, None)
-        yield StepRecord(step, tuple(arrivals), tuple(aborted), decision.rejected,
+        rec = StepRecord(step, tuple(arrivals), tuple(aborted), decision.rejected,
                          decision.preempted, decision.swapped_in, decision.scheduled,
                          finished, scheduler.free_blocks(),
                          decision.new_blocks if block_ids else None,
                          prefix_hits=decision.prefix_hits, block_keys=keys)
+        yield rec
+        if stall.observe(moves(rec), bool(outputs)):
+            raise stalled_run(scheduler, lambda rid: by_id[rid].request(by_id[rid].arrival),
+                              step, stall.limit)
         step += 1

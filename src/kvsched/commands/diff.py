@@ -29,6 +29,7 @@ from kvsched.cli import (
     out,
     profile_note,
     progress_option,
+    stall_option,
     trace_size,
     workload_options,
 )
@@ -91,6 +92,7 @@ def trace_records(path: Path, reader: TraceReader) -> Iterator[StepRecord]:
 @click.option("--max-preemptions", type=int, default=DEFAULT_MAX_PREEMPTIONS, show_default=True,
               help="no-thrash: most preemptions of one request.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@stall_option
 @progress_option
 @click.pass_context
 def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | None,
@@ -99,7 +101,7 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
                  skew: float | None, turns: float | None, think_steps: float | None,
                  out_a: Path | None,
                  out_b: Path | None, max_steps: int, plot_path: Path | None,
-                 max_preemptions: int, fmt: str, progress: bool | None,
+                 max_preemptions: int, fmt: str, stall_steps: int, progress: bool | None,
                  **config_given: Any) -> None:
     """Audit a scheduler change: where two traces, or two schedulers, first differ.
 
@@ -115,10 +117,13 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
 
     It reports the first divergent step (inputs, decision, finishes, free block
     count or length) with both versions and the state before it, the violations
-    per invariant on each side, and metric deltas.
+    per invariant on each side, and metric deltas. A scheduler's run that gets stuck
+    (--stall-steps steps in a row change nothing while requests wait) stops there and
+    is reported with the waiting requests; one that reaches --max-steps with work left
+    is reported as stopped there.
 
     \b
-    Exit codes: 0 no divergence, 1 the two sides diverge, 2 bad input.
+    Exit codes: 0 no divergence, 1 the two sides diverge or a run got stuck, 2 bad input.
     """
     from contextlib import ExitStack
 
@@ -219,11 +224,12 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
                 if not sides:  # A's ended requests tell how far
                     on_step = counting(reporter, on_step)
                 sides.append((simulated(label, scheduler, workload, engine,
-                                        max_steps=max_steps, on_step=on_step), writer))
+                                        max_steps=max_steps, on_step=on_step,
+                                        stall_steps=stall_steps), writer))
             (sa, writer_a), (sb, writer_b) = sides
         try:
             result = diff_streams(sa, sb, series=plot_path is not None,
-                                  max_preemptions=max_preemptions)
+                                  max_preemptions=max_preemptions, stall_steps=stall_steps)
         except SideFailed as e:
             if traces:
                 fail(str(e))
@@ -244,4 +250,4 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
         for what, path in (("A's trace", out_a), ("B's trace", out_b), ("plot", plot_path)):
             if path is not None:
                 out.print(f"{what} written to {path}")
-    sys.exit(1 if result.diverged else 0)
+    sys.exit(1 if result.diverged or result.stuck else 0)

@@ -27,10 +27,13 @@ from kvsched.cli import (
     profile_note,
     progress_option,
     ray_options,
+    stall_option,
 )
-from kvsched.fuzz import DEFAULT_SHARD_EXAMPLES
+from kvsched.fuzz import DEFAULT_EXAMPLE_SECONDS, DEFAULT_SHARD_EXAMPLES
+from kvsched.outputs import in_place
 from kvsched.progress import Reporter
 from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES
+from kvsched.spec.violation import DEFAULT_STALL_STEPS
 from kvsched.verdict import printable
 
 if TYPE_CHECKING:
@@ -71,19 +74,26 @@ def pinned_flags(pinned: dict[str, Any]) -> list[str]:
                    "the shards run side by side.")
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
               help="Also write a JUnit XML report: one testcase per shard.")
+@stall_option
+@click.option("--example-timeout", type=click.FloatRange(min=0, min_open=True),
+              default=DEFAULT_EXAMPLE_SECONDS, show_default=True, metavar="SECONDS",
+              help="Wall-clock limit of one example (the factory and the run): past it the "
+                   "example is a finding (time-limit), not shrunk.")
 @ray_options("campaign's shards")
 @progress_option
 def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
                  profile: str | None, strict: bool, fmt: str, shard_examples: int,
-                 junit_path: Path | None, workers: int | None, use_ray: bool,
-                 ray_address: str | None, progress: bool | None,
-                 **config_given: Any) -> None:
+                 junit_path: Path | None, stall_steps: int, example_timeout: float,
+                 workers: int | None, use_ray: bool, ray_address: str | None,
+                 progress: bool | None, **config_given: Any) -> None:
     """Fuzz a scheduler (module:factory) with hypothesis-drawn workloads.
 
     Each example draws a small config (the config options given pin those fields;
     allocation and watermark scope are vLLM v1's, lazy and running, unless given)
     and a workload for it, runs FACTORY(config) through the simulation loop and
     checks every step against the spec's MUST invariants (and --profile, --strict).
+    A run that cannot end fails too, strict or not: stuck for --stall-steps steps
+    (progress), still going at its step bound, or past --example-timeout.
     The examples are drawn in shards (--shard-examples), in order; the first shard that
     finds a failure shrinks it to a minimal workload, written to --out with its config
     beside it, and ends the campaign. With --workers or --ray the shards run on Ray, with
@@ -104,6 +114,7 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
         Campaign,
         FuzzUnavailable,
         NoValidConfig,
+        RunLimits,
         ShardOutcome,
         config_flags,
         fuzz_shard,
@@ -133,7 +144,8 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
     shards = plan(examples, seed, shard_examples)
     outcomes: list[ShardOutcome] = []
     with on_ray(use_ray, workers, ray_address) as ex:
-        pieces = [partial(fuzz_shard, factory, shard, pinned, profile, strict)
+        limits = RunLimits(stall_steps, example_timeout)
+        pieces = [partial(fuzz_shard, factory, shard, pinned, profile, strict, limits)
                   for shard in shards]
         with Reporter("fuzzing", len(shards), err, progress, unit="shards") as bar:
             try:
@@ -148,24 +160,30 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
     campaign = Campaign(tuple(shards), tuple(outcomes))
     found = campaign.found
     finding = campaign.finding
-    config_path = out_path.with_suffix(".config.json")
+    # A device or FIFO as --out (/dev/null) gets no sidecar: it would land in /dev.
+    config_path = None if in_place(out_path) else out_path.with_suffix(".config.json")
     checked = "MUST" + (f", profile {profile}" if profile else "") + (
         ", SHOULD" if strict else "")
     if finding is not None and found is not None:
         with atomic_output(out_path) as stream:
             for item in finding.workload:
                 stream.write(dumps_line(item_dict(item)))
-        with atomic_output(config_path) as stream:
-            stream.write(orjson.dumps({"scheduler": factory, "seed": found.shard.seed,
-                                       "examples": found.shard.examples,
-                                       **finding.as_dict()},
-                                      option=orjson.OPT_INDENT_2) + b"\n")
+        if config_path is not None:
+            with atomic_output(config_path) as stream:
+                stream.write(orjson.dumps({"scheduler": factory, "seed": found.shard.seed,
+                                           "examples": found.shard.examples,
+                                           **finding.as_dict()},
+                                          option=orjson.OPT_INDENT_2) + b"\n")
     reference = profile or DEFAULT_PROFILE
     reproduce = shlex.join(["kvsched", "diff", reference, factory, "--workload",
                             str(out_path), *config_flags(finding.config)]) if finding else ""
     alone = (shlex.join(["kvsched", "fuzz", factory, *pinned_flags(pinned),
                          *(["--profile", profile] if profile else []),
                          *(["--strict"] if strict else []),
+                         *(["--stall-steps", str(stall_steps)]
+                           if stall_steps != DEFAULT_STALL_STEPS else []),
+                         *(["--example-timeout", f"{example_timeout:g}"]
+                           if example_timeout != DEFAULT_EXAMPLE_SECONDS else []),
                          "--seed", str(found.shard.seed),
                          "--examples", str(found.shard.examples),
                          "--shard-examples", str(found.shard.examples)])
@@ -183,7 +201,7 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
             "seed": seed, "checked": checked,
             "finding": finding.as_dict() if finding else None,
             "workload_file": str(out_path) if finding else None,
-            "config_file": str(config_path) if finding else None,
+            "config_file": str(config_path) if finding and config_path else None,
             "reproduce": reproduce or None,
             "shards": [o.as_dict() for o in outcomes],
             "not_run": [s.as_dict() for s in campaign.not_run()],
@@ -205,7 +223,7 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
                       f"it alone: {alone}")
         n = len(finding.workload)
         out.print(f"minimal failing workload ({n} request{'s' if n != 1 else ''}) written "
-                  f"to {out_path}, its config to {config_path}")
+                  f"to {out_path}" + (f", its config to {config_path}" if config_path else ""))
         out.print("config: " + ", ".join(f"{k}={v}" for k, v in
                                          asdict(finding.config).items()))
         table = Table()

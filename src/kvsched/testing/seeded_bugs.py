@@ -36,6 +36,7 @@ from kvsched.spec.model import (
     StepRecord,
 )
 from kvsched.spec.profiles import get_profile
+from kvsched.spec.should import Stalled
 from kvsched.spec.violation import MUST, PROFILE, SHOULD
 from kvsched.workload import WorkItem, validate
 
@@ -291,6 +292,28 @@ class PreemptsAtExactFit(ReferenceScheduler):
         return need == 0 or need < self.blocks.free_gpu
 
 
+class NeverPreempts(ReferenceScheduler):
+    """When a running request's next chunk does not fit, it waits for room instead of
+    preempting a victim: once the running requests fill the cache, each waits on the
+    others, and none can ever go on (a deadlock no MUST invariant sees: no step breaks
+    a budget, none does anything at all)."""
+
+    def running_pass(self, plan: StepPlan) -> None:
+        for r in list(self.running):
+            if plan.budget <= 0:
+                break
+            rid = r.request.id
+            n = min(self.next_chunk(r, plan.threshold, plan.budget),
+                    self.config.max_model_len - 1 - r.num_computed)
+            if n <= 0 or not self.can_grow(self.grow_need(r, n)):
+                continue  # the fault: wait for blocks instead of making room
+            need = self.blocks_needed(r.num_computed, n, self.blocks.gpu_blocks(rid))
+            plan.new_blocks[rid] = self.blocks.allocate(rid, need)
+            self.cache_filled(r, r.num_computed + n)
+            plan.scheduled[rid] = n
+            plan.budget -= n
+
+
 # -- the registry -----------------------------------------------------------------------
 
 
@@ -315,9 +338,14 @@ class SeededBug:
         return ReferenceScheduler(self.config, get_profile(self.profile).knobs)
 
     def simulate(self, scheduler: Scheduler | None = None) -> list[StepRecord]:
-        """The trace of `scheduler` (by default the buggy one) on this workload."""
+        """The trace of `scheduler` (by default the buggy one) on this workload, up to
+        where it ends, stops (max_steps) or gets stuck."""
         chosen = scheduler if scheduler is not None else self.factory(self.config)
-        return list(run(chosen, self.workload, max_steps=self.max_steps))
+        records: list[StepRecord] = []
+        with contextlib.suppress(Stalled):
+            for rec in run(chosen, self.workload, max_steps=self.max_steps):
+                records.append(rec)
+        return records
 
 
 def planted(cls: type[ReferenceScheduler], profile: str) -> Callable[[Config], Scheduler]:
@@ -416,4 +444,7 @@ SEEDED_BUGS: dict[str, SeededBug] = {b.name: b for b in (
     # bug preempts r0 itself; it is admitted again whole and finishes.
     seeded("preempts-at-exact-fit", PreemptsAtExactFit, "needed-preemption", SHOULD,
            tight_config(), workload((0, 12, 20, 20))),
+    # Both grow to 4 blocks each by step 4, filling the cache; each then needs a fifth.
+    seeded("never-preempts", NeverPreempts, "progress", SHOULD, tight_config(), GROWING,
+           max_steps=200),
 )}
