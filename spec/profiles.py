@@ -72,17 +72,41 @@ class ConfigDefaults:
 @dataclass(frozen=True)
 class Profile:
     """A named set of knobs with its config defaults; `deprecated`, when set, is the
-    sentence the tool prints whenever the name is used."""
+    sentence the tool prints whenever the name is used. `fixes`: the config fields among
+    its defaults that its name stands for (vllm-v1-no-prefix-caching: prefix_caching), so
+    that a trace recorded with another value was not run under it (`disagreement`); its
+    other defaults only fill in what a run does not give."""
 
     name: str
     description: str
     knobs: Knobs
     defaults: ConfigDefaults = field(default_factory=ConfigDefaults)
     deprecated: str = ""
+    fixes: frozenset[str] = frozenset()
 
     def configure(self, config: Config, given: frozenset[str] = frozenset()) -> Config:
         """`config` with this profile's defaults for every field not in `given`."""
         return self.defaults.apply(config, given)
+
+    def disagreement(self, config: Config, source: str = "the trace's header has"
+                     ) -> str | None:
+        """Why `config` (a trace's header's, by default) is not one this profile runs
+        under: the first field it fixes whose value differs, in words; None when all
+        agree. `source` says where `config` comes from, as the sentence names it."""
+        runs = self.configure(config)
+        for name in sorted(self.fixes):
+            want, have = getattr(runs, name), getattr(config, name)
+            if want != have:
+                return (f"profile {self.name} runs with {name} {_shown(want)}, but "
+                        f"{source} {name} {_shown(have)}")
+        return None
+
+
+def _shown(value: object) -> str:
+    """A config value as the CLI's options say it: booleans on or off."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
 
 
 # vLLM's v1 scheduler, release by release: each profile is checked against traces of
@@ -147,6 +171,7 @@ PROFILES: dict[str, Profile] = {
             "vllm-v1 with prefix caching off (vLLM's --no-enable-prefix-caching)",
             VLLM_V1,
             ConfigDefaults(prefix_caching=False),
+            fixes=frozenset({"prefix_caching"}),
         ),
         Profile(
             "vllm-v0",
@@ -168,6 +193,7 @@ PROFILES: dict[str, Profile] = {
             replace(VLLM_V0_DEFAULTS, preemption="swap"),
             deprecated="profile vllm-v0-swap is deprecated: it is vllm-v0 with preemption "
                        "swap (--profile vllm-v0 --preemption swap)",
+            fixes=frozenset({"preemption"}),
         ),
         Profile(
             "sarathi",

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,6 +249,9 @@ def test_bad_workload_leaves_no_trace_behind(tmp_path: Path) -> None:
      '"abort": 99999999999}\n', ":1: abort of 'a' is step 99999999999"),
     ('{"id": "a", "arrival": 0, "prompt_len": 4, "output_len": 2, "max_tokens": 3, '
      '"priority": 1e400}\n', ":1:"),
+    ('{"id": "r1", "arrival": 0, "prompt_len": 4, "output_len": 2, "max_tokens": 3}\n'
+     '{"id": "r4", "arrival": 5, "prompt_len": 4, "output_len": 2, "max_tokens": 3, '
+     '"abort": 3}\n', ":2: abort of 'r4' is step 3, before its arrival at step 5"),
 ])
 def test_bad_workload_file(tmp_path: Path, content: str, expected: str) -> None:
     workload = tmp_path / "w.jsonl"
@@ -255,6 +259,86 @@ def test_bad_workload_file(tmp_path: Path, content: str, expected: str) -> None:
     result = kvsched("simulate", "--workload", str(workload))
     assert result.returncode == 2
     assert expected in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_an_abort_in_the_arrival_step_is_a_workload_of_its_own() -> None:
+    from kvsched.workload import WorkItem, validate
+
+    # The client cancels in the step its request arrives: allowed, the step aborts it.
+    assert validate([WorkItem("a", 2, 4, 2, 3, abort=2)])[0].abort == 2
+    with pytest.raises(ValueError, match="abort of 'a' is step 1, before its arrival at "
+                                         "step 2"):
+        validate([WorkItem("a", 2, 4, 2, 3, abort=1)])
+
+
+# -- compressed traces cut short or damaged ----------------------------------------------
+
+def compressed_cut(kind: str, cut: str) -> bytes:
+    """A trace of 30,000 steps, compressed (`kind`) and cut (`cut`): to its first bytes,
+    in its first frame's header, in the middle, or where a flushed block ends, so that
+    what comes out is whole lines and the stream just stops (a shorter trace, were the
+    cut not noticed)."""
+    import zlib
+
+    import zstandard
+
+    first = lines(HEADER, *({"step": i} for i in range(15_000)))
+    rest = lines(*({"step": i} for i in range(15_000, 30_000)), {"end": True})
+    if kind == "zstd":
+        z = zstandard.ZstdCompressor().compressobj()
+        head = z.compress(first) + z.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+        whole = head + z.compress(rest) + z.flush()
+    else:
+        g = zlib.compressobj(wbits=31)  # the gzip container
+        head = g.compress(first) + g.flush(zlib.Z_FULL_FLUSH)
+        whole = head + g.compress(rest) + g.flush()
+    at = {"3 bytes": 3, "8 bytes": 8, "middle": len(whole) // 2, "block end": len(head)}
+    return whole[:at[cut]]
+
+
+@pytest.mark.parametrize("checker", ["spec", "vectorized"])
+@pytest.mark.parametrize("cut", ["3 bytes", "8 bytes", "middle", "block end"])
+@pytest.mark.parametrize("kind", ["zstd", "gzip"])
+def test_a_compressed_trace_cut_short_is_told_so(kind: str, cut: str, checker: str,
+                                                 tmp_path: Path, cli: Any) -> None:
+    path = tmp_path / "trace.jsonl.zst"
+    path.write_bytes(compressed_cut(kind, cut))
+    ran = cli("check", "--checker", checker, str(path))
+    assert ran.exit_code == 2 and ran.stdout == "", ran.stdout
+    assert ran.stderr.startswith(f"kvsched: error: {path}: the {kind} data is damaged or "
+                                 "cut short ("), ran.stderr
+    assert ran.stderr.count("\n") == 1 and "Traceback" not in ran.stderr
+
+
+@pytest.mark.parametrize("checker", ["spec", "vectorized"])
+def test_corrupt_zstd_data_is_told_so(checker: str, tmp_path: Path, cli: Any) -> None:
+    import zstandard
+
+    # With the frame's checksum written a flipped byte is found wherever it falls (zstd
+    # has no other check of the data itself).
+    packed = bytearray(zstandard.ZstdCompressor(write_checksum=True).compress(
+        lines(HEADER, *({"step": i} for i in range(2000)))))
+    packed[len(packed) // 2] ^= 0xFF
+    path = tmp_path / "trace.jsonl.zst"
+    path.write_bytes(bytes(packed))
+    ran = cli("check", "--checker", checker, str(path))
+    assert ran.exit_code == 2 and ran.stdout == ""
+    assert ran.stderr == (f"kvsched: error: {path}: the zstd data is damaged or cut short "
+                          "(zstd decompressor error: Restored data doesn't match checksum)\n")
+
+
+def test_zstd_frames_one_after_another_are_one_trace(tmp_path: Path, cli: Any) -> None:
+    import zstandard
+
+    data = lines(HEADER, ARRIVE, {"step": 1, "scheduled": [["r1", 1]], "finished": ["r1"]},
+                 {"end": True})
+    cut = data.index(b'{"step": 1')
+    path = tmp_path / "trace.jsonl.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(data[:cut])
+                     + zstandard.ZstdCompressor().compress(data[cut:]))
+    ran = cli("check", "--checker", "spec", str(path))
+    assert ran.exit_code == 0, ran.stderr
+    assert ran.stdout.startswith(f"OK {path}: 2 steps, 1 requests")
 
 
 @pytest.mark.parametrize("case", sorted(set(CASES) - {GZIP_CUT}))

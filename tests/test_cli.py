@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -209,11 +210,20 @@ def test_help_lists_exit_codes_and_defaults() -> None:
 SHARED = [*SMALL, "--generator", "shared-prompts", "--system-prompts", "256,128"]
 
 
+def test_a_run_under_a_profile_is_what_its_name_says(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    result = kvsched("simulate", *SHARED, "--profile", "vllm-v1-no-prefix-caching",
+                     "--prefix-caching", "--out", str(out))
+    assert result.returncode == 2 and not out.exists()
+    assert result.stderr == ("kvsched: error: profile vllm-v1-no-prefix-caching runs with "
+                             "prefix_caching off, but the options ask for prefix_caching "
+                             "on: leave the option out, or name another profile\n")
+
+
 @pytest.mark.parametrize(("args", "caching"), [
     ([], True),  # vllm-v1, the default profile, caches as vLLM does
     (["--no-prefix-caching"], False),
     (["--profile", "vllm-v1-no-prefix-caching"], False),
-    (["--profile", "vllm-v1-no-prefix-caching", "--prefix-caching"], True),
     (["--profile", "sarathi"], False),
 ])
 def test_the_profile_or_the_option_turns_prefix_caching_on(tmp_path: Path, args: list[str],
@@ -225,6 +235,59 @@ def test_the_profile_or_the_option_turns_prefix_caching_on(tmp_path: Path, args:
     assert lines[0]["config"]["prefix_caching"] is caching
     assert any("prefix_hits" in step for step in lines[1:-1]) is caching
     assert ("prefix cache hit rate" in result.stdout) is caching
+
+
+@pytest.mark.parametrize("checker", ["spec", "vectorized", "auto"])
+def test_a_profile_refuses_a_trace_recorded_without_the_config_it_fixes(
+        tmp_path: Path, checker: str) -> None:
+    out = tmp_path / "t.jsonl"
+    assert kvsched("simulate", *SHARED, "--profile", "vllm-v1", "--out", str(out)
+                   ).returncode == 0
+    assert '"prefix_hits"' in out.read_text()
+    refused = kvsched("check", "--checker", checker, "--profile",
+                      "vllm-v1-no-prefix-caching", str(out))
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr == (f"kvsched: error: {out}: profile vllm-v1-no-prefix-caching "
+                              "runs with prefix_caching off, but the trace's header has "
+                              "prefix_caching on\n")
+    checked = kvsched("check", "--checker", checker, "--profile", "vllm-v1", str(out))
+    assert checked.returncode == 0, checked.stdout
+    assert "0 errors, 0 warnings, checked against profile vllm-v1" in checked.stdout
+
+
+def test_a_deprecated_profile_refuses_the_preemption_its_name_denies(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    assert kvsched("simulate", *SMALL, "--profile", "vllm-v0", "--out", str(out)
+                   ).returncode == 0
+    refused = kvsched("check", "--profile", "vllm-v0-swap", "--format", "json", str(out))
+    assert refused.returncode == 2
+    assert refused.stderr.endswith(f"kvsched: error: {out}: profile vllm-v0-swap runs "
+                                   "with preemption swap, but the trace's header has "
+                                   "preemption recompute\n")
+    assert json.loads(refused.stdout)[0]["ok"] is False
+
+
+def test_only_the_fields_a_profile_fixes_are_refused() -> None:
+    from dataclasses import replace
+
+    from kvsched.cli import DEFAULT_CONFIG
+    from kvsched.spec.profiles import PROFILES
+
+    for profile in PROFILES.values():
+        own = profile.configure(DEFAULT_CONFIG)
+        assert profile.disagreement(own) is None, profile.name
+        for name in profile.fixes:
+            value = getattr(own, name)
+            other: Any = (not value if isinstance(value, bool)
+                          else "recompute" if value != "recompute" else "swap")
+            assert profile.disagreement(replace(own, **{name: other})) is not None
+    assert {p.name: set(p.fixes) for p in PROFILES.values() if p.fixes} == {
+        "vllm-v1-no-prefix-caching": {"prefix_caching"}, "vllm-v0-swap": {"preemption"}}
+    # A default is not fixed: vLLM runs its v1 scheduler without prefix caching too, and
+    # vllm-v0 is checked with the allocation a run gives.
+    v1, v0 = PROFILES["vllm-v1"], PROFILES["vllm-v0"]
+    assert v1.disagreement(replace(DEFAULT_CONFIG, prefix_caching=False)) is None
+    assert v0.disagreement(replace(v0.configure(DEFAULT_CONFIG), allocation="lazy")) is None
 
 
 def test_metrics_of_a_caching_trace_count_its_hits(tmp_path: Path) -> None:

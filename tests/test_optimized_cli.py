@@ -95,3 +95,25 @@ def test_cuda_without_a_gpu_is_one_line() -> None:
     result = kvsched("simulate", *SMALL, "--scheduler", "optimized", "--device", "cuda")
     assert result.returncode == 2
     assert "torch.cuda.is_available() is False" in result.stderr
+
+
+def test_auto_without_numba_falls_back_to_the_spec_checker_and_says_so(
+        traces: dict[str, Path]) -> None:
+    # The optimized extra missing (numba cannot be imported), with a threshold of one
+    # byte so that every trace is "large": each is checked, the note told once.
+    path = str(traces["reference"])
+    script = ("import sys; sys.modules['numba'] = None; "
+              "import kvsched.commands.check as c; c.AUTO_VECTORIZED_BYTES = 1; "
+              "from kvsched.cli import main; main()")
+    result = subprocess.run([sys.executable, "-c", script, "check", path, path],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ("kvsched: note: the vectorized checker needs numba (pip install "
+                             "'kvsched[optimized]'); checking with the spec's checker\n")
+    assert result.stdout.count(f"OK {path}: ") == 2
+    explicit = subprocess.run([sys.executable, "-c", script, "check", "--checker",
+                               "vectorized", path], capture_output=True, text=True,
+                              timeout=300)
+    assert explicit.returncode == 2 and explicit.stderr == (
+        "kvsched: error: --checker vectorized needs numpy and numba: pip install "
+        "'kvsched[optimized]'\n")

@@ -47,6 +47,14 @@ def test_a_list_file_holds_one_argument_a_line(traces: Path, tmp_path: Path) -> 
         str(traces / "broken" / "seq-limit-ignored.jsonl")]
 
 
+def test_a_list_file_may_name_another(traces: Path, tmp_path: Path) -> None:
+    inner, outer = tmp_path / "inner.txt", tmp_path / "outer.txt"
+    inner.write_text(f"{traces / 'broken' / 'se*'}\n")
+    outer.write_text(f"@{inner}\n{traces / 'malformed.jsonl'}\n@{inner}\n")
+    seq = str(traces / "broken" / "seq-limit-ignored.jsonl")
+    assert expand([f"@{outer}"]) == [seq, str(traces / "malformed.jsonl"), seq]
+
+
 @pytest.mark.parametrize(("make", "message"), [
     (lambda d: [str(d / "empty")],
      "{d}/empty: no trace files (*.jsonl, *.jsonl.gz, *.jsonl.zst) in this directory"),
@@ -61,6 +69,11 @@ def test_a_list_file_holds_one_argument_a_line(traces: Path, tmp_path: Path) -> 
      "{d}/binary.txt: line 2: not UTF-8 text; expected one trace path per line"),
     (lambda d: ["@"], "@: expected a list file after @"),
     (lambda d: [f"@{d}"], "@{d}: is a directory; expected a list file"),
+    (lambda d: [f"@{d / 'self.txt'}"],
+     "{d}/self.txt: line 2: @{d}/self.txt: the list file names itself"),
+    (lambda d: [f"@{d / 'a.txt'}"],
+     "{d}/b.txt: line 1: @{d}/a.txt: lists nest in a cycle: {d}/a.txt -> {d}/b.txt -> "
+     "{d}/a.txt"),
 ])
 def test_an_argument_that_names_nothing_is_one_line(
         tmp_path: Path, traces: Path, cli: Callable[..., Any],
@@ -69,6 +82,9 @@ def test_an_argument_that_names_nothing_is_one_line(
     (tmp_path / "blank.txt").write_text("\n# nothing\n")
     (tmp_path / "stale.txt").write_text(f"{traces / 'malformed.jsonl'}\ngone.jsonl\n")
     (tmp_path / "binary.txt").write_bytes(b"a.jsonl\n\xff\n")
+    (tmp_path / "self.txt").write_text(f"{traces / 'malformed.jsonl'}\n@{tmp_path}/self.txt\n")
+    (tmp_path / "a.txt").write_text(f"@{tmp_path / 'b.txt'}\n")
+    (tmp_path / "b.txt").write_text(f"@{tmp_path / 'a.txt'}\n")
     args, expected = make(tmp_path), message.format(d=tmp_path)
     with pytest.raises(TraceSetError) as caught:
         expand(args)

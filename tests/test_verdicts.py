@@ -148,6 +148,32 @@ def test_engine_mistakes_are_violations_and_the_trace_is_still_checked(
     assert [v.step for v in report.violations if v.invariant == invariant] == [1]
 
 
+@pytest.mark.parametrize("checker", CHECKERS)
+def test_an_abort_before_its_arrival_is_a_one_state_violation(checker: str,
+                                                              tmp_path: Path) -> None:
+    # The engine cancels r4 at step 3, two steps before r4 arrives: its own mistake, told
+    # where it happens, alike by both checkers (the vectorized one past a run of plain
+    # steps); r4's arrival and run after it are checked as any other request's.
+    steps: list[dict[str, Any]] = [
+        {"step": 0, "arrivals": [arrive("a", 4, 30)], "scheduled": [["a", 4]]},
+        *({"step": i, "scheduled": [["a", 1]]} for i in range(1, 12))]
+    steps[3]["aborted"] = ["r4"]
+    steps[5].update(arrivals=[arrive("r4", 4, 1)], scheduled=[["a", 1], ["r4", 4]],
+                    finished=["r4"])
+    data = trace_bytes(*steps, end=False)
+    report = check_with(checker, data)
+    assert report.counts == {"one-state": 1}
+    [v] = report.violations
+    assert (v.invariant, v.step, v.request) == ("one-state", 3, "r4")
+    assert v.message == "r4 is aborted but never arrived"
+    assert report.violations == check_with("spec", data).violations
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(data)
+    result = kvsched("check", "--checker", checker, str(path))
+    assert result.returncode == 1
+    assert "MUST one-state: 1 violation, first at step 3, r4\n" in result.stdout
+
+
 # -- blame --------------------------------------------------------------------------------
 
 def test_a_shortfall_an_admission_could_explain_is_not_blamed_on_the_victim() -> None:
@@ -369,3 +395,48 @@ def test_one_kind_that_cannot_explain_it_all_is_not_blamed() -> None:
     assert (inv, who) == ("accounting", "a")
     assert message == ("aborting a should have released 2 GPU blocks, but the engine "
                        "reports 1 fewer free")
+
+
+# -- a very long request id ---------------------------------------------------------------
+
+LONG_ID = "r" + "x" * 99_999
+SHOWN_LONG_ID = "r" + "x" * 63 + "\u2026(100000 chars)"
+
+
+@pytest.mark.parametrize("checker", CHECKERS)
+def test_a_long_request_id_is_shortened_wherever_a_user_reads_it(
+        tmp_path: Path, checker: str, cli: Any) -> None:
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(trace_bytes({"step": 0, "arrivals": [arrive(LONG_ID, 5, 2)],
+                                  "scheduled": [[LONG_ID, 6]]}, end=False))
+    junit = tmp_path / "junit.xml"
+    ran = cli("check", "--checker", checker, "--junit", str(junit), str(path))
+    assert ran.exit_code == 1
+    assert "x" * 64 not in ran.stdout and len(ran.stdout) < 5000
+    assert f"MUST token-range: 1 violation, first at step 0, {SHOWN_LONG_ID}\n" in ran.stdout
+    failure = next(ET.fromstring(junit.read_bytes()).iter("failure")).get("message", "")
+    assert failure == (f"token-range broken 1 time; first at step 0, {SHOWN_LONG_ID} (6 <= 5): "
+                       f"{SHOWN_LONG_ID} is scheduled 6 "
+                       "tokens but only 5 are known and not yet computed (N=5, C=0)")
+    # The JSON keeps the id whole, for a program to match.
+    [verdict] = json.loads(cli("check", "--checker", checker, "--format", "json",
+                               str(path)).stdout)
+    assert verdict["violations"][0]["request"] == LONG_ID
+    # Bad input that quotes it: one short line.
+    path.write_bytes(trace_bytes({"step": 0, "arrivals": [
+        {**arrive(LONG_ID, 5, 2), "priority": "x"}]}, end=False))
+    ran = cli("check", "--checker", checker, str(path))
+    assert ran.exit_code == 2
+    assert ran.stderr == (f"kvsched: error: {path}: line 2: priority of {SHOWN_LONG_ID} "
+                          "must be an integer, got 'x'\n")
+
+
+def test_shown_id_leaves_short_ids_and_paths_whole() -> None:
+    from kvsched.verdict import SHOWN_ID_CHARS, printable, shown_id
+
+    short = "r" * SHOWN_ID_CHARS
+    assert shown_id(short) == short and shown_id(LONG_ID) == SHOWN_LONG_ID
+    path = "/" + "/".join(["d" * 60] * 5) + "/trace.jsonl"  # 300 characters, not an id
+    assert printable(f"{path}: line 2: x") == f"{path}: line 2: x"
+    spaced = "a b " * 100  # an id with spaces is shortened where the message names it
+    assert printable(f"{spaced} is scheduled", [spaced]) == f"{shown_id(spaced)} is scheduled"

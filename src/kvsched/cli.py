@@ -345,7 +345,11 @@ def build_config(profile: str, given: dict[str, Any]) -> Config:
         if isinstance(value, int) and not isinstance(value, bool) and value < 0:
             fail(f"--{name.replace('_', '-')} must not be negative, got {value}")
     config = replace(DEFAULT_CONFIG, **chosen)
-    config = get_profile(profile).configure(config, frozenset(chosen))
+    named = get_profile(profile)
+    config = named.configure(config, frozenset(chosen))
+    denied = named.disagreement(config, "the options ask for")
+    if denied is not None:  # a run under the profile's name is what the name says
+        fail(f"{denied}: leave the option out, or name another profile")
     if config.preemption != "recompute" and config.num_cpu_blocks == 0:
         fail(f"--preemption {config.preemption} moves victims to host blocks, but "
              "--num-cpu-blocks is 0: give host blocks, or --preemption recompute")

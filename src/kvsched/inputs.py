@@ -56,6 +56,60 @@ class _Guarded(io.RawIOBase):
         super().close()
 
 
+class _ZstdFrames(io.RawIOBase):
+    """The zstd frames of `raw`, one after another, decompressed. A stream that ends
+    inside a frame raises EOFError, as gzip's reader does (zstandard's stream_reader
+    would end quietly, and a cut trace would read as a shorter one); corrupt data raises
+    ValueError."""
+
+    CHUNK = 1 << 17
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        import zstandard  # here: a command that reads no zstd trace does not load it
+
+        self.raw = raw
+        self.error = zstandard.ZstdError
+        self.frame = zstandard.ZstdDecompressor().decompressobj
+        self.inside: Any = None  # the frame being read; None between frames
+        self.pending = b""  # decompressed, not handed out yet
+        self.at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self.at == len(self.pending):
+            chunk = self.raw.read(self.CHUNK)
+            if not chunk:
+                if self.inside is not None:
+                    raise EOFError("the file ends inside a zstd frame")
+                return 0
+            self._feed(chunk)
+        n = min(len(buffer), len(self.pending) - self.at)
+        buffer[:n] = self.pending[self.at:self.at + n]
+        self.at += n
+        return n
+
+    def _feed(self, data: bytes) -> None:
+        out: list[bytes] = []
+        try:
+            while data:
+                if self.inside is None:
+                    self.inside = self.frame()
+                out.append(self.inside.decompress(data))
+                data = b""
+                if self.inside.eof:  # the frame ended: what follows starts the next one
+                    data = self.inside.unused_data
+                    self.inside = None
+        except self.error as e:
+            raise ValueError(str(e)) from None
+        self.pending, self.at = b"".join(out), 0
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
 def open_trace(name: str) -> IO[bytes]:
     """The trace named `name` as a binary stream (`-`: standard input)."""
     if name == "":
@@ -79,9 +133,11 @@ def open_trace(name: str) -> IO[bytes]:
 
         return io.BufferedReader(_Guarded(gzip.GzipFile(fileobj=raw), label, "gzip"))
     if head.startswith(ZSTD_MAGIC):
-        import zstandard
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
-        return io.BufferedReader(_Guarded(reader, label, "zstd"))
+        return io.BufferedReader(_Guarded(_ZstdFrames(raw), label, "zstd"))
+    if 2 <= len(head) < len(ZSTD_MAGIC) and ZSTD_MAGIC.startswith(head):
+        raw.close()  # the whole file is the start of a zstd frame's magic number
+        raise InputError(f"{label}: the zstd data is damaged or cut short (the file ends "
+                         "inside a zstd frame)")
     return raw
 
 

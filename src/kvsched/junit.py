@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 def _violation_line(v: Violation) -> str:
     where = f", {v.request}" if v.request else ""
     numbers = f" ({v.numbers()})" if v.numbers() else ""
-    return printable(f"step {v.step}{where}{numbers}: {v.message}")
+    return printable(f"step {v.step}{where}{numbers}: {v.message}", [v.request])
 
 
 def _not_judged(name: str, case_name: str, message: str, kind: str) -> ET.Element:

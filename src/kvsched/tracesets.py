@@ -9,9 +9,10 @@ Each argument, in the order given, stands for:
   sorted (`**` matches any depth; quote it, so that kvsched expands it, not the shell);
   a directory it matches stands for its trace files;
 - `@LIST`: the paths in the file LIST (`@-`: standard input), one per line, each read as
-  one argument (a directory or a pattern expands), blank lines and lines starting with
-  `#` skipped; relative paths are relative to the current directory, as in a compiler's
-  @file;
+  one argument (a directory or a pattern expands, an `@OTHER` list nests), blank lines
+  and lines starting with `#` skipped; relative paths are relative to the current
+  directory, as in a compiler's @file. A list that names itself, or lists that name each
+  other in a cycle, are bad input;
 - anything else: one trace path, as given.
 
 An argument that names nothing (an empty directory, a pattern that matches nothing, a
@@ -75,22 +76,24 @@ def expand_one(arg: str, where: str = "") -> list[str]:
     return [arg]
 
 
-def list_entries(arg: str) -> Iterable[tuple[int, str]]:
-    """(line number, entry) of the list file `arg` names (`@-`: standard input)."""
+def list_entries(arg: str, where: str = "") -> Iterable[tuple[int, str]]:
+    """(line number, entry) of the list file `arg` names (`@-`: standard input); `where`
+    prefixes its errors with the list file and line that named it."""
     name = arg[1:]
     if name == "-":
         text = sys.stdin.read()
     else:
         if not name:
-            raise TraceSetError("@: expected a list file after @ (one trace path per "
-                                "line), or @- for standard input")
+            raise TraceSetError(f"{where}@: expected a list file after @ (one trace path "
+                                "per line), or @- for standard input")
         try:
             text = Path(name).read_text(encoding="utf-8")
         except IsADirectoryError:
-            raise TraceSetError(f"{arg}: is a directory; expected a list file (one trace "
-                                "path per line)") from None
+            raise TraceSetError(f"{where}{arg}: is a directory; expected a list file (one "
+                                "trace path per line)") from None
         except OSError as e:
-            raise TraceSetError(f"{arg}: cannot read the list file ({e.strerror})") from None
+            raise TraceSetError(f"{where}{arg}: cannot read the list file ({e.strerror})"
+                                ) from None
         except UnicodeDecodeError as e:
             line = text_line_of(Path(name).read_bytes(), e.start)
             raise TraceSetError(f"{name}: line {line}: not UTF-8 text; expected one trace "
@@ -98,8 +101,8 @@ def list_entries(arg: str) -> Iterable[tuple[int, str]]:
     entries = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1)]
     kept = [(n, entry) for n, entry in entries if entry and not entry.startswith("#")]
     if not kept:
-        raise TraceSetError(f"{arg}: the list names no traces (expected one trace path "
-                            "per line)")
+        raise TraceSetError(f"{where}{arg}: the list names no traces (expected one trace "
+                            "path per line)")
     return kept
 
 
@@ -107,14 +110,33 @@ def text_line_of(data: bytes, offset: int) -> int:
     return data.count(b"\n", 0, offset) + 1
 
 
+def list_identity(arg: str) -> str:
+    """What a list argument `@NAME` reads, the same string however NAME is spelt."""
+    return "-" if arg == "@-" else str(Path(arg[1:]).resolve())
+
+
+def expand_arg(arg: str, where: str = "", within: tuple[str, ...] = ()) -> list[str]:
+    """The traces of one argument, or of one line of a list file (`where` names the file
+    and line); `within`: the list files being read around it, outermost first
+    (list_identity), so that a list reaching itself is refused, not read forever."""
+    if not arg.startswith("@"):
+        return expand_one(arg, where)
+    name = "standard input" if arg == "@-" else arg[1:]
+    me = list_identity(arg) if arg != "@" else ""
+    if me and me in within:
+        if within[-1] == me:
+            raise TraceSetError(f"{where}{arg}: the list file names itself")
+        cycle = " -> ".join([*within[within.index(me):], me])
+        raise TraceSetError(f"{where}{arg}: lists nest in a cycle: {cycle}")
+    out: list[str] = []
+    for n, entry in list_entries(arg, where):
+        out += expand_arg(entry, f"{name}: line {n}: ", (*within, me))
+    return out
+
+
 def expand(args: Sequence[str]) -> list[str]:
     """Every trace the arguments name, in order (a trace named twice is checked twice)."""
     out: list[str] = []
     for arg in args:
-        if arg.startswith("@"):
-            name = "standard input" if arg == "@-" else arg[1:]
-            for n, entry in list_entries(arg):
-                out += expand_one(entry, f"{name}: line {n}: ")
-        else:
-            out += expand_one(arg)
+        out += expand_arg(arg)
     return out

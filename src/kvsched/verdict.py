@@ -10,11 +10,16 @@ where the trace's minimal reproduction was written when one was asked for.
 
 Strings from a trace (request ids, unknown keys, file names) are shown with their
 control characters escaped (`printable`), so that a trace cannot move the cursor or
-clear the screen of whoever reads its verdict, nor make the JUnit XML ill-formed.
+clear the screen of whoever reads its verdict, nor make the JUnit XML ill-formed; and
+shortened (`shown_id`) where they run long, so that a 100 KB request id does not bury
+the verdict. Every message a user reads goes through `printable`, the checkers' (built
+in kvsched.spec with ids in them) included; the JSON keeps every id whole.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +41,32 @@ CLEAN, FAILED, MALFORMED, LOST = 0, 1, 2, 3
 SHOWN = 10
 
 
-def printable(text: str) -> str:
-    """`text` with control and format characters escaped as \\xNN or \\uNNNN."""
+# An id longer than this is shown as its first SHOWN_ID_CHARS characters and its length.
+SHOWN_ID_CHARS = 64
+# An unbroken run of more characters than this in a message (no space, quote, comma,
+# colon, semicolon, bracket or slash: an id as messages quote it, not a path) is a long
+# id, shortened the same way.
+LONG_RUN = 160
+_LONG_RUN = re.compile(rf"[^\s'\",:;()\[\]{{}}/]{{{LONG_RUN + 1},}}")
+
+
+def shown_id(rid: str) -> str:
+    """`rid` whole when it has at most SHOWN_ID_CHARS characters, else its start and its
+    length: `r-aaaa…(100000 chars)`."""
+    if len(rid) <= SHOWN_ID_CHARS:
+        return rid
+    return f"{rid[:SHOWN_ID_CHARS]}\u2026({len(rid)} chars)"
+
+
+def printable(text: str, ids: Iterable[str | None] = ()) -> str:
+    """`text` as a user reads it: each of `ids` in it, and every other long unbroken run
+    (LONG_RUN), shortened (`shown_id`); control and format characters escaped as \\xNN
+    or \\uNNNN."""
+    for rid in ids:
+        if rid is not None and len(rid) > SHOWN_ID_CHARS:
+            text = text.replace(rid, shown_id(rid))
+    if len(text) > LONG_RUN:
+        text = _LONG_RUN.sub(lambda m: shown_id(m.group()), text)
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else _escape(ord(ch)) for ch in text)
@@ -110,7 +139,8 @@ def summary(report: Report) -> list[tuple[str, str, int, Violation | None]]:
 def _where(v: Violation | None) -> str:
     if v is None:
         return ""
-    return f"first at step {v.step}" + (f", {printable(v.request)}" if v.request else "")
+    return f"first at step {v.step}" + (f", {printable(shown_id(v.request))}" if v.request
+                                        else "")
 
 
 def render_text(verdict: Verdict, console: Console, max_violations: int = SHOWN) -> None:
@@ -157,6 +187,7 @@ def violation_table(violations: list[Violation]) -> Table:
     for col in ("invariant", "level", "step", "request", "numbers", "what happened"):
         table.add_column(col, overflow="fold")
     for v in violations:
-        table.add_row(v.invariant, v.level, str(v.step), Text(printable(v.request or "")),
-                      v.numbers(), Text(printable(v.message)))
+        table.add_row(v.invariant, v.level, str(v.step),
+                      Text(printable(shown_id(v.request or ""))), v.numbers(),
+                      Text(printable(v.message, [v.request])))
     return table

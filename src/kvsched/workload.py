@@ -3,7 +3,8 @@
 A workload file has one JSON object per line:
     {"id": "r0", "arrival": 0, "prompt_len": 120, "output_len": 40, "max_tokens": 64,
      "priority": 0}
-with an optional "abort" step (the client cancels then). `output_len` is where the
+with an optional "abort" step (the client cancels then; no earlier than its arrival,
+in whose step it may fall). `output_len` is where the
 model would emit end-of-sequence; it is hidden from the scheduler.
 
 An optional "prefix": {"id": "sys-1", "len": 96} says the prompt starts with the first
@@ -72,6 +73,11 @@ class WorkItem:
         if self.abort is not None and (not isinstance(self.abort, int)
                                        or isinstance(self.abort, bool) or self.abort < 0):
             out.append(f"abort of {self.id!r} must be a step number, got {self.abort!r}")
+        elif self.abort is not None and not out and self.abort < self.arrival:
+            # No client cancels what it has not sent: an abort before its arrival is a
+            # mistake in the file, not a request that never runs.
+            out.append(f"abort of {self.id!r} is step {self.abort}, before its arrival at "
+                       f"step {self.arrival}")
         if self.prefix is not None:
             content, length = self.prefix
             if not isinstance(content, str) or not content:

@@ -30,13 +30,14 @@ from kvsched.cli import (
     profile_note,
     progress_option,
     ray_options,
+    stall_option,
     trace_size,
 )
 from kvsched.inputs import InputError
 from kvsched.progress import Reporter, reading
 from kvsched.spec.profiles import PROFILES, get_profile, pinned_profile
 from kvsched.spec.trace import Header, TraceError, TraceReader
-from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS, INVARIANTS
+from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS, DEFAULT_STALL_STEPS, INVARIANTS
 from kvsched.verdict import SHOWN, Verdict, printable, render_text, worst
 
 if TYPE_CHECKING:
@@ -51,49 +52,6 @@ class Unreadable(Exception):
     """A trace that cannot be read as trace v1: its verdict is malformed input."""
 
 
-def check_one(path: str, profile: str | None, max_preemptions: int, strict: bool = False,
-              checker_choice: str = "spec", required: frozenset[str] = frozenset(),
-              progress: bool | None = False) -> Report:
-    """One trace's report; raises Unreadable with the one-line reason."""
-    if checker_choice == "auto":
-        fast = big_trace(path) and (profile is None or replay_refused(profile) is None)
-        checker_choice = "vectorized" if fast else "spec"
-    try:
-        with open_trace(path) as raw, reading(raw, f"checking {printable(path)}",
-                                              trace_size(path), err, progress) as stream:
-            return check_stream(stream, path, profile, max_preemptions, strict,
-                                checker_choice, required)
-    except TraceError as e:
-        raise Unreadable(f"{path}: {e}") from None
-    except (BadInput, InputError) as e:  # the file itself: missing, unreadable, damaged
-        raise Unreadable(str(e)) from None
-
-
-def check_stream(stream: IO[bytes], path: str, profile: str | None, max_preemptions: int,
-                 strict: bool, checker_choice: str, required: frozenset[str],
-                 notes: bool = True) -> Report:
-    """The report of the trace `stream` holds (named `path`; TraceError if malformed);
-    `notes`: print the release note of a profile that follows another release."""
-    if checker_choice == "vectorized":
-        from kvsched.optimized.checker import check_trace_vectorized
-
-        def note(header: Header) -> None:
-            if profile is not None and notes:
-                release_note(path, profile, header.engine)
-
-        report = check_trace_vectorized(stream, max_preemptions, profile=profile,
-                                        on_header=note)
-        report.strict, report.required = strict, required
-        report.missing()  # computed from the fields just set
-        return report
-    reader = TraceReader(stream)
-    if profile is not None and notes:
-        release_note(path, profile, reader.header.engine)
-    return new_checker(reader.header.config, profile=profile, strict=strict,
-                       max_preemptions=max_preemptions, required=required,
-                       preempted_order=reader.header.preempted_order).run_trace(reader)
-
-
 @dataclass(frozen=True)
 class CheckSettings:
     """The options of `kvsched check` that decide a trace's verdict."""
@@ -104,13 +62,64 @@ class CheckSettings:
     checker_choice: str = "auto"
     required: frozenset[str] = frozenset()
     repro: bool = False  # also find a failing trace's shortest failing prefix
+    stall_steps: int = DEFAULT_STALL_STEPS
 
     def flags(self) -> list[str]:
         """The `kvsched check` options that give these settings' verdicts."""
         return [*(["--profile", self.profile] if self.profile else []),
                 *(["--strict"] if self.strict else []),
                 *(["--max-preemptions", str(self.max_preemptions)]
-                  if self.max_preemptions != DEFAULT_MAX_PREEMPTIONS else [])]
+                  if self.max_preemptions != DEFAULT_MAX_PREEMPTIONS else []),
+                *(["--stall-steps", str(self.stall_steps)]
+                  if self.stall_steps != DEFAULT_STALL_STEPS else [])]
+
+
+def check_one(path: str, settings: CheckSettings, progress: bool | None = False) -> Report:
+    """One trace's report; raises Unreadable with the one-line reason."""
+    choice = settings.checker_choice
+    if choice == "auto":
+        profile = settings.profile
+        fast = big_trace(path) and (profile is None or replay_refused(profile) is None)
+        choice = "vectorized" if fast and vectorized_imports() else "spec"
+    try:
+        with open_trace(path) as raw, reading(raw, f"checking {printable(path)}",
+                                              trace_size(path), err, progress) as stream:
+            return check_stream(stream, path, settings, choice)
+    except TraceError as e:
+        raise Unreadable(f"{path}: {e}") from None
+    except (BadInput, InputError) as e:  # the file itself: missing, unreadable, damaged
+        raise Unreadable(str(e)) from None
+
+
+def check_stream(stream: IO[bytes], path: str, settings: CheckSettings, checker_choice: str,
+                 notes: bool = True) -> Report:
+    """The report of the trace `stream` holds (named `path`; TraceError if malformed),
+    by the checker `checker_choice` names (spec or vectorized); `notes`: print the
+    release note of a profile that follows another release."""
+    profile = settings.profile
+    if checker_choice == "vectorized":
+        from kvsched.optimized.checker import check_trace_vectorized
+
+        def note(header: Header) -> None:
+            if profile is not None:
+                refuse_other_config(path, profile, header)
+                if notes:
+                    release_note(path, profile, header.engine)
+
+        report = check_trace_vectorized(stream, settings.max_preemptions, profile=profile,
+                                        on_header=note, stall_steps=settings.stall_steps)
+        report.strict, report.required = settings.strict, settings.required
+        report.missing()  # computed from the fields just set
+        return report
+    reader = TraceReader(stream)
+    if profile is not None:
+        refuse_other_config(path, profile, reader.header)
+        if notes:
+            release_note(path, profile, reader.header.engine)
+    return new_checker(reader.header.config, profile=profile, strict=settings.strict,
+                       max_preemptions=settings.max_preemptions, required=settings.required,
+                       preempted_order=reader.header.preempted_order,
+                       stall_steps=settings.stall_steps).run_trace(reader)
 
 
 def verdict_of(path: str, settings: CheckSettings, progress: bool | None = False) -> Verdict:
@@ -120,17 +129,24 @@ def verdict_of(path: str, settings: CheckSettings, progress: bool | None = False
 
     started = time.perf_counter()
     try:
-        report = check_one(path, settings.profile, settings.max_preemptions, settings.strict,
-                           settings.checker_choice, settings.required, progress)
+        report = check_one(path, settings, progress)
     except Unreadable as e:
         return Verdict(path, error=str(e))
     verdict = Verdict(path, report, seconds=time.perf_counter() - started)
     if settings.repro and report.failed:
         def recheck(stream: IO[bytes]) -> Report:
-            return check_stream(stream, path, settings.profile, settings.max_preemptions,
-                                settings.strict, "spec", settings.required, notes=False)
+            return check_stream(stream, path, settings, "spec", notes=False)
         verdict.repro = reproduction(path, report, recheck)
     return verdict
+
+
+def refuse_other_config(path: str, profile: str, header: Header) -> None:
+    """Bad input (BadInput) when the trace's header gives a config field that `profile`
+    fixes (Profile.fixes) another value: the trace was not recorded under the profile,
+    and its replay would certify what the profile's name denies."""
+    why = get_profile(profile).disagreement(header.config)
+    if why is not None:
+        fail(f"{path}: {why}")
 
 
 def release_note(path: str, profile: str, engine: dict[str, str]) -> None:
@@ -151,6 +167,27 @@ def big_trace(path: str) -> bool:
         return False
     size = file.stat().st_size * (8 if inputs.is_compressed(path) else 1)
     return size >= AUTO_VECTORIZED_BYTES
+
+
+# Whether this process has told that `--checker auto` fell back (told once, not per trace).
+_fell_back: list[bool] = []
+
+
+def vectorized_imports() -> bool:
+    """Whether the vectorized checker imports here (the optimized extra: numpy, numba);
+    if not, `--checker auto` checks with the spec's checker and says so once on standard
+    error."""
+    try:
+        import kvsched.optimized.checker  # noqa: F401
+    except ImportError as e:
+        if not _fell_back:
+            _fell_back.append(True)
+            missing = e.name if e.name in ("numpy", "numba") else "numpy and numba"
+            err.print(Text(f"kvsched: note: the vectorized checker needs {missing} (pip "
+                           "install 'kvsched[optimized]'); checking with the spec's "
+                           "checker"))
+        return False
+    return True
 
 
 def vectorized_available(profile: str | None) -> None:
@@ -214,12 +251,14 @@ def parse_required(text: str | None) -> frozenset[str]:
               default="auto", show_default=True,
               help="The spec's checker, or the vectorized one (same verdicts, for large "
                    "traces); auto picks the vectorized one from 8 MiB on.")
+@stall_option
 @ray_options("traces' checks")
 @progress_option
 def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemptions: int,
           require: str | None, fmt: str, max_violations: int, junit_path: Path | None,
-          repro_dir: Path | None, checker_choice: str, workers: int | None, use_ray: bool,
-          ray_address: str | None, progress: bool | None) -> None:
+          repro_dir: Path | None, checker_choice: str, stall_steps: int,
+          workers: int | None, use_ray: bool, ray_address: str | None,
+          progress: bool | None) -> None:
     """Check traces against the spec's MUST and SHOULD invariants (and a profile).
 
     TRACES are trace files (gzip or zstd too; - is standard input), directories (their
@@ -259,7 +298,7 @@ def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemp
         fail("-: standard input cannot be handed to Ray workers; give trace files, or "
              "check standard input without --workers, --ray and --ray-address")
     settings = CheckSettings(profile, max_preemptions, strict, checker_choice, required,
-                             repro=repro_dir is not None)
+                             repro=repro_dir is not None, stall_steps=stall_steps)
     verdicts: list[Verdict] = []
     written: set[Path] = set()
 

@@ -32,6 +32,8 @@ def profiles() -> None:
         knobs = ", ".join(f"{f.name}={getattr(p.knobs, f.name)}" for f in fields(Knobs)
                           if f.name != "cost")
         defaults = p.defaults.describe()
+        if p.fixes:  # kvsched check --profile refuses a trace whose header disagrees
+            defaults += f" (fixed: {', '.join(sorted(p.fixes))})"
         table.add_row(p.name, knobs, defaults, p.description)
     out.print(table)
 
