@@ -5,6 +5,7 @@
 # (kvsched.adapters.vllm_conformance for v1, vllm_v0_conformance for V0) and check every
 # trace at the MUST level and against the release's profile (vllm-v1@X.Y, vllm-v0).
 # Extra arguments go to the suite (case names, --out DIR, --list); a later --out wins.
+# --list needs no vLLM: the suite prints its cases from its own source, with $VENV alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -14,9 +15,14 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "conformance-vllm: $VENV is missing; run \`make test\` or \`make demo\` first" >&2
     exit 2
 fi
-python=$(scripts/vllm_env.sh "$RELEASE")
 out=build/conformance-vllm
 [ "$RELEASE" = 0.32 ] || out=build/conformance-vllm-$RELEASE
 suite=kvsched.adapters.vllm_conformance
 [ "$RELEASE" = v0 ] && suite=kvsched.adapters.vllm_v0_conformance
+for arg in "$@"; do
+    if [ "$arg" = --list ]; then
+        exec "$VENV/bin/python" -m "$suite" --out "$out" "$@"
+    fi
+done
+python=$(scripts/vllm_env.sh "$RELEASE")
 exec "$VENV/bin/python" -m "$suite" --vllm-python "$python" --out "$out" "$@"

@@ -178,8 +178,11 @@ def rejection_reason(docs: DocExamples, name: str) -> str:
 
 
 def render(template: str, docs: DocExamples) -> str:
-    """The template with every placeholder filled; each example must be used."""
+    """The template with every placeholder filled; each example must be used, and an
+    example whose config is not the base config must have it shown (`{{cfg:NAME}}`),
+    so that no example silently reuses the config of the one before it."""
     used: set[str] = set()
+    shown_configs: set[str] = set()
     fill: dict[str, Callable[[DocExamples, str], str]] = {
         "ex": example_block, "cfg": config_note, "error": config_error,
         "change": bad_config_note, "reason": rejection_reason,
@@ -201,6 +204,8 @@ def render(template: str, docs: DocExamples) -> str:
             raise ValueError(f"placeholder {m.group(0)}: no {table} named {name!r} in the "
                              "examples")
         used.add(f"{table}:{name}")
+        if kind == "cfg":
+            shown_configs.add(name)
         if kind == "check":
             return "\n".join(check_transcript(docs, name, args))
         if args:
@@ -216,6 +221,11 @@ def render(template: str, docs: DocExamples) -> str:
     if defined - used:
         raise ValueError("defined but never used in the template: "
                          + ", ".join(sorted(defined - used)))
+    unshown = sorted(n for n, ex in docs.examples.items()
+                     if ex.config and f"ex:{n}" in used and n not in shown_configs)
+    if unshown:
+        raise ValueError("examples whose config differs from the base config, never "
+                         "shown with {{cfg:NAME}}: " + ", ".join(unshown))
     return out
 
 
