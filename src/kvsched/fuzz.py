@@ -38,7 +38,7 @@ from typing import Any
 
 from kvsched.deadline import OutOfTime, deadline
 from kvsched.loading import FactoryError
-from kvsched.simulate import bound_reached, run, step_bound
+from kvsched.simulate import run, step_bound, unending
 from kvsched.spec.interface import Scheduler
 from kvsched.spec.model import Config
 from kvsched.spec.should import DEFAULT_STALL_STEPS, Stalled
@@ -139,13 +139,10 @@ def check_case(make: Callable[[Config], Scheduler], config: Config,
         return Finding(config, workload, CRASH, f"the scheduler raised {type(e).__name__} "
                        f"at step {steps}: {text}", (), steps)
     failing = [v for v in report.violations if v.level != SHOULD or strict]
-    # A run that cannot end fails, strict or not: the checker's own word on the stall
-    # (from the trace) where it has one, else the run's.
-    if stuck is None and ended < len(workload) and steps >= bound:
-        stuck = bound_reached(steps, bound, len(workload) - ended)
-    if stuck is not None and not any(v.invariant == "progress" for v in failing):
-        failing.append(next((v for v in report.violations if v.invariant == "progress"),
-                            stuck))
+    # A run that cannot end fails, strict or not.
+    never = unending(report.violations, stuck, steps, bound, len(workload) - ended)
+    if never is not None and never not in failing:
+        failing.append(never)
     if not failing:
         return None
     first = failing[0]

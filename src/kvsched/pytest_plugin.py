@@ -30,7 +30,7 @@ import pytest
 
 from kvsched.conformance import checker as new_checker
 from kvsched.deadline import OutOfTime, deadline
-from kvsched.simulate import bound_reached, run, step_bound
+from kvsched.simulate import run, step_bound, unending
 from kvsched.spec import should
 from kvsched.spec.checker import Report
 from kvsched.spec.interface import Scheduler
@@ -160,24 +160,25 @@ class CheckedScheduler:
         (progress); one past `time_limit` seconds raises RunTooLong."""
         records = []
         ended = 0
+        stalled = None
         bound = step_bound(self.config, workload, self.stall_steps) if max_steps is None \
-            else max_steps
+            else None  # a cap the caller chose is no bound to fail at
         try:
             with deadline(time_limit) as clock:
-                for rec in run(self, workload, max_steps=bound,
+                for rec in run(self, workload, max_steps=bound or max_steps,
                                stall_steps=self.stall_steps):
                     records.append(rec)
                     ended += rec.num_ended
                     clock.check()
         except should.Stalled as e:
-            # The checker's word on the stall (from the steps) where it has one.
-            raise SpecViolation(next((v for v in self.report.violations
-                                      if v.invariant == "progress"), e.violation)) from None
+            stalled = e.violation
         except OutOfTime as e:
             raise RunTooLong(f"the run {e} (at step {len(records)}): pass a larger "
                              "time_limit for a longer run") from None
-        if max_steps is None and ended < len(workload) and len(records) >= bound:
-            raise SpecViolation(bound_reached(len(records), bound, len(workload) - ended))
+        never = unending(self.report.violations, stalled, len(records), bound,
+                         len(workload) - ended)
+        if never is not None:
+            raise SpecViolation(never)
         self.end(complete=ended == len(workload))
         return records
 

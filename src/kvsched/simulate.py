@@ -37,9 +37,17 @@ def step_bound(config: Config, workload: Sequence[WorkItem],
     return last + 4 * tokens + 50 + stall_steps
 
 
-def bound_reached(steps: int, bound: int, live: int) -> Violation:
-    """The `progress` violation of a run still going, `live` requests unfinished, after
-    `steps` steps at its step bound (step_bound)."""
+def unending(checked: Sequence[Violation], stalled: Violation | None, steps: int,
+             bound: int | None, live: int) -> Violation | None:
+    """Why a driven run of `steps` steps, `live` requests unfinished, can never end, as
+    the `progress` violation it fails with, or None: it stalled (the checker's own word
+    on the stall, among `checked`, where it has one: that one is read from the steps,
+    the run's from the scheduler's view), or it is still going at its step `bound`
+    (step_bound; None: no bound)."""
+    if stalled is not None:
+        return next((v for v in checked if v.invariant == "progress"), stalled)
+    if bound is None or not live or steps < bound:
+        return None
     return Violation("progress", steps - 1,
                      f"the run did not end within its step bound of {bound} steps (four "
                      f"times the tokens its workload can need): {live} "
