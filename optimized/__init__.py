@@ -12,11 +12,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvsched.optimized.scheduler import OptimizedScheduler, StepTensors
+    from kvsched.optimized.scheduler import StepTensors, TorchScheduler
 
-_WHERE = {"OptimizedScheduler": "scheduler", "StepTensors": "scheduler"}
+_WHERE = {"TorchScheduler": "scheduler", "StepTensors": "scheduler"}
 
-__all__ = ["OptimizedScheduler", "StepTensors"]
+__all__ = ["StepTensors", "TorchScheduler"]
 
 
 def __getattr__(name: str) -> Any:

@@ -144,7 +144,7 @@ def _cat(parts: list[Tensor], empty: Tensor) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-class OptimizedScheduler:
+class TorchScheduler:
     """The reference's policy on tensors, on `device` ("cpu" or "cuda").
 
     `knobs` are the spec's (a profile's knobs work as they are); None means vLLM v1's.

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kvsched.optimized.scheduler import P_, OptimizedScheduler, StepTensors
+from kvsched.optimized.scheduler import P_, StepTensors, TorchScheduler
 from kvsched.spec.model import Request
 from kvsched.spec.prefix import Prefix, block_key
 
@@ -56,7 +56,7 @@ class FastStep:
     block_keys: dict[str, list[str]] = field(default_factory=dict)
 
 
-def run_fast(scheduler: OptimizedScheduler, work: Arrivals, *,
+def run_fast(scheduler: TorchScheduler, work: Arrivals, *,
              max_steps: int | None = None) -> Iterator[FastStep]:
     """Yield one FastStep per step until every request has ended (or max_steps); the
     decision's tensors are valid until the next step is asked for."""
@@ -149,7 +149,7 @@ def run_fast(scheduler: OptimizedScheduler, work: Arrivals, *,
         step += 1
 
 
-def step_dict(scheduler: OptimizedScheduler, s: FastStep, block_ids: bool = True
+def step_dict(scheduler: TorchScheduler, s: FastStep, block_ids: bool = True
               ) -> dict[str, Any]:
     """The trace v1 line of a step, as kvsched.spec.trace.step_dict writes it (so the
     trace equals the one kvsched.simulate.run makes, byte for byte). Call it before the

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from kvsched.spec import must, should
 from kvsched.spec.model import Config, StepRecord
 from kvsched.spec.replay import ProfileReplay
-from kvsched.spec.state import State, StepFacts
+from kvsched.spec.state import Snapshot, State, StepFacts
 from kvsched.spec.trace import TraceReader
 from kvsched.spec.violation import INVARIANTS, SHOULD, Violation
 
@@ -110,6 +110,22 @@ def coverage(state: State, steps: int, steps_with_free: int, complete: bool
     return out
 
 
+@dataclass(frozen=True)
+class Position:
+    """Where a check stands between two steps, besides its report: the state, the free
+    blocks already told as leaked, how many steps reported free_blocks, the last step's
+    number and the quiet steps in a row (should.Stall). Another implementation of the
+    check (kvsched.optimized.checker) takes it over and hands it back (`position`,
+    `seek`), so that a run of steps it cannot judge is judged here, from where it
+    left off."""
+
+    state: Snapshot
+    leaked: int
+    steps_with_free: int
+    step_no: int
+    quiet: int
+
+
 class Checker:
     """Feed it the steps of one trace in order, then call `end` for the report.
 
@@ -132,6 +148,23 @@ class Checker:
         self.steps_with_free = 0
         self.step_no = -1
         self.stall = should.Stall(self.options.stall_steps)
+
+    def position(self) -> Position:
+        return Position(self.state.snapshot(), self.leaked, self.steps_with_free,
+                        self.step_no, self.stall.quiet)
+
+    def seek(self, p: Position) -> None:
+        """Go on from `p` (the ids that ended meanwhile: State.record_ended)."""
+        self.state.restore(p.state)
+        self.leaked, self.steps_with_free, self.step_no = (p.leaked, p.steps_with_free,
+                                                           p.step_no)
+        self.stall.quiet = p.quiet
+
+    def passed(self, steps: int, entries: int, requests: int) -> None:
+        """Count steps that another implementation of the check found clean."""
+        self.report.steps += steps
+        self.report.scheduled_entries += entries
+        self.report.requests += requests
 
     def flag(self, v: Violation) -> None:
         self.report.counts[v.invariant] += 1

@@ -166,6 +166,10 @@ class Stall:
         self.limit = limit
         self.quiet = 0
 
+    def reset(self) -> None:
+        """A step that moved (checked elsewhere): no quiet steps in a row."""
+        self.quiet = 0
+
     def observe(self, moved: bool, live: bool) -> bool:
         """Count one step; True at the `limit`-th quiet step in a row (told once)."""
         self.quiet = self.quiet + 1 if live and not moved else 0

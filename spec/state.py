@@ -34,6 +34,7 @@ step: a change to how a step moves the state is a change to this file.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kvsched.spec.blocks import allocation_reserve, blocks_needed
@@ -217,6 +218,30 @@ class StepFacts:
         return sum(v.released for v in self.victims)
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything a State holds but its record of ended ids, as plain values (the live
+    requests are copies, in arrival order): what another implementation of this
+    transition rule takes over (`State.snapshot`) and hands back (`State.restore`), so
+    that none reads or writes the state's fields. The ended ids only grow and may be
+    many: they stay in `State.ended`, where `State.record_ended` adds to them."""
+
+    live: tuple[LiveRequest, ...]
+    free: int
+    free_host: int
+    holders: dict[int, tuple[str, ...]]  # block id -> its live holders, in order
+    cached: dict[int, tuple[int, str | None]]  # block id -> (table index, content key)
+    content: dict[int, str]  # cached block id -> its content
+    ids_seen: bool
+    ids_missing_from: int | None
+
+
+def _copy(t: LiveRequest) -> LiveRequest:
+    return LiveRequest(t.request, t.status, t.num_tokens, t.num_computed, t.gpu_blocks,
+                       t.host_blocks, t.preemptions, list(t.block_ids), t.recomputing,
+                       list(t.keys))
+
+
 class State:
     """The spec's state of one trace: feed it the steps in order with `apply`."""
 
@@ -252,6 +277,28 @@ class State:
 
     def clone(self) -> State:
         return copy.deepcopy(self)
+
+    def snapshot(self) -> Snapshot:
+        """The state as plain values (its ended ids aside): see Snapshot."""
+        return Snapshot(tuple(_copy(t) for t in self.live.values()), self.free,
+                        self.free_host, {b: tuple(h) for b, h in self.holders.items()},
+                        dict(self.cached), dict(self.content), self.ids_seen,
+                        self.ids_missing_from)
+
+    def restore(self, s: Snapshot) -> None:
+        """Become the state `s` describes; the ended ids are kept."""
+        self.live = {t.request.id: _copy(t) for t in s.live}
+        self.count = dict.fromkeys(Status, 0)
+        for t in self.live.values():
+            self.count[t.status] += 1
+        self.free, self.free_host = s.free, s.free_host
+        self.holders = {b: list(h) for b, h in s.holders.items()}
+        self.cached, self.content = dict(s.cached), dict(s.content)
+        self.ids_seen, self.ids_missing_from = s.ids_seen, s.ids_missing_from
+
+    def record_ended(self, ended: Mapping[str, Status]) -> None:
+        """Ids that ended while another implementation moved the state."""
+        self.ended.update(ended)
 
     # -- moving -----------------------------------------------------------------------
 

@@ -19,9 +19,9 @@ def test_the_factory_builds_its_own_implementation(scheduler_factory: SchedulerF
 
         assert type(s) is CompiledScheduler
     else:
-        from kvsched.optimized import OptimizedScheduler
+        from kvsched.optimized import TorchScheduler
 
-        assert isinstance(s, OptimizedScheduler)
+        assert isinstance(s, TorchScheduler)
         assert s.device.type == ("cuda" if scheduler_factory.implementation.endswith("cuda")
                                  else "cpu")
     assert scheduler_factory.built == 1

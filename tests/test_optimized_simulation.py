@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvsched.optimized import OptimizedScheduler
+from kvsched.optimized import TorchScheduler
 from kvsched.optimized.simulation import Arrivals, run_fast, step_dict
 from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
@@ -42,7 +42,7 @@ def traces(config: Config, setup: Knobs, items: list[WorkItem], device: str,
     reference = [orjson.dumps(reference_step_dict(rec)) for rec in
                  run(ReferenceScheduler(config, setup), items, block_ids=block_ids,
                      max_steps=MAX_STEPS)]
-    optimized = OptimizedScheduler(config, setup, device=device)
+    optimized = TorchScheduler(config, setup, device=device)
     fast = [orjson.dumps(step_dict(optimized, s, block_ids))
             for s in run_fast(optimized, columns(items), max_steps=MAX_STEPS)]
     return reference, fast

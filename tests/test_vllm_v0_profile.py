@@ -273,13 +273,13 @@ def test_v0s_passes_obey_every_must_invariant(name: str, config: Config,
 
 def test_the_optimized_scheduler_refuses_each_of_v0s_knobs_in_one_line() -> None:
     pytest.importorskip("torch")
-    from kvsched.optimized import OptimizedScheduler
+    from kvsched.optimized import TorchScheduler
     from kvsched.optimized.knobs import REFERENCE_ONLY_KNOBS
 
     for name in REFERENCE_ONLY_KNOBS:
         knobs = replace(get_profile("vllm-v1").knobs, **{name: getattr(VLLM_V0, name)})
         with pytest.raises(ValueError) as e:
-            OptimizedScheduler(V0, knobs)
+            TorchScheduler(V0, knobs)
         assert f"knob {name}=" in str(e.value) and "\n" not in str(e.value)
     cli = subprocess.run([sys.executable, "-m", "kvsched", "simulate", "--profile",
                           "vllm-v0", "--scheduler", "optimized", "--requests", "4"],

@@ -37,7 +37,7 @@ import torch
 from kvsched.adapters import vllm_driver
 from kvsched.conformance import profile_replay
 from kvsched.generators import SHARED_PROMPTS, generate
-from kvsched.optimized import OptimizedScheduler
+from kvsched.optimized import TorchScheduler
 from kvsched.optimized.checker import check_trace_vectorized
 from kvsched.optimized.compiled import CompiledScheduler
 from kvsched.optimized.simulation import Arrivals, run_fast, step_dict
@@ -166,7 +166,7 @@ def steppers(config: Config, device: str = "cpu") -> list[Stepper]:
     interface). A step includes the arrivals that replace its finished requests."""
     ref = ReferenceScheduler(config, KNOBS)
     comp = CompiledScheduler(config, KNOBS)
-    opt = OptimizedScheduler(config, KNOBS, device=device)
+    opt = TorchScheduler(config, KNOBS, device=device)
     ref_refill, comp_refill, opt_refill = Refill(ref), Refill(comp), Refill(opt)
 
     def ref_step() -> None:
@@ -203,7 +203,7 @@ def start_running(scheduler: Any, running: int,
         scheduler.add_request(make(f"r{i}", i, 0))
     steps = 0
     while True:
-        if isinstance(scheduler, OptimizedScheduler):
+        if isinstance(scheduler, TorchScheduler):
             t = scheduler.schedule_tensors()
             scheduler.forget(scheduler.update_tensors())
             tokens = int(t.tokens.sum())
@@ -426,7 +426,7 @@ def simulate_reference(config: Config, items: list[WorkItem], trace: Path) -> Si
 
 def simulate_optimized(config: Config, items: list[WorkItem], trace: Path,
                        device: str = "cpu") -> SimRun:
-    scheduler = OptimizedScheduler(config, KNOBS, device=device)
+    scheduler = TorchScheduler(config, KNOBS, device=device)
     writing = 0.0
     steps = entries = digest = 0
     with trace.open("wb") as stream:
@@ -611,7 +611,7 @@ import gc, sys, torch
 from pathlib import Path
 torch.set_num_threads(1)
 from tools.bench_optimized import request, start_running, step_config, KNOBS
-from kvsched.optimized import OptimizedScheduler
+from kvsched.optimized import TorchScheduler
 from kvsched.reference import ReferenceScheduler
 
 def status(key):
@@ -625,7 +625,7 @@ config = step_config(running)
 gc.collect()
 Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from here
 before = status("VmRSS")
-s = (ReferenceScheduler if which == "reference" else OptimizedScheduler)(config, KNOBS)
+s = (ReferenceScheduler if which == "reference" else TorchScheduler)(config, KNOBS)
 start_running(s, running)
 for i in range(waiting):
     s.add_request(request(f"w{i}", i, 1))
@@ -686,7 +686,7 @@ def bench_devices(sizes: Sizes, out: Section, devices: tuple[str, str]) -> None:
         cells: dict[tuple[str, int], float] = {}
         for device in dict.fromkeys(devices):
             for kind in (0, 1):
-                opt = OptimizedScheduler(step_config(running), KNOBS, device=device)
+                opt = TorchScheduler(step_config(running), KNOBS, device=device)
                 if kind == 0:
                     start_running(opt, running)
                     fill(opt, 0, waiting, 1)
@@ -695,7 +695,7 @@ def bench_devices(sizes: Sizes, out: Section, devices: tuple[str, str]) -> None:
                     start_running(opt, running, decoding)
                     refill = None
 
-                def go(opt: OptimizedScheduler = opt, refill: Refill | None = refill,
+                def go(opt: TorchScheduler = opt, refill: Refill | None = refill,
                        n: int = steps) -> None:
                     for _ in range(n):
                         opt.schedule_tensors()

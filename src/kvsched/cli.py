@@ -713,14 +713,14 @@ def make_scheduler(implementation: str, device: str, config: Config,
     try:
         import torch
 
-        from kvsched.optimized import OptimizedScheduler
+        from kvsched.optimized import TorchScheduler
     except ImportError:
         fail("--scheduler optimized needs torch: pip install 'kvsched[optimized]'")
     if device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: torch.cuda.is_available() is False on this machine")
     torch.set_num_threads(1)  # a step's tensors are small: threads only wait on each other
     try:
-        return OptimizedScheduler(config, knobs, device=device)
+        return TorchScheduler(config, knobs, device=device)
     except ValueError as e:
         fail(f"--scheduler optimized: {e}")
 

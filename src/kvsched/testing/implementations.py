@@ -43,10 +43,10 @@ class SchedulerFactory:
 
             scheduler = CompiledScheduler(config, knobs)
         else:
-            from kvsched.optimized import OptimizedScheduler
+            from kvsched.optimized import TorchScheduler
 
             device = "cuda" if self.implementation == "optimized-cuda" else "cpu"
-            scheduler = OptimizedScheduler(config, knobs, device=device)
+            scheduler = TorchScheduler(config, knobs, device=device)
         self.built += 1
         return scheduler
 
