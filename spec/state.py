@@ -347,28 +347,34 @@ class State:
         return released
 
     def apply(self, rec: StepRecord) -> StepFacts:
-        """Move the state by one step; return what it did."""
-        f = StepFacts(rec.step, rec.line, reported_free=rec.free_blocks)
-        tags: dict[str, str] = {}  # this step's transient states
+        """Move the state by one step, phase by phase; return what it did."""
+        st = _Step(self, rec)
+        self._inputs(rec, st.f, st.tags)
+        st.tags = {rid: s for rid, s in st.tags.items() if s != "arriving"}
+        st.f.free_before = self.free
+        self._rejections(st)
+        self._preemptions(st)
+        self._swap_ins(st)
+        self._schedule(st)
+        self._finishes(st)
+        st.f.idle = not rec.scheduled and not rec.preempted and not rec.swapped_in
+        return st.f
 
-        def state(rid: str) -> str:
-            return tags.get(rid) or self.status_of(rid)
-
-        self._inputs(rec, f, tags)
-        tags = {rid: s for rid, s in tags.items() if s != "arriving"}
-        f.free_before = self.free
-
-        # 2. rejections
-        for rej in rec.rejected:
-            a = Action(rej.id, "rejected", state(rej.id))
+    def _rejections(self, st: _Step) -> None:
+        """Phase 2: a rejected waiting request ends."""
+        for rej in st.rec.rejected:
+            a = Action(rej.id, "rejected", st.state(rej.id))
             t = self.live.get(rej.id) if a.applied else None
-            f.rejections.append((a, t.request if t is not None else None))
+            st.f.rejections.append((a, t.request if t is not None else None))
             if t is not None:
                 self._end(t, Status.REJECTED)
 
-        # 3. preemptions
-        for p in rec.preempted:
-            a = Action(p.id, "preempted", state(p.id))
+    def _preemptions(self, st: _Step) -> None:
+        """Phase 3: recompute releases G and sets C = 0 (back to waiting); swap moves the
+        G blocks to the host (H = G)."""
+        f = st.f
+        for p in st.rec.preempted:
+            a = Action(p.id, "preempted", st.state(p.id))
             t = self.live.get(p.id)
             if not a.applied or t is None:
                 f.victims.append(Victim(a, p.mode, 0, 0, 0, self.free_host, 0, 0))
@@ -381,28 +387,28 @@ class State:
                 t.host_blocks = t.gpu_blocks
                 released = self._release_gpu(t)
                 self._set_status(t, Status.SWAPPED)
-                tags[p.id] = "swapped out this step"
+                st.tags[p.id] = "swapped out this step"
             else:
                 released = self._release_gpu(t)
                 t.num_computed = 0
                 t.recomputing = True
                 self._set_status(t, Status.WAITING)
-                tags[p.id] = "just preempted"
+                st.tags[p.id] = "just preempted"
             f.victims.append(Victim(a, p.mode, known, computed, held, free_host,
                                     t.preemptions, released))
             f.reclaim += released
 
-        # 4. swap-ins: the host blocks come back to the GPU
-        handouts = _Handouts(rec)
-        scheduled_ids = {rid for rid, _ in rec.scheduled}
-        for rid in rec.swapped_in:
-            a = Action(rid, "swapped in", state(rid))
+    def _swap_ins(self, st: _Step) -> None:
+        """Phase 4: the host blocks come back to the GPU, with the blocks the allocation
+        reserves beyond them (all N known tokens under prompt, the longest sequence under
+        full)."""
+        f, handouts = st.f, st.handouts
+        for rid in st.rec.swapped_in:
+            a = Action(rid, "swapped in", st.state(rid))
             t = self.live.get(rid) if a.applied else None
             f.swap_ins.append((a, t.host_blocks if t is not None else 0))
             if t is None:
                 continue
-            # Its host blocks come back, and the blocks its allocation reserves beyond
-            # them (all N known tokens under prompt, the longest sequence under full).
             reserve = allocation_reserve(self.config, t.request, t.num_tokens)
             taken = t.host_blocks + blocks_needed(t.num_computed, 0, t.host_blocks,
                                                   self.config.block_size, reserve)
@@ -414,26 +420,28 @@ class State:
             handouts.expect(rid, taken)
             t.host_blocks = 0
             self._set_status(t, Status.RUNNING)
-            tags[rid] = "swapped in"
-            if rid not in scheduled_ids:
+            st.tags[rid] = "swapped in"
+            if rid not in st.scheduled:
                 self._hand_out(handouts, rid)
                 self._cache_full(t, 0)  # its restored blocks hold their content again
 
-        # 5. the scheduled set, in batch order: each entry's hit, its new blocks, then
-        # the blocks it fills are cached (so a later entry may hit them)
+    def _schedule(self, st: _Step) -> None:
+        """Phase 5: the scheduled set, in batch order: each entry's hit, its new blocks
+        (Db = blocks_needed(C, Dn, G, R)), then the blocks it fills are cached (so a
+        later entry may hit them); a request whose C reaches N samples (N += 1)."""
+        rec, f, handouts = st.rec, st.f, st.handouts
         bs = self.config.block_size
-        sampled: list[LiveRequest] = []
         hits = rec.prefix_hits
         for rid, n in rec.scheduled:
-            a = Action(rid, "scheduled", state(rid))
+            a = Action(rid, "scheduled", st.state(rid))
             t = self.live.get(rid) if a.applied else None
             if t is None:
-                tags[rid] = "already scheduled this step"
+                st.tags[rid] = "already scheduled this step"
                 f.chunks.append(Chunk(a, n, 0, 0, 0, 0, False, None))
                 continue
             if rid in hits and n >= 1:
-                f.hits.append(self._hit(t, hits[rid], state(rid), f))
-            tags[rid] = "already scheduled this step"
+                f.hits.append(self._hit(t, hits[rid], st.state(rid), f))
+            st.tags[rid] = "already scheduled this step"
             f.tokens += max(n, 0)
             known, computed = t.num_tokens, t.num_computed
             if n < 1:
@@ -466,12 +474,12 @@ class State:
             done = t.num_computed == known
             if done:
                 t.num_tokens += 1
-                sampled.append(t)
+                st.sampled.append(t)
             f.chunks.append(Chunk(a, n, known, computed, t.request.prompt_len, db, done,
                                   restart))
         for rid in hits:
-            if rid not in scheduled_ids:
-                f.hits.append(Hit(Action(rid, "prefix hit", state(rid)), 0, 0, (), 0,
+            if rid not in st.scheduled:
+                f.hits.append(Hit(Action(rid, "prefix hit", st.state(rid)), 0, 0, (), 0,
                                   "unscheduled"))
         for rid in [*handouts.expected, *(rec.new_blocks or ())]:
             self._hand_out(handouts, rid)
@@ -485,23 +493,23 @@ class State:
             self.ids_seen = True
         f.free_at_batch = self.free
 
-        # 6. finishes
-        sampled_ids = {t.request.id for t in sampled}
-        finished = set(rec.finished)
-        for rid in rec.finished:
-            # A live request finishes whatever it did this step (the finish invariant
-            # asks whether it sampled); an ended one is told in the state it is in.
+    def _finishes(self, st: _Step) -> None:
+        """Phase 6: a finished request releases everything. A live request finishes
+        whatever it did this step (the finish invariant asks whether it sampled); an
+        ended one is told in the state it is in."""
+        f = st.f
+        sampled_ids = {t.request.id for t in st.sampled}
+        finished = set(st.rec.finished)
+        for rid in st.rec.finished:
             a = Action(rid, "finished", self.status_of(rid) if rid in self.live
-                       else state(rid))
+                       else st.state(rid))
             t = self.live.get(rid) if a.applied else None
             outputs = t.num_tokens - t.request.prompt_len if t is not None else 0
             released = self._end(t, Status.FINISHED) if t is not None else 0
             f.finishes.append(Finish(a, rid in sampled_ids, released, outputs))
             f.released_by_finish += released
-        f.due = [t for t in sampled if t.request.id not in finished]
+        f.due = [t for t in st.sampled if t.request.id not in finished]
         f.free = self.free
-        f.idle = not rec.scheduled and not rec.preempted and not rec.swapped_in
-        return f
 
     def _inputs(self, rec: StepRecord, f: StepFacts, tags: dict[str, str]) -> None:
         """Phase 1: arrivals become waiting, then aborts end their requests."""
@@ -620,3 +628,21 @@ class _Handouts:
 
     def expect(self, rid: str, blocks: int) -> None:
         self.expected[rid] = self.expected.get(rid, 0) + blocks
+
+
+class _Step:
+    """One step while `State.apply` moves the state: the record, the facts so far, this
+    step's transient states (`tags`), the block handouts, who sampled."""
+
+    def __init__(self, state: State, rec: StepRecord) -> None:
+        self.owner = state
+        self.rec = rec
+        self.f = StepFacts(rec.step, rec.line, reported_free=rec.free_blocks)
+        self.tags: dict[str, str] = {}
+        self.handouts = _Handouts(rec)
+        self.scheduled = {rid for rid, _ in rec.scheduled}
+        self.sampled: list[LiveRequest] = []
+
+    def state(self, rid: str) -> str:
+        """The state `rid` is in at this point of the step."""
+        return self.tags.get(rid) or self.owner.status_of(rid)
