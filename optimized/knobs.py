@@ -10,8 +10,9 @@ from __future__ import annotations
 from kvsched.spec.knobs import Knobs
 
 # Knobs these schedulers follow only at their defaults: vLLM V0's rules (profile
-# vllm-v0), which the reference alone implements.
-REFERENCE_ONLY_KNOBS = ("grow_check", "reject", "chunk_swap_in", "swapped_order", "passes")
+# vllm-v0), which the reference alone implements. V0's step itself (a profile whose
+# `scheduler` is "v0") is the reference's V0Scheduler; these schedulers run vLLM v1's.
+REFERENCE_ONLY_KNOBS = ("grow_check", "reject", "chunk_swap_in", "swapped_order")
 
 
 def unsupported_knobs(knobs: Knobs) -> str | None:

@@ -46,7 +46,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError:
+    raise ImportError("the torch scheduler (kvsched.optimized.TorchScheduler) needs torch: "
+                      "pip install 'kvsched[gpu]'", name="torch") from None
 from torch import Tensor
 
 from kvsched.optimized.blocks import BlockTable, FreeList, cdiv, spans

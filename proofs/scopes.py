@@ -71,13 +71,14 @@ BASE = Config(block_size=1, num_gpu_blocks=4, max_num_batched_tokens=4, max_num_
               max_model_len=8)
 
 
-# The profile family: every profile of the reference's running-first passes, and one
-# that swaps: vLLM v1 never swaps, and vllm-v0 follows V0's passes, which reproduce V0's
-# stalls and livelocks (docs/conformance/vllm-v0.md) that this search reports, so the
-# swapping member is vllm-v1's knobs with swap ("vllm-v1+swap", not a profile of the
-# tool: no engine decides so).
+# The profile family: every profile of the reference's vLLM v1 step (Profile.scheduler
+# "v1", the ReferenceScheduler every scope runs), and one that swaps: vLLM v1 never
+# swaps, and vllm-v0 runs V0's step, which reproduces V0's stalls and livelocks
+# (docs/conformance/vllm-v0.md) that this search reports, so the swapping member is
+# vllm-v1's knobs with swap ("vllm-v1+swap", not a profile of the tool: no engine
+# decides so).
 FAMILY: dict[str, Profile] = {
-    **{name: p for name, p in PROFILES.items() if p.knobs.passes == "running-first"},
+    **{name: p for name, p in PROFILES.items() if p.scheduler == "v1"},
     "vllm-v1+swap": Profile("vllm-v1+swap", "vllm-v1's knobs, victims swapped to host "
                             "blocks", VLLM_V1, ConfigDefaults(preemption="swap")),
 }
@@ -340,7 +341,7 @@ def quick_scopes() -> list[Scope]:
 
 
 # Allocations that reserve ahead: vLLM V0's whole-prompt allocation with a watermark of
-# one block applied always, swapping (under vllm-v1+swap: V0's own passes are not in
+# one block applied always, swapping (under vllm-v1+swap: V0's own step is not in
 # FAMILY), and reservation to completion (Orca, TGI) under vllm-v1, prefix caching on.
 MODES: tuple[tuple[str, dict[str, object]], ...] = (
     (SWAPPING, {"allocation": "prompt", "watermark_scope": "always",

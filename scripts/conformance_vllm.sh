@@ -2,7 +2,8 @@
 # `make conformance-vllm` (VLLM_RELEASE=0.32), `make conformance-vllm-0.33` and `make
 # conformance-vllm-v0` (VLLM_RELEASE=v0): create that release's environment if it is
 # missing (scripts/vllm_env.sh), then record its real scheduler on its suite
-# (kvsched.adapters.vllm_conformance for v1, vllm_v0_conformance for V0) and check every
+# (conformance.vllm for v1, conformance.vllm_v0 for V0: the checkout's conformance/, not
+# installed) and check every
 # trace at the MUST level and against the release's profile (vllm-v1@X.Y, vllm-v0).
 # Extra arguments go to the suite (case names, --out DIR, --list); a later --out wins.
 # --list needs no vLLM: the suite prints its cases from its own source, with $VENV alone.
@@ -17,8 +18,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 out=build/conformance-vllm
 [ "$RELEASE" = 0.32 ] || out=build/conformance-vllm-$RELEASE
-suite=kvsched.adapters.vllm_conformance
-[ "$RELEASE" = v0 ] && suite=kvsched.adapters.vllm_v0_conformance
+suite=conformance.vllm
+[ "$RELEASE" = v0 ] && suite=conformance.vllm_v0
 for arg in "$@"; do
     if [ "$arg" = --list ]; then
         exec "$VENV/bin/python" -m "$suite" --out "$out" "$@"

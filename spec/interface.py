@@ -5,8 +5,11 @@ A step is: `add_request` for arrivals, `abort_request` for cancellations,
 `stopped` names the sampled requests whose new token was end-of-sequence.
 
 `BlockTables` are optional read accessors: the block ids behind the counts. A scheduler
-that offers them (the reference and the optimized one do) can be compared with another
-block by block, and tested without reading its private state.
+that offers them (the reference, the compiled and the torch schedulers do:
+`InspectableScheduler`) can be compared with another block by block, and tested without
+reading its private state. `ContentKeys` is optional too: a scheduler with prefix
+caching that takes its blocks' content keys from a trace, as a profile's replay gives
+them.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ class Scheduler(Protocol):
     def free_blocks(self) -> int: ...
 
     def states(self) -> dict[str, RequestView]:
-        """Every live request's state, for differential tests."""
+        """Every live request's state: what a stuck run's report says of each waiting
+        request, the state before a profile's divergence, and what differential tests
+        compare."""
         ...
 
     def has_unfinished(self) -> bool: ...

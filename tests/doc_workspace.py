@@ -24,8 +24,8 @@ from doc_blocks import PYTHON, SHELL, Block, Command, commands, python_file
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
 # Linked into each workspace (read, never written); docs/ and README.md are copied.
-LINKED = (".venv", "Makefile", "optimized", "proofs", "pyproject.toml", "reference",
-          "scripts", "setup.py", "spec", "src", "tests", "tools")
+LINKED = (".venv", "Makefile", "conformance", "optimized", "proofs", "pyproject.toml",
+          "reference", "scripts", "setup.py", "spec", "src", "tests", "tools")
 COPIED = ("README.md", "docs")
 TIME_LIMIT_S = 120
 # Set by an outer make or shell, they would change what the page's commands do.

@@ -1,8 +1,11 @@
 """The dependency rules of docs/architecture.md, checked on the import statements.
 
 spec/ imports only the standard library; reference/ imports spec and the standard
-library; optimized/ never imports reference; nothing imports the pillars as
-top-level names. Exit 1 naming each offending line.
+library; optimized/ never imports reference; vLLM V0's scheduler subclasses the
+reference's, never the reverse (reference/scheduler.py imports neither
+kvsched.reference.v0 nor the package, which imports it); nothing imports the pillars as
+top-level names, and the installed package (src/) imports nothing that is only in the
+checkout (tools/, proofs/, conformance/, tests/). Exit 1 naming each offending line.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 STDLIB = sys.stdlib_module_names
+# Folders of the checkout that are not installed (pyproject.toml packages src/ alone).
+CHECKOUT_ONLY = ("tools", "proofs", "conformance", "tests")
 
 
 # A Cython module's Python imports (its cimports name C++ and Cython headers).
@@ -64,7 +69,13 @@ def main() -> int:
                 if not allowed(pillar, module):
                     bad.append(f"{path.relative_to(ROOT)}:{line}: {pillar}/ may not import "
                                f"{module}")
-    for folder in ("spec", "reference", "optimized", "src", "tests", "proofs", "tools"):
+    base = ROOT / "reference" / "scheduler.py"
+    for line, module in imports(base):
+        if module in ("kvsched.reference", "kvsched.reference.v0"):
+            bad.append(f"{base.relative_to(ROOT)}:{line}: the reference scheduler may not "
+                       f"import {module} (vLLM V0's scheduler is its subclass)")
+    for folder in ("spec", "reference", "optimized", "src", "tests", "proofs", "tools",
+                   "conformance"):
         for path in sorted((ROOT / folder).glob("**/*.py")):
             if path.is_symlink() or "/.venv/" in str(path):
                 continue
@@ -72,6 +83,9 @@ def main() -> int:
                 if module.split(".")[0] in ("spec", "reference", "optimized"):
                     bad.append(f"{path.relative_to(ROOT)}:{line}: import kvsched.{module}, "
                                "not the top-level name")
+                if folder == "src" and module.split(".")[0] in CHECKOUT_ONLY:
+                    bad.append(f"{path.relative_to(ROOT)}:{line}: the package may not "
+                               f"import {module}, which is not installed")
     for message in bad:
         print(message)
     return 1 if bad else 0

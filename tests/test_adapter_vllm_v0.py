@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from conformance.vllm_v0 import DEFECTS, EDGES, KIND_WORKLOAD, KINDS
 from kvsched.adapters import vllm_v0_driver
 from kvsched.adapters.vllm import AdapterError, Job, read_events
 from kvsched.adapters.vllm_v0 import (
@@ -40,7 +41,6 @@ from kvsched.adapters.vllm_v0 import (
     v0_settings,
     v0_watermark,
 )
-from kvsched.adapters.vllm_v0_conformance import DEFECTS, EDGES, KIND_WORKLOAD, KINDS
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.checker import Report, check_trace
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
@@ -404,7 +404,7 @@ needs_v0 = pytest.mark.skipif(
            "set KVSCHED_VLLM_V0_PYTHON); these tests drive V0's scheduler for real")
 
 # The suite's kinds, its edge of the watermark and V0's defects
-# (kvsched.adapters.vllm_v0_conformance), recorded in one V0 process; traces of the same
+# (conformance.vllm_v0), recorded in one V0 process; traces of the same
 # cases stay in tests/data/vllm-v0/, which tests/test_vllm_v0_profile.py checks.
 LIVE = {c.name: c for c in (*KINDS, *EDGES, *(d.case for d in DEFECTS))}
 KIND_NAMES = [c.name for c in KINDS]

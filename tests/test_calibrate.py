@@ -137,7 +137,7 @@ def test_without_torch_the_cli_still_works_and_calibrate_says_what_is_missing() 
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip() == ("kvsched: error: kvsched calibrate needs torch: "
-                                     "pip install 'kvsched[optimized]'")
+                                     "pip install 'kvsched[gpu]'")
     result = subprocess.run([sys.executable, "-c", hide_torch, "profiles"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

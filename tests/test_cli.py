@@ -270,7 +270,7 @@ def test_a_deprecated_profile_refuses_the_preemption_its_name_denies(tmp_path: P
 def test_only_the_fields_a_profile_fixes_are_refused() -> None:
     from dataclasses import replace
 
-    from kvsched.cli import DEFAULT_CONFIG
+    from kvsched.commands.options import DEFAULT_CONFIG
     from kvsched.spec.profiles import PROFILES
 
     for profile in PROFILES.values():

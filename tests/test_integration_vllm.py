@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from conformance.vllm import check_case
 from kvsched.adapters.vllm import Job, driver_input
-from kvsched.adapters.vllm_conformance import check_case
 from kvsched.integrations.vllm_trace import (
     TraceSetupError,
     open_trace,

@@ -12,9 +12,9 @@ and hypothesis.target on preemption counts, up to 16 requests per run):
   prefills keep pushing each other out) and by knob mixes such as
   victim=lowest_priority under fcfs. Asserted for vllm-v1 only.
 
-The profiles drawn are those of the running-first passes: vllm-v0 reproduces V0's own
-stalls, livelocks and needless preemptions, so tests/test_vllm_v0_profile.py asserts
-only the MUST invariants of its runs.
+The profiles drawn are those of vLLM v1's step (Profile.scheduler "v1"): vllm-v0
+(scheduler "v0") reproduces V0's own stalls, livelocks and needless preemptions, so
+tests/test_vllm_v0_profile.py asserts only the MUST invariants of its runs.
 """
 
 from __future__ import annotations

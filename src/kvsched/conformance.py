@@ -3,7 +3,8 @@
 `checker()` builds the spec's Checker with the options a user gives (strict, the
 no-thrash limit, a profile). The spec defines what equal decisions are
 (kvsched.spec.replay); the tool supplies the profile's replaying scheduler: the
-reference scheduler with the profile's knobs. `kvsched check`, `kvsched fuzz`, the pytest
+reference scheduler of the profile's step with its knobs
+(kvsched.implementations.profile_scheduler). `kvsched check`, `kvsched fuzz`, the pytest
 plugin, the docs and the vLLM conformance run all check through here.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvsched.reference import reference_scheduler
+from kvsched.implementations import profile_scheduler
 from kvsched.spec import should
 from kvsched.spec.checker import Checker, CheckOptions, Report
 from kvsched.spec.model import Config, StepRecord
@@ -27,7 +28,7 @@ def profile_replay(config: Config, profile: str, preempted_order: bool = True
                    ) -> ProfileReplay:
     """The named profile's scheduler on `config`, ready to replay a trace (whose header
     says whether its victims are in preemption order)."""
-    return ProfileReplay(profile, reference_scheduler(profile, config), preempted_order)
+    return ProfileReplay(profile, profile_scheduler(profile, config), preempted_order)
 
 
 def checker(config: Config, *, profile: str | None = None, strict: bool = False,

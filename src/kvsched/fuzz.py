@@ -42,7 +42,6 @@ from kvsched.simulate import run, step_bound, unending
 from kvsched.spec.interface import Scheduler
 from kvsched.spec.model import Config
 from kvsched.spec.should import DEFAULT_STALL_STEPS, Stalled
-from kvsched.spec.trace import TraceError
 from kvsched.spec.violation import SHOULD, Violation
 from kvsched.workload import WorkItem
 
@@ -127,10 +126,6 @@ def check_case(make: Callable[[Config], Scheduler], config: Config,
         report = checker.end(ended == len(workload))
     except FactoryError:
         raise
-    except TraceError as e:
-        v = Violation("one-state", checker.step_no, e.message)
-        return Finding(config, workload, v.invariant, f"step {v.step}: {e.message}", (v,),
-                       steps)
     except OutOfTime as e:
         who = f"the run {e} (at step {steps})" if made else f"the factory {e}"
         return Finding(config, workload, TIME_LIMIT, who, (), steps)

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from kvsched.spec.knobs import VICTIMS, Knobs, Passes
+from kvsched.spec.knobs import VICTIMS, Knobs
 from kvsched.spec.model import (
     ALLOCATIONS,
     POLICIES,
@@ -35,7 +35,7 @@ from kvsched.spec.model import (
     Config,
     WatermarkScope,
 )
-from kvsched.spec.profiles import PROFILES, get_profile
+from kvsched.spec.profiles import PROFILES, SchedulerKind, get_profile
 from kvsched.workload import WorkItem, validate
 
 __all__ = ["configs", "knobs", "output_lens", "profiles", "prompt_lens", "workloads"]
@@ -103,12 +103,12 @@ def knobs() -> st.SearchStrategy[Knobs]:
     )
 
 
-def profiles(passes: Passes = "running-first") -> st.SearchStrategy[str]:
-    """The name of a profile in kvsched.spec.profiles.PROFILES whose knobs take these
-    passes. vLLM V0's (vllm-v0) are drawn only when asked: they reproduce V0's stalls and
-    livelocks, and the optimized scheduler refuses them."""
+def profiles(scheduler: SchedulerKind = "v1") -> st.SearchStrategy[str]:
+    """The name of a profile in kvsched.spec.profiles.PROFILES whose rules are this
+    scheduler's (Profile.scheduler). vLLM V0's (vllm-v0) are drawn only when asked: they
+    reproduce V0's stalls and livelocks, and the fast schedulers refuse them."""
     return st.sampled_from(sorted(name for name, p in PROFILES.items()
-                                  if p.knobs.passes == passes))
+                                  if p.scheduler == scheduler))
 
 
 def policies() -> st.SearchStrategy[str | Knobs]:
@@ -171,8 +171,10 @@ def _sharing(draw: st.DrawFn, item: WorkItem, earlier: list[WorkItem]) -> WorkIt
     if source in ("s0", "s1"):
         return replace(item, prefix=(source, draw(st.integers(1, item.prompt_len - 1))))
     before = next(w for w in turns if w.id == source)
+    arrival = max(item.arrival, before.arrival)
     return replace(item, prefix=(source, before.prompt_len + before.output_len),
-                   arrival=max(item.arrival, before.arrival))
+                   arrival=arrival,
+                   abort=None if item.abort is None else max(item.abort, arrival))
 
 
 def prompt_lens(config: Config) -> st.SearchStrategy[int]:

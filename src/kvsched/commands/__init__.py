@@ -1,2 +1,2 @@
-"""The `kvsched` commands other than simulate, one module each, loaded when named
-(kvsched.cli.Group); their shared options and helpers are kvsched.cli's."""
+"""The `kvsched` commands, one module each, loaded when named (kvsched.cli.Group); what
+they share (options, consoles, error and output helpers) is kvsched.commands.options."""

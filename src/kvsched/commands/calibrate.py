@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 import orjson
 
-from kvsched.cli import (
+from kvsched.commands.options import (
     fail,
 )
 
@@ -68,7 +68,7 @@ def calibrate(layers: int, kv_heads: int, heads: int | None, head_dim: int, dtyp
 
         from kvsched.measure import calibrate as measure
     except ImportError:
-        fail("kvsched calibrate needs torch: pip install 'kvsched[optimized]'")
+        fail("kvsched calibrate needs torch: pip install 'kvsched[gpu]'")
     if device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: torch.cuda.is_available() is False on this machine")
     result = measure(shape, device, blocks=blocks, tokens=tokens, repeats=repeats,

@@ -16,7 +16,7 @@ import orjson
 from rich.table import Table
 from rich.text import Text
 
-from kvsched.cli import (
+from kvsched.commands.options import (
     atomic_output,
     config_options,
     dumps_line,

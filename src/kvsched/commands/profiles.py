@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.table import Table
 
-from kvsched.cli import (
+from kvsched.commands.options import (
     out,
 )
 from kvsched.spec.knobs import Knobs

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.text import Text
 
-from kvsched.cli import (
+from kvsched.commands.options import (
     build_config,
     config_options,
     err,

@@ -1,27 +1,33 @@
 """One factory per scheduler implementation, so that one test suite runs on all of them.
 
-The reference is the truth; the optimized scheduler must pass the reference's whole
-suite (PEP 399's pattern, as CPython's `_pydecimal` beside `_decimal`). A test takes a
-`SchedulerFactory` and builds every scheduler through it, never naming an
-implementation; tests/conftest.py parametrizes the `scheduler_factory` fixture over
-IMPLEMENTATIONS. The factory counts what it built, so a test that never used it (and
-so tested nothing on that implementation) is caught.
+The reference is the truth; the compiled and the torch schedulers must pass the
+reference's whole suite (PEP 399's pattern, as CPython's `_pydecimal` beside
+`_decimal`). A test takes a `SchedulerFactory` and builds every scheduler through it,
+never naming an implementation; tests/conftest.py parametrizes the `scheduler_factory`
+fixture over IMPLEMENTATIONS (the torch ones are skipped without torch, and on cuda
+without a GPU). The factory builds through kvsched.implementations, as the
+commands do, and counts what it built, so that a test that never used it (and so tested
+nothing on that implementation) is caught.
 """
 
 from __future__ import annotations
 
-from kvsched.reference import ReferenceScheduler
+from kvsched.implementations import build_scheduler
 from kvsched.spec.interface import InspectableScheduler
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
-from kvsched.spec.profiles import Profile, get_profile
+from kvsched.spec.profiles import Profile, SchedulerKind, get_profile
 
 IMPLEMENTATIONS: tuple[str, ...] = ("reference", "compiled", "optimized", "optimized-cuda")
+# Each one's scheduler and device (kvsched.implementations.build_scheduler).
+BUILDS = {"reference": ("reference", "cpu"), "compiled": ("compiled", "cpu"),
+          "optimized": ("torch", "cpu"), "optimized-cuda": ("torch", "cuda")}
 
 
 class SchedulerFactory:
     """Builds schedulers of one implementation: "reference", "compiled" (the compiled
-    scheduler), "optimized" (torch on cpu) or "optimized-cuda"."""
+    scheduler), "optimized" (the torch scheduler on cpu) or "optimized-cuda" (on
+    cuda)."""
 
     def __init__(self, implementation: str) -> None:
         if implementation not in IMPLEMENTATIONS:
@@ -33,20 +39,13 @@ class SchedulerFactory:
     def __repr__(self) -> str:
         return f"SchedulerFactory({self.implementation!r})"
 
-    def __call__(self, config: Config, knobs: Knobs | None = None) -> InspectableScheduler:
-        """A new scheduler on `config` with `knobs` (None: vLLM v1's)."""
-        scheduler: InspectableScheduler
-        if self.implementation == "reference":
-            scheduler = ReferenceScheduler(config, knobs)
-        elif self.implementation == "compiled":
-            from kvsched.optimized.compiled import CompiledScheduler
-
-            scheduler = CompiledScheduler(config, knobs)
-        else:
-            from kvsched.optimized import TorchScheduler
-
-            device = "cuda" if self.implementation == "optimized-cuda" else "cpu"
-            scheduler = TorchScheduler(config, knobs, device=device)
+    def __call__(self, config: Config, knobs: Knobs | None = None,
+                 kind: SchedulerKind = "v1") -> InspectableScheduler:
+        """A new scheduler on `config` with `knobs` (None: vLLM v1's) and the step of
+        `kind` (a profile's `scheduler`; "v0", vLLM V0's, is the reference's alone:
+        ValueError on the others)."""
+        implementation, device = BUILDS[self.implementation]
+        scheduler = build_scheduler(implementation, config, knobs, kind, device)
         self.built += 1
         return scheduler
 
@@ -54,4 +53,4 @@ class SchedulerFactory:
         """A new scheduler with `profile`'s knobs (a Profile or its name) on `config` as
         given (configure it with `profile.configure` first for the profile's defaults)."""
         chosen = get_profile(profile) if isinstance(profile, str) else profile
-        return self(config, chosen.knobs)
+        return self(config, chosen.knobs, chosen.scheduler)

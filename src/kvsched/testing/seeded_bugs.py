@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvsched.reference import reference_scheduler
 from kvsched.reference.allocator import BlockAllocator, Pool
 from kvsched.reference.requests import LiveRequest
 from kvsched.reference.scheduler import ReferenceScheduler, StepPlan
@@ -335,7 +336,7 @@ class SeededBug:
 
     def reference(self) -> Scheduler:
         """The correct scheduler the bug was planted in."""
-        return ReferenceScheduler(self.config, get_profile(self.profile).knobs)
+        return reference_scheduler(self.profile, self.config)
 
     def simulate(self, scheduler: Scheduler | None = None) -> list[StepRecord]:
         """The trace of `scheduler` (by default the buggy one) on this workload, up to

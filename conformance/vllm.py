@@ -2,7 +2,7 @@
 check every trace at the MUST level and against the profile of its vLLM release
 (`vllm-v1@0.32` for vLLM 0.32.x: the release in the trace's header picks it).
 
-    python -m kvsched.adapters.vllm_conformance [--out DIR] [--vllm-python PATH]
+    python -m conformance.vllm [--out DIR] [--vllm-python PATH]
         [--random N] [--seed S] [--list] [NAME...]
 
 Named cases first, then N small random ones with prefix caching off (seeds
@@ -29,11 +29,11 @@ from pathlib import Path
 from kvsched.adapters.vllm import DEFAULT_VLLM_PYTHON, AdapterError, Job, record_jobs
 from kvsched.conformance import checker as new_checker
 from kvsched.generators import generate
-from kvsched.reference.scheduler import ReferenceScheduler
+from kvsched.reference import scheduler_for
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
-from kvsched.spec.profiles import PROFILES, get_profile, pinned_profile
+from kvsched.spec.profiles import PROFILES, SchedulerKind, get_profile, pinned_profile
 from kvsched.spec.replay import ProfileReplay
 from kvsched.spec.trace import TraceReader
 from kvsched.spec.violation import INVARIANTS, MUST, SHOULD, Violation
@@ -457,23 +457,27 @@ def knob_variants(profile: str) -> dict[str, Knobs]:
 
 
 def first_divergence(path: Path, knobs: Knobs, profile: str,
-                     config_changes: Mapping[str, object] | None = None) -> int | None:
+                     config_changes: Mapping[str, object] | None = None,
+                     scheduler: SchedulerKind | None = None) -> int | None:
     """The first step where the reference with `knobs` (on the trace's config with
-    `config_changes`) decides otherwise than the trace."""
+    `config_changes`; the step of `scheduler`, by default the profile's) decides
+    otherwise than the trace."""
     with path.open("rb") as stream:
         reader = TraceReader(stream)
         config = replace(reader.header.config,
                          **(config_changes or {}))  # type: ignore[arg-type]
-        replay = ProfileReplay(profile, ReferenceScheduler(config, knobs))
+        kind = scheduler if scheduler is not None else get_profile(profile).scheduler
+        replay = ProfileReplay(profile, scheduler_for(config, knobs, kind))
         for rec in reader:
             if replay.step(rec) is not None:
                 return rec.step
     return None
 
 
-# A flipped rule: other knobs, and changes to the trace's config (a rule an engine
-# declares in its header, as V0's allocation).
-Variant = tuple[Knobs, Mapping[str, object]]
+# A flipped rule: other knobs, changes to the trace's config (a rule an engine declares
+# in its header, as V0's allocation), and the scheduler whose step runs them
+# (Profile.scheduler).
+Variant = tuple[Knobs, Mapping[str, object], SchedulerKind]
 
 
 def print_sensitivity(paths: Sequence[Path], profile: str, engine: str,
@@ -494,12 +498,13 @@ def sensitivity(paths: Sequence[Path], profile: str,
     """For each flipped knob (by default `knob_variants(profile)`), the first trace (and
     step) that tells it from the engine."""
     if variants is None:
-        variants = {name: (knobs, {}) for name, knobs in knob_variants(profile).items()}
+        kind = get_profile(profile).scheduler
+        variants = {name: (knobs, {}, kind) for name, knobs in knob_variants(profile).items()}
     found: dict[str, str | None] = {}
-    for name, (knobs, changes) in variants.items():
+    for name, (knobs, changes, scheduler) in variants.items():
         found[name] = None
         for path in paths:
-            step = first_divergence(path, knobs, profile, changes)
+            step = first_divergence(path, knobs, profile, changes, scheduler)
             if step is not None:
                 found[name] = f"{path.stem} step {step}"
                 break
@@ -548,7 +553,7 @@ def summary(what: str, verdicts: Sequence[Verdict]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvsched.adapters.vllm_conformance",
+    parser = argparse.ArgumentParser(prog="python -m conformance.vllm",
                                      description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("names", nargs="*", help="run only these cases")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the traces")
@@ -564,7 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for flag, n in (("--random", args.random), ("--random-prefix", args.random_prefix)):
         if n < 0:
-            print(f"vllm_conformance: error: {flag} must not be negative, got {n}",
+            print(f"conformance.vllm: error: {flag} must not be negative, got {n}",
                   file=sys.stderr)
             return 2
     if args.list:
@@ -574,7 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     known = {c.name for c in CASES}
     unknown = [n for n in args.names if n not in known]
     if unknown:
-        print(f"vllm_conformance: error: unknown case {unknown[0]!r}; see --list",
+        print(f"conformance.vllm: error: unknown case {unknown[0]!r}; see --list",
               file=sys.stderr)
         return 2
     cases = [c for c in CASES if not args.names or c.name in args.names]
@@ -585,7 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         verdicts = run(cases + randoms + prefixed, args.out, args.vllm_python)
     except (AdapterError, NoProfile) as e:
-        print(f"vllm_conformance: error: {e}", file=sys.stderr)
+        print(f"conformance.vllm: error: {e}", file=sys.stderr)
         return 2
     profile = verdicts[0].profile if verdicts else FAMILY
     for i, v in enumerate(verdicts):
