@@ -16,12 +16,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The compiled scheduler, built in place again when its source is newer than the module
-# (the install builds it once; without this an edit of the .pyx would test the old one).
+# The compiled modules (the scheduler, the checker's state), built in place again when a
+# source is newer than its module (the install builds them once; without this an edit of
+# a .pyx or .pxi would test the old one).
 compiled: $(STAMP)
-	@so=$$(ls optimized/compiled.cpython-*.so 2>/dev/null | head -1); \
-	if [ -z "$$so" ] || [ optimized/compiled.pyx -nt "$$so" ] || [ setup.py -nt "$$so" ]; then \
-		$(BIN)/python setup.py -q build_ext --inplace; fi
+	@for m in compiled state; do \
+		so=$$(ls optimized/$$m.cpython-*.so 2>/dev/null | head -1); \
+		if [ -z "$$so" ] || [ -n "$$(find optimized -maxdepth 1 \( -name '*.pyx' -o -name '*.pxi' \) -newer "$$so")" ] \
+			|| [ setup.py -nt "$$so" ]; then \
+			$(BIN)/python setup.py -q build_ext --inplace; break; fi; \
+	done
 
 demo: compiled
 	@mkdir -p $(DEMO)
@@ -34,7 +38,9 @@ lint: $(STAMP)
 	$(BIN)/mypy --strict tests docs/examples/examples.py
 	$(BIN)/mypy --strict proofs
 	$(BIN)/mypy --strict tools
-	@# spec/ and reference/ stay standard-library Python (design.md section 1).
+	$(BIN)/mypy --strict conformance
+	@# The import rules of docs/architecture.md: spec/ and reference/ stay standard-library
+	@# Python, optimized/ never imports reference/, src/ nothing that is only in the checkout.
 	$(BIN)/python tests/layout_rules.py
 
 unit: compiled
@@ -64,6 +70,9 @@ bench: compiled
 	$(BIN)/python -m tools.bench_compiled --out docs/benchmarks.md
 	@# kvsched check and kvsched fuzz on a local Ray, 1 and 2 workers against serial.
 	$(BIN)/python -m tools.bench_ray --out docs/benchmarks.md
+	@# The default trace (prefix caching on): check, check --profile, metrics, diff, the
+	@# spec's path against the fast one (the spec's --profile replay is the longest part).
+	$(BIN)/python -m tools.bench_users --requests 20000 --out docs/benchmarks.md
 
 # The whole 1M-request simulation through both schedulers, not extrapolated (about an
 # hour: the reference's run).

@@ -1,10 +1,11 @@
-"""kvsched's one compiled module, the compiled scheduler (Cython to C++: optimized/compiled.pyx).
+"""kvsched's compiled modules (Cython to C++): the compiled scheduler (optimized/compiled.pyx)
+and the fast checker's state (optimized/state.pyx).
 
-Everything else about the package is in pyproject.toml. The module is optional: where it
-cannot be built (no C++ compiler, or an install without build isolation into an
+Everything else about the package is in pyproject.toml. The modules are optional: where
+they cannot be built (no C++ compiler, or an install without build isolation into an
 environment without Cython, such as `make vllm-plugin`'s into vLLM's), kvsched installs
-without it, and `kvsched simulate` falls back to the reference scheduler
-(docs/optimized.md).
+without them, `kvsched simulate` falls back to the reference scheduler and `kvsched
+check` to the spec's checker (docs/optimized.md).
 """
 
 from setuptools import Extension, setup
@@ -16,6 +17,11 @@ except ImportError:
 else:
     ext_modules = cythonize(
         [Extension("kvsched.optimized.compiled", ["src/kvsched/optimized/compiled.pyx"],
+                   # the parts it includes, so that an sdist holds them
+                   depends=[f"src/kvsched/optimized/compiled{part}" for part in (
+                       ".pyx", "_blocks.pxi", "_writer.pxi", "_replay.pxi")],
+                   language="c++", optional=True),
+         Extension("kvsched.optimized.state", ["src/kvsched/optimized/state.pyx"],
                    language="c++", optional=True)],
         quiet=True)
 

@@ -1,60 +1,333 @@
-"""A vectorized trace checker with the spec checker's verdicts, for very large traces.
+"""The fast trace checker: the spec checker's verdicts, at compiled speed.
 
-NOTE on the method. The spec's checker (kvsched.spec.checker) replays a trace one step
-and one request at a time in Python. This one reads the trace in runs of steps and
-checks a whole run at once with numpy: the scheduled entries of the run are grouped by
-request, and the spec's bookkeeping becomes prefix sums within each request (computed
-tokens, known tokens, sampled tokens, blocks held) and across steps (tokens and new
-blocks per step, free blocks, running requests), against which every MUST and SHOULD
-invariant is one vectorized comparison. Block ids are checked by sorting the handed-out
-ids by (block, step): each must have been free when given.
+NOTE on the method. The spec's checker (kvsched.spec.checker) moves the spec's state
+(spec/state.py) through a trace one step at a time and judges each step with the
+invariants of must.py and should.py, all in Python. This one reads the step lines with
+orjson and moves a compiled twin of that state (kvsched.optimized.state.FastState:
+State.apply and every condition `judge` evaluates, in Cython compiled to C++) which
+answers one question per step: is it clean, that is, would the spec read the line alike
+and flag nothing? Lines are taken in runs (at most `run_steps`). Before a run the
+compiled state keeps a copy of itself (`FastState.save`). While every step is clean the
+spec's Checker only counts them (`Checker.passed`) and learns which ids ended
+(`State.record_ended`). At the first step that is not clean (a violation, a line the
+compiled reader does not accept, anything it does not handle) the compiled state goes
+back to the copy, moves again through the run's clean steps, and hands its state to
+the spec's Checker as the spec's own value (a kvsched.spec.checker.Position, through
+`Checker.seek`), which checks that one line itself, with
+the spec's parser (so malformed input raises the spec's TraceError) and its own words;
+the compiled state then takes the state back (`Checker.position`). So the verdicts
+agree by construction: same counts, same first violations, same errors; the compiled
+rule only has to be right about the steps it calls clean, which the differential tests
+(tests/test_checkers_agree.py, tests/test_fast_checker.py) check. A change to the
+transition rule is a change to spec/state.py plus its twin, optimized/state.pyx.
 
-Reading. Step lines are read by a compiled scanner (kvsched.optimized.scan) straight
-into numpy columns, ids as keys (an id of at most 16 plain ASCII bytes is its own key,
-found in an open-addressing table of the known ids). Lines it leaves alone (aborts,
-rejections, preemptions and swap-ins, unknown keys, escapes, long ids, anything odd)
-are read as JSON by the spec's strict line reader (kvsched.spec.trace.load_line) and
-checked field by field, or handed to the spec's parser.
-The cyclic garbage collector pauses while a trace is checked.
+Reading. A line is taken as orjson parses it only when orjson writes the object back
+to the same bytes (then Python's json reads it alike: no key twice, no escapes or
+numbers written otherwise); any other line is read by the spec's strict line reader
+(kvsched.spec.trace.load_line), which raises the spec's error for malformed input.
+The header, the end line, blank lines, lines too long and what follows the end are
+read as kvsched.spec.trace.TraceReader reads them. The lines come in blocks; the
+compiled state reads a block's step lines itself, with orjson as read_line does
+(`FastState.apply_lines`), up to the first it does not read or finds not clean, which
+goes the way above. The cyclic garbage collector pauses while a trace is checked.
 
-A run holds at most one step with aborts, rejections, preemptions or swap-ins, its
-first, whose few events are applied one by one (as the spec does) before the rest is
-vectorized. A run that breaks any invariant (or holds anything unusual: malformed input,
-unknown ids) is checked again, from the same state, by the spec's own Checker, which
-then reports exactly what it would have reported: same counts, same first violations,
-same errors. So the verdicts agree by construction wherever a violation is possible, and
-the fast path only has to be right on runs that it finds clean, which the
-differential tests (tests/test_checkers_agree.py) check on correct and seeded-bug traces.
+Metrics on the same loop. With a `sink` (a StepSink: kvsched.metrics.MetricsCollector
+on the spec Checker's state) the compiled state also counts what its steps did
+(`FastState(..., facts=True)`), handed over at the end of each run (`take_facts`,
+`observe_run`); a step the spec's Checker checks goes to the sink with its StepFacts
+(`observe`), after the last step each live request sampled at (`observe_samples`).
 
-The parts, in the order a line meets them:
-- driver.py: the stream in blocks, lines into runs (TraceDriver);
-- scan.py: the compiled scanner; lines.py: the lines it leaves, read as JSON;
-- ids.py: ids as keys and their table; runs.py: a run's lines as columns;
-- vectorized.py: VectorizedChecker, which checks each run by
-  kernel.py (the vectorized rules, on the state of columns.py) or, when they do not
-  find it clean, by the spec's Checker through exact.py, the only module that knows how
-  that Checker keeps its state;
-- memory.py: the allocator and garbage collector settings while a check runs.
+Without the compiled module (an install without a C++ compiler) every line goes to the
+spec's Checker, read as above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import IO
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from kvsched.optimized import scan as sc
-from kvsched.optimized.driver import RUN_STEPS, TraceDriver
-from kvsched.optimized.ids import IdTable, id_key
-from kvsched.optimized.memory import arrays_in_heap, no_cycle_collection
-from kvsched.optimized.vectorized import VectorizedChecker
+import orjson
+
+from kvsched.optimized.memory import no_cycle_collection
 from kvsched.spec import should
-from kvsched.spec.checker import Report
-from kvsched.spec.trace import Header
+from kvsched.spec.checker import Checker, CheckOptions, Report
+from kvsched.spec.trace import (
+    BLANK,
+    MAX_LINE_BYTES,
+    STEP_KEYS,
+    Header,
+    TraceError,
+    line_too_long,
+    load_line,
+    parse_header,
+    parse_step,
+)
 
-__all__ = ["SCAN_ENTRIES", "SCAN_LINES", "IdTable", "VectorizedChecker",
-           "check_trace_vectorized", "id_key"]
+try:
+    from kvsched.optimized.state import FastState, keys_in
+except ImportError:  # not built: the spec's Checker checks every line
+    FastState = None  # type: ignore[assignment,misc]
+    keys_in = None  # type: ignore[assignment]
 
-SCAN_LINES, SCAN_ENTRIES = 1 << 14, 1 << 20  # the scanner's output buffers
+if TYPE_CHECKING:
+    from kvsched.optimized.replay import CompiledReplay
+    from kvsched.optimized.state import RunFacts
+    from kvsched.spec.model import StepRecord
+    from kvsched.spec.state import State, StepFacts
+
+__all__ = ["RUN_STEPS", "FastChecker", "StepSink", "check_trace_vectorized"]
+
+RUN_STEPS = 2048  # most steps in one run
+READ_BYTES = 1 << 20
+
+
+class LineTooLong(Exception):
+    """The stream holds a line longer than MAX_LINE_BYTES after the lines yielded."""
+
+
+def lines_of(stream: IO[bytes]) -> Iterator[list[bytes]]:
+    """The stream's lines in blocks (lists), each with its newline (the last maybe
+    without). A line longer than MAX_LINE_BYTES raises LineTooLong once the lines
+    before it are yielded, having read at most READ_BYTES past the limit."""
+    rest = b""
+    while True:
+        chunk = stream.read(READ_BYTES)
+        if not chunk:
+            break
+        buf = rest + chunk if rest else chunk
+        cut = buf.rfind(b"\n") + 1
+        if cut:
+            lines = buf[:cut].split(b"\n")
+            lines.pop()  # the empty string after the last newline
+            if max(map(len, lines)) > MAX_LINE_BYTES:
+                long = next(k for k, raw in enumerate(lines) if len(raw) > MAX_LINE_BYTES)
+                yield [raw + b"\n" for raw in lines[:long]]
+                raise LineTooLong
+            yield [raw + b"\n" for raw in lines]
+        rest = buf[cut:]
+        if len(rest) > MAX_LINE_BYTES:
+            raise LineTooLong
+    if rest:
+        yield [rest]
+
+
+def read_line(raw: bytes, line: int) -> tuple[Any, bool]:
+    """(the JSON value of a line, or BLANK; whether orjson read it): orjson's object
+    when Python's json reads the line alike, else the spec's strict reader's.
+
+    Once orjson has read a line (it refuses what Python's json refuses, and huge
+    integers, lone surrogates and NaN besides, which then go to the spec's reader), the
+    two differ only on a key twice in one object: orjson keeps the last, the spec
+    refuses the line. Every colon of a line is a key's or one inside a string, so
+    orjson's object holds every key of the line exactly when its keys, at every depth,
+    are as many as the line's colons (a key dropped or a colon in a string makes them
+    differ, never agree wrongly). An object with a float (time_ms, or an integer too
+    large for 64 bits, which orjson reads as a float) is not counted. Otherwise orjson
+    must write the object back to the same bytes."""
+    body = raw[:-1] if raw.endswith(b"\n") else raw
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        if keys_in is not None and keys_in(obj) == body.count(b":"):
+            return obj, True
+        if orjson.dumps(obj) == body:
+            return obj, True
+    return load_line(raw, line), False
+
+
+class StepSink(Protocol):
+    """What takes the facts of every step the check goes through (the metrics,
+    kvsched.metrics.MetricsCollector, on the spec Checker's state): the StepFacts of a
+    step the spec's Checker checked, and the RunFacts of a run the compiled state
+    applied; when the spec's state takes over, the last step each live request sampled
+    at (`observe_samples`). `clock` is the ms at the end of the last step it took."""
+
+    clock: float
+
+    def observe(self, rec: StepRecord, f: StepFacts) -> None: ...
+    def observe_run(self, f: RunFacts) -> None: ...
+    def observe_samples(self, samples: Iterable[tuple[str, int, float]]) -> None: ...
+
+
+class FastChecker:
+    """One trace's check: the compiled state beside the spec's Checker (module NOTE).
+    With `sink`, what each step did goes to the StepSink it makes of the Checker's
+    state."""
+
+    def __init__(self, header: Header, max_preemptions: int, run_steps: int,
+                 stall_steps: int, profile: str | None,
+                 sink: Callable[[State], StepSink] | None = None) -> None:
+        self.checker = Checker(header.config,
+                               CheckOptions(max_preemptions=max_preemptions,
+                                            stall_steps=stall_steps),
+                               None, header.preempted_order)
+        self.sink = sink(self.checker.state) if sink is not None else None
+        self.run_steps = max(run_steps, 1)
+        self.replay: CompiledReplay | None = None
+        if profile is not None:
+            from kvsched.optimized.replay import CompiledReplay
+
+            self.replay = CompiledReplay(profile, header.config, header.preempted_order)
+        self.unknown: dict[str, int] = {}  # unknown step keys, at their first line
+        self.fast: Any = None
+        self.saved: Any = None  # the compiled state before the run
+        if FastState is not None:
+            self.fast = FastState(header.config, max_preemptions, header.preempted_order,
+                                  self.checker.state.status_of, self.sink is not None)
+            if not self.fast.usable:
+                self.fast = None
+            else:
+                self.fast.unknown = self.unknown
+                self.saved = FastState(header.config, max_preemptions,
+                                       header.preempted_order, self.checker.state.status_of)
+        self.started = False
+        # the run's clean steps: line, JSON value (kept only for the replay), raw line
+        self.run: list[tuple[int, Any, bytes]] = []
+        self.expected = 0  # the next step number
+        self.fast_runs = 0
+        self.exact_steps = 0
+
+    # -- the two checkers ---------------------------------------------------------------
+
+    def step(self, line: int, obj: Any, raw: bytes, by_orjson: bool) -> None:
+        """Check one step line (its JSON value; `by_orjson`: read by read_line's
+        orjson, so that orjson reads the raw line alike again)."""
+        fast = self.fast
+        if fast is None:
+            self._exact(line, obj)
+            self._replay([(line, obj)])
+            return
+        if not self.started:
+            fast.save(self.saved)
+            self.started = True
+        if fast.apply(obj, line):
+            self.expected += 1
+            keep = self.replay is not None or not by_orjson
+            self.run.append((line, obj if keep else None, raw))
+            if len(self.run) >= self.run_steps:
+                self.commit()
+                self.started = False
+            return
+        self._unclean(fast, line, obj)
+
+    def steps(self, raws: list[bytes], i: int, line: int) -> int:
+        """Check the lines raws[i:] (as lines_of gives them), the first at line `line`,
+        as `step` does, while the compiled state reads them itself (orjson's step lines,
+        as read_line takes them); the index of the first line it did not read."""
+        while self.fast is not None and self.replay is None and i < len(raws):
+            fast = self.fast
+            if not self.started:
+                fast.save(self.saved)
+                self.started = True
+            j, obj = fast.apply_lines(raws, i, line, self.run, self.run_steps, orjson.loads,
+                                      orjson.dumps)
+            self.expected += j - i
+            line += j - i
+            i = j
+            if len(self.run) >= self.run_steps:
+                self.commit()
+                self.started = False
+            elif obj is None:
+                break
+            else:
+                self._unclean(fast, line, obj)
+                i += 1
+                line += 1
+        return i
+
+    def _unclean(self, fast: Any, line: int, obj: Any) -> None:
+        """Line `line` (its JSON value) is not clean: back to the run's start, the clean
+        steps again, then this line through the spec's Checker, from there."""
+        self.saved.save(fast)
+        sink = self.sink
+        if sink is not None:
+            fast.clear_facts()
+        for at, again, text in self.run:
+            if not fast.apply(again if again is not None else orjson.loads(text), at):
+                raise AssertionError(f"line {at}: the compiled state moved otherwise")
+        self.commit()
+        if sink is not None:
+            sink.observe_samples(fast.last_samples())
+        self.checker.seek(fast.position())
+        self._exact(line, obj)
+        self._replay([(line, obj)])
+        fast.restore(self.checker.position())
+        if sink is not None:
+            fast.clock = sink.clock
+        self.started = False
+        if not fast.usable:
+            self.fast = None
+
+    def encoded(self, block: bytes, line: int) -> int:
+        """Check the step lines of `block` (as orjson encodes them, each with its
+        newline), the first at line `line`; the number of the line after them."""
+        raws = block.splitlines(keepends=True)
+        i = 0
+        while i < len(raws):
+            i = self.steps(raws, i, line + i)
+            if i < len(raws):
+                self.step(line + i, orjson.loads(raws[i]), raws[i], True)
+                i += 1
+        return line + len(raws)
+
+    def _exact(self, line: int, obj: Any) -> None:
+        """One line through the spec's parser and Checker, as TraceReader reads it."""
+        rec = parse_step(obj, line)
+        if rec.step != self.expected:
+            raise TraceError(line, f"expected step {self.expected}, got {rec.step} "
+                                   "(steps are numbered from 0 without gaps)")
+        for key in obj:
+            if key not in STEP_KEYS and key not in self.unknown:
+                self.unknown[key] = line
+        self.expected += 1
+        self.exact_steps += 1
+        facts = self.checker.step(rec)
+        if self.sink is not None:
+            self.sink.observe(rec, facts)
+
+    def commit(self) -> None:
+        """Count the clean steps of the run with the spec's Checker."""
+        fast = self.fast
+        if fast is None or not self.run:
+            return
+        self.checker.passed(*fast.take_counts())
+        self.checker.state.record_ended(fast.take_ended())
+        if self.sink is not None:
+            self.sink.observe_run(fast.take_facts())
+        self.fast_runs += 1
+        if self.replay is not None:
+            self._replay([(line, obj) for line, obj, _ in self.run])
+        self.run = []
+
+    def _replay(self, lines: list[tuple[int, Any]]) -> None:
+        if self.replay is not None:
+            self.replay.lines(lines)
+            self.replay.place(self.checker.report)
+
+    def settled(self) -> Checker:
+        """The spec's Checker, its state where the check stands (the steps so far
+        counted), for a caller that reads that state between two steps (kvsched diff at a
+        divergence); the check goes on from there."""
+        if self.fast is not None:
+            self.commit()
+            self.started = False
+            self.checker.seek(self.fast.position())
+        return self.checker
+
+    def end(self, complete: bool) -> Report:
+        self.commit()
+        if self.fast is not None:
+            self.checker.seek(self.fast.position())
+        report = self.checker.end(complete)
+        report.unknown_keys = dict(self.unknown)
+        return report
+
+    def stats(self) -> dict[str, int]:
+        at = self.checker.position()
+        return {"fast": self.fast_runs, "exact": self.exact_steps,
+                "block_ids": int(at.state.ids_seen), "free_blocks": int(at.steps_with_free > 0)}
 
 
 def check_trace_vectorized(stream: IO[bytes],
@@ -63,26 +336,76 @@ def check_trace_vectorized(stream: IO[bytes],
                            stats: dict[str, int] | None = None,
                            profile: str | None = None,
                            on_header: Callable[[Header], None] | None = None,
-                           stall_steps: int = should.DEFAULT_STALL_STEPS) -> Report:
+                           stall_steps: int = should.DEFAULT_STALL_STEPS,
+                           sink: Callable[[State], StepSink] | None = None) -> Report:
     """Check a trace (a binary stream) as `kvsched.spec.checker.check_trace` does with a
     TraceReader: the same Report, or the same TraceError. With `profile`, its
     decisions are replayed beside by the compiled scheduler (kvsched.optimized.replay),
     as kvsched.conformance.checker replays them with the reference: the same
-    divergence. `on_header` sees the header once it is read. `stats`, if
-    given, receives how many runs were checked vectorized ("fast") and how many by the
-    spec's checker ("exact"), whether step 0 carries new_blocks ("block_ids") and some
-    step reports free_blocks ("free_blocks"), as 1 or 0, and how many lines the compiled
-    scanner read ("scanned") and how many were read as JSON ("as_json"); with a profile,
-    how many runs the compiled scheduler replayed by itself ("replayed_fast") and how
-    many steps went through the spec's ProfileReplay ("replayed_slow")."""
-    with no_cycle_collection(), arrays_in_heap():
-        driver = TraceDriver(max_preemptions, run_steps,
-                             sc.Scanner(SCAN_LINES, SCAN_ENTRIES), profile, on_header,
-                             stall_steps)
-        report = driver.check(stream)
-        if stats is not None:
-            stats.update(driver.stats())
-            if driver.replay is not None:
-                stats["replayed_fast"] = driver.replay.fast_runs
-                stats["replayed_slow"] = driver.replay.slow_steps
+    divergence. `on_header` sees the header once it is read. `stats`, if given,
+    receives how many runs the compiled state found clean ("fast"), how many steps the
+    spec's Checker checked ("exact"), how many lines the spec's line reader read
+    ("as_json", the rest orjson read), whether the trace carries block ids
+    ("block_ids") and some step reports free_blocks ("free_blocks"), as 1 or 0; with a
+    profile, how many runs the compiled scheduler replayed by itself ("replayed_fast")
+    and how many steps went through the spec's ProfileReplay ("replayed_slow"). With
+    `sink`, each step's facts go to the StepSink it makes (FastChecker)."""
+    with no_cycle_collection():
+        return _check(stream, max_preemptions, run_steps, stats, profile, on_header,
+                      stall_steps, sink)
+
+
+def _check(stream: IO[bytes], max_preemptions: int, run_steps: int,
+           stats: dict[str, int] | None, profile: str | None,
+           on_header: Callable[[Header], None] | None, stall_steps: int,
+           sink: Callable[[State], StepSink] | None) -> Report:
+    fc: FastChecker | None = None
+    number = 0
+    as_json = 0
+    complete = False
+    try:
+        for block in lines_of(stream):
+            i = 0
+            while i < len(block):
+                if fc is not None and not complete:
+                    j = fc.steps(block, i, number + 1)
+                    number += j - i
+                    i = j
+                    if i == len(block):
+                        break
+                raw = block[i]
+                i += 1
+                number += 1
+                if complete:
+                    as_json += 1
+                    if load_line(raw, number) is not BLANK:
+                        raise TraceError(number, 'nothing may follow the {"end": true} line')
+                    continue
+                obj, by_orjson = read_line(raw, number)
+                as_json += not by_orjson
+                if obj is BLANK:
+                    continue
+                if fc is None:
+                    header = parse_header(obj, number)
+                    if on_header is not None:
+                        on_header(header)
+                    fc = FastChecker(header, max_preemptions, run_steps, stall_steps, profile,
+                                     sink)
+                    continue
+                if type(obj) is dict and obj.get("end") is True and "step" not in obj:
+                    complete = True
+                    continue
+                fc.step(number, obj, raw, by_orjson)
+    except LineTooLong:
+        raise line_too_long(number + 1) from None
+    if fc is None:
+        raise TraceError(1, "empty file: expected a trace header line")
+    report = fc.end(complete)
+    report.profile = profile
+    if stats is not None:
+        stats.update(fc.stats())
+        stats["as_json"] = as_json
+        if fc.replay is not None:
+            stats["replayed_fast"] = fc.replay.fast_runs
+            stats["replayed_slow"] = fc.replay.slow_steps
     return report

@@ -89,38 +89,6 @@ cdef extern from *:
     void kv_heap_push(vector[WaitEntry] &h, WaitEntry e)
     void kv_heap_pop(vector[WaitEntry] &h)
 
-cdef extern from *:
-    """
-    #include <unordered_map>
-    struct KvIdKey {
-        long long lo, hi;
-        bool operator==(const KvIdKey &o) const { return lo == o.lo && hi == o.hi; }
-    };
-    struct KvIdHash {
-        size_t operator()(const KvIdKey &k) const {
-            unsigned long long h = (unsigned long long)k.lo * 0x9E3779B97F4A7C15ULL;
-            h ^= (unsigned long long)k.hi * 0xC2B2AE3D27D4EB4FULL;
-            return (size_t)(h ^ (h >> 31));
-        }
-    };
-    typedef std::unordered_map<KvIdKey, int, KvIdHash> KvIdMap;
-    static inline int kv_id_get(const KvIdMap &m, long long lo, long long hi) {
-        auto it = m.find(KvIdKey{lo, hi});
-        return it == m.end() ? -1 : it->second;
-    }
-    static inline void kv_id_put(KvIdMap &m, long long lo, long long hi, int slot) {
-        m[KvIdKey{lo, hi}] = slot;
-    }
-    static inline void kv_id_del(KvIdMap &m, long long lo, long long hi) {
-        m.erase(KvIdKey{lo, hi});
-    }
-    """
-    cppclass KvIdMap:
-        KvIdMap()
-    int kv_id_get(const KvIdMap &m, long long lo, long long hi)
-    void kv_id_put(KvIdMap &m, long long lo, long long hi, int slot)
-    void kv_id_del(KvIdMap &m, long long lo, long long hi)
-
 cdef enum:
     WAITING = 0
     RUNNING = 1
@@ -222,16 +190,8 @@ cdef class CompiledScheduler:
     # the simulation loop's per-slot bookkeeping: tokens sampled, the hidden output
     # length (end of sequence), full blocks whose content keys the trace has given
     cdef vector[int64_t] outputs, eos, keyed
-    # each step's numbers, for totals()
-    cdef vector[int64_t] tot_generated, tot_computed, tot_prompt, tot_preempted
-    cdef vector[int64_t] tot_waiting, tot_running, tot_swapped, tot_kv
     cdef vector[string] id_json  # each slot's id as JSON (the trace lines' bytes)
     cdef string line, line_blocks  # the step's trace line as it is built
-    # a trace's ids as keys (two 64-bit words, kvsched.optimized.ids.id_key), for the
-    # replay of a profile beside the vectorized checker
-    cdef KvIdMap idmap
-    cdef vector[int64_t] key_lo, key_hi
-    cdef vector[int8_t] has_key
 
     def __init__(self, config, knobs=None):
         chosen = knobs if knobs is not None else Knobs()
@@ -375,9 +335,6 @@ cdef class CompiledScheduler:
         self.eos.resize(m)
         self.keyed.resize(m)
         self.id_json.resize(m)
-        self.key_lo.resize(m)
-        self.key_hi.resize(m)
-        self.has_key.resize(m, 0)
 
     def add_block_keys(self, request_id, keys, start=None):
         """Content keys of the request's blocks from table index `start` on (by default
@@ -428,7 +385,7 @@ cdef class CompiledScheduler:
         elif st == SWAPPED:
             _erase(self.swapped, s)
         # A waiting entry stays in its queue and is recognised as stale.
-        self._free_all(s)
+        _free_all(self, s)
         self._end(s)
 
     def free_blocks(self):
@@ -643,7 +600,7 @@ cdef class CompiledScheduler:
                 m += 1
         self.running.resize(m)
         for s in self.finished_now:
-            self._free_all(s)
+            _free_all(self, s)
 
     cdef list _take_finished(self):
         """The finished slots' ids, freeing the slots (call after `_update`)."""
@@ -664,23 +621,11 @@ cdef class CompiledScheduler:
         self.prefixes.pop(s, None)
         self.status[s] = FREE
         self.given[s].clear()
-        if self.has_key[s]:
-            kv_id_del(self.idmap, self.key_lo[s], self.key_hi[s])
-            self.has_key[s] = 0
         self.live -= 1
         self.spare.push_back(s)
 
 
-    # -- the replay of a profile beside the vectorized checker --------------------------
-
-    def set_key(self, request_id, int64_t lo, int64_t hi):
-        """The key (kvsched.optimized.ids.id_key) a trace's lines name live `request_id`
-        by, for `replay_part`."""
-        cdef int32_t s = self.slot_of[request_id]
-        self.key_lo[s] = lo
-        self.key_hi[s] = hi
-        self.has_key[s] = 1
-        kv_id_put(self.idmap, lo, hi, s)
+    # -- a checkpoint -------------------------------------------------------------------
 
     def copy(self):
         """A scheduler in the same state, which decides from here on as this one does
@@ -715,153 +660,22 @@ cdef class CompiledScheduler:
         c.sampled, c.finished_now = self.sampled, self.finished_now
         c.rejected_now = []
         c.outputs, c.eos, c.keyed = self.outputs, self.eos, self.keyed
-        c.idmap, c.key_lo, c.key_hi, c.has_key = self.idmap, self.key_lo, self.key_hi, self.has_key
         return c
-
-    def replay_part(self, const int64_t[:] steps, const int64_t[:] n_arr,
-                    const int64_t[:] n_ent, const int64_t[:] n_fin,
-                    const int64_t[:, :] arr_keys, list arr_names,
-                    const int64_t[:, :] arr_num, const int64_t[:, :] ent_keys,
-                    const int64_t[:] ent_n, const int64_t[:, :] fin_keys):
-        """Replay plain steps of a trace (arrivals, scheduled entries and finishes, as
-        the vectorized checker's scanner reads them: ids as keys) and compare each with
-        this scheduler's decision as kvsched.spec.replay.ProfileReplay does; returns the
-        index of the first step that differs (after which this scheduler's state is
-        lost), or -1. A step differs where ProfileReplay would report a divergence, or
-        could not replay it (an arrival of a live id)."""
-        cdef Py_ssize_t t, k, a = 0, e = 0, f = 0, T = steps.shape[0], marked
-        cdef int32_t s
-        cdef bint same
-        for t in range(T):
-            for k in range(n_arr[t]):
-                rid = arr_names[a]
-                if rid in self.slot_of:
-                    return t
-                s = self._arrive(rid, arr_num[a, 0], arr_num[a, 1], arr_num[a, 2], steps[t],
-                                 ())
-                self.key_lo[s] = arr_keys[a, 0]
-                self.key_hi[s] = arr_keys[a, 1]
-                self.has_key[s] = 1
-                kv_id_put(self.idmap, arr_keys[a, 0], arr_keys[a, 1], s)
-                a += 1
-            self._schedule()
-            if (len(self.rejected_now) or self.pre_slot.size() or self.in_slot.size()
-                    or <int64_t>self.e_slot.size() != n_ent[t]):
-                return t
-            for k in range(n_ent[t]):
-                if (kv_id_get(self.idmap, ent_keys[e + k, 0], ent_keys[e + k, 1])
-                        != self.e_slot[k] or ent_n[e + k] != self.e_n[k]):
-                    return t
-            e += n_ent[t]
-            marked = 0
-            same = True
-            for k in range(n_fin[t]):
-                s = kv_id_get(self.idmap, fin_keys[f + k, 0], fin_keys[f + k, 1])
-                if s < 0:
-                    same = False  # an id the profile does not hold cannot finish
-                elif not self.stop_mark[s]:
-                    self.stop_mark[s] = 1
-                    marked += 1
-            self._update()
-            if <Py_ssize_t>self.finished_now.size() != marked:
-                same = False
-            for s in self.finished_now:
-                if not self.stop_mark[s]:
-                    same = False
-            for k in range(n_fin[t]):
-                s = kv_id_get(self.idmap, fin_keys[f + k, 0], fin_keys[f + k, 1])
-                if s >= 0:
-                    self.stop_mark[s] = 0
-            f += n_fin[t]
-            if not same:
-                return t
-            self._take_finished()
-        return -1
-
-    def replay_step(self, list arrivals, list aborted, list rejected, list preempted,
-                    list swapped_in, list scheduled, list finished, bint ordered):
-        """One step of a trace (its arrivals as Requests, aborted ids, rejected ids,
-        victims as (id, mode), swapped-in ids, [id, tokens] pairs and finished ids, as
-        the vectorized checker reads a line as JSON) compared with this scheduler's
-        decision as kvsched.spec.replay.ProfileReplay compares them (`ordered`: victims
-        in order, else as a set); False where it differs or cannot be replayed, after
-        which this scheduler's state is lost."""
-        cdef Py_ssize_t k
-        cdef int32_t s
-        for r in arrivals:
-            if r.id in self.slot_of:
-                return False
-            self._arrive(r.id, r.prompt_len, r.max_tokens, r.priority, r.arrival_step,
-                         r.prefix)
-        for rid in aborted:
-            if rid not in self.slot_of:
-                return False
-            self.abort_request(rid)
-        self._schedule()
-        ids = self.ids
-        if len(self.rejected_now) != len(rejected):
-            return False
-        for k in range(len(rejected)):
-            if self.rejected_now[k].id != rejected[k]:
-                return False
-        if <Py_ssize_t>self.pre_slot.size() != len(preempted):
-            return False
-        mine = [(ids[self.pre_slot[k]], MODE_NAMES[self.pre_mode[k]])
-                for k in range(<Py_ssize_t>self.pre_slot.size())]
-        theirs = [(p[0], p[1]) for p in preempted]
-        if (mine != theirs) if ordered else (sorted(mine) != sorted(theirs)):
-            return False
-        if <Py_ssize_t>self.in_slot.size() != len(swapped_in):
-            return False
-        for k in range(len(swapped_in)):
-            if ids[self.in_slot[k]] != swapped_in[k]:
-                return False
-        if <Py_ssize_t>self.e_slot.size() != len(scheduled):
-            return False
-        for k in range(len(scheduled)):
-            pair = scheduled[k]
-            if ids[self.e_slot[k]] != pair[0] or self.e_n[k] != pair[1] or self.e_hits[k]:
-                return False
-        marked = []
-        same = True
-        for rid in finished:
-            slot = self.slot_of.get(rid)
-            if slot is None:
-                same = False
-            elif not self.stop_mark[<int32_t>slot]:
-                self.stop_mark[<int32_t>slot] = 1
-                marked.append(slot)
-        self._update()
-        if <Py_ssize_t>self.finished_now.size() != len(marked):
-            same = False
-        for s in self.finished_now:
-            if not self.stop_mark[s]:
-                same = False
-        for slot in marked:
-            self.stop_mark[<int32_t>slot] = 0
-        if not same:
-            return False
-        self._take_finished()
-        return True
 
     # -- the simulation loop ------------------------------------------------------------
 
-    def simulate(self, workload, bint block_ids=True, max_steps=None, events=None,
-                 bint lines=False, int64_t stall_steps=DEFAULT_STALL_STEPS):
+    def simulate(self, workload, bint block_ids=True, max_steps=None, bint lines=False,
+                 int64_t stall_steps=DEFAULT_STALL_STEPS):
         """kvsched.simulate.run on this scheduler, with the loop's bookkeeping (outputs
         sampled, end of sequence at each request's hidden output length, the content
         keys a trace gives with prefix caching) kept per slot beside the scheduler's:
         yields the same StepRecords, one per step, until every request has ended (or
         max_steps). The workload must be sorted by arrival (workload.validate does that).
 
-        With `events` (kvsched.metrics.StepEvents) it yields (StepRecord, events(...)):
-        what happened to requests in the step, as this scheduler counted it for the
-        metrics (None in a step where nothing did); each step's numbers are kept for
-        `totals()`. With `lines` too, the steps come in blocks of up to LINE_BLOCK, each
-        (lines, steps, [(step, events(...)), ...], ended): the steps' trace lines as
-        `kvsched.spec.trace.step_fields` makes them from the same parts and orjson
-        encodes them, in place of their records, how many steps, the events of the steps
-        with any, and how many requests the steps ended.
+        With `lines`, the steps come in blocks of up to LINE_BLOCK, each (lines, steps,
+        ended): the steps' trace lines as `kvsched.spec.trace.step_fields` makes them
+        from the same parts and orjson encodes them, in place of their records, how many
+        steps, and how many requests the steps ended.
 
         As kvsched.simulate.run, after the `stall_steps`-th step in a row that changed
         nothing while work waits (kvsched.spec.should.Stall) it raises Stalled, once that
@@ -872,21 +686,13 @@ cdef class CompiledScheduler:
         cdef int32_t s
         cdef dict aborts = {}
         cdef list arrivals, aborted, finished, arrival_slots
-        cdef list block = [], block_events = []
+        cdef list block = []
         cdef Py_ssize_t block_ended = 0
         cdef int64_t quiet = 0  # steps in a row that changed nothing while work waits
         cdef bint stuck = False
         for w in pending:
             if w.abort is not None:
                 aborts.setdefault(w.abort, []).append(w.id)
-        self.tot_generated.clear()
-        self.tot_computed.clear()
-        self.tot_prompt.clear()
-        self.tot_preempted.clear()
-        self.tot_waiting.clear()
-        self.tot_running.clear()
-        self.tot_swapped.clear()
-        self.tot_kv.clear()
         while nxt < total or self.live > 0:
             if max_steps is not None and step >= max_steps:
                 break
@@ -912,19 +718,14 @@ cdef class CompiledScheduler:
                     aborted.append(rid)
             self._schedule()
             if lines:
-                self._line_head(step, arrival_slots, aborted, block_ids)
+                _line_head(self, step, arrival_slots, aborted, block_ids)
                 parts = None
             else:
                 parts = self._parts(False)
-            first_tokens = ()
             for s in self.sampled:
                 self.outputs[s] += 1
                 if self.outputs[s] >= self.eos[s]:
                     self.stop_mark[s] = 1
-                if events is not None and self.outputs[s] == 1:
-                    if not first_tokens:
-                        first_tokens = []
-                    first_tokens.append(self.ids[s])
             keys = {}
             if self.caching:
                 # As kvsched.simulate.run: the arrivals' keys first, then the sampled
@@ -934,17 +735,11 @@ cdef class CompiledScheduler:
                         self._new_keys(s, keys)
                 for s in self.sampled:
                     self._new_keys(s, keys)
-            generated = self.sampled.size()
-            kv_used = self.nb - self.nfree
-            admissions = self._admissions() if events is not None else None
             self._update()
             for s in self.finished_now:
                 self.stop_mark[s] = 0
-            finishes = [(self.ids[s], self.N[s] - self.P[s]) for s in self.finished_now] \
-                if events is not None and self.finished_now.size() else ()
-            line = self._line_end(keys) if lines else None
+            line = _line_end(self, keys) if lines else None
             finished = self._take_finished()
-            self._total(generated, kv_used)
             # kvsched.spec.should.moves and Stall, on the step's parts.
             if (self.live > 0 and not (self.e_slot.size() or self.pre_slot.size()
                                        or self.in_slot.size() or len(self.rejected_now)
@@ -954,36 +749,26 @@ cdef class CompiledScheduler:
             else:
                 quiet = 0
             if lines:
-                rejected = tuple(self.rejected_now)
-                facts = self._events(events, arrivals, aborted, rejected, first_tokens,
-                                     admissions, finishes)
                 block.append(line)
-                if facts is not None:
-                    block_events.append((step, facts))
-                block_ended += len(finished) + len(aborted) + len(rejected)
+                block_ended += len(finished) + len(aborted) + len(self.rejected_now)
                 if stuck:
-                    yield b"".join(block), len(block), block_events, block_ended
+                    yield b"".join(block), len(block), block_ended
                     raise self._stalled(pending, step, stall_steps)
                 step += 1
                 if len(block) == LINE_BLOCK:
-                    yield b"".join(block), len(block), block_events, block_ended
+                    yield b"".join(block), len(block), block_ended
                     block = []
-                    block_events = []
                     block_ended = 0
                 continue
             rec = StepRecord(step, tuple(arrivals), tuple(aborted), parts[0], parts[1],
                              parts[2], parts[3], tuple(finished), self.nfree,
                              parts[5] if block_ids else None, None, parts[6], keys)
-            if events is None:
-                yield rec
-            else:
-                yield rec, self._events(events, arrivals, aborted, parts[0], first_tokens,
-                                        admissions, finishes)
+            yield rec
             if stuck:
                 raise self._stalled(pending, step, stall_steps)
             step += 1
         if block:
-            yield b"".join(block), len(block), block_events, block_ended
+            yield b"".join(block), len(block), block_ended
 
     def _stalled(self, list pending, int64_t step, int64_t limit):
         """The Stalled of a run stuck at `step` (kvsched.spec.should.stalled_run)."""
@@ -992,187 +777,6 @@ cdef class CompiledScheduler:
         live = {w.id: w for w in pending if w.id in self.slot_of}
         return stalled_run(self, lambda rid: live[rid].request(live[rid].arrival), step,
                            limit)
-
-    cdef object _admissions(self):
-        """(id, N, hit tokens) of the step's waiting requests scheduled (before update)."""
-        cdef Py_ssize_t k
-        if not self.admitted_now:
-            return ()
-        out = []
-        for k in range(<Py_ssize_t>self.e_slot.size()):
-            if self.e_admitted[k]:
-                out.append((self.ids[self.e_slot[k]], self.N[self.e_slot[k]],
-                            self.e_hits[k] * self.bs))
-        return out
-
-    # -- the trace line of a step, written here ----------------------------------------
-
-    # The line kvsched.spec.trace.step_fields makes of the step's parts, as orjson writes
-    # it, byte for byte (tests/test_compiled.py holds it to that): the keys in
-    # step_fields' order, each only where step_fields writes it; ids as JSON once, when
-    # they arrive; the few parts that hold text (aborted ids, rejection reasons, block
-    # keys) through orjson itself. A step then costs no Python object per entry.
-
-    cdef void _line_head(self, int64_t step, list arrival_slots, list aborted,
-                         bint block_ids):
-        """The line up to its scheduled entries, and its new blocks and prefix hits
-        (which `update` would release), before `update`."""
-        cdef string *o = &self.line
-        cdef Py_ssize_t k
-        cdef int32_t s, j, b
-        cdef bint first
-        first_id = self.config.first_block_id
-        o.assign(b'{"step":')
-        o.append(to_string(step))
-        if arrival_slots:
-            o.append(b',"arrivals":[')
-            for k in range(len(arrival_slots)):
-                s = arrival_slots[k]
-                if k:
-                    o.push_back(b',')
-                o.append(b'{"id":')
-                o.append(self.id_json[s])
-                o.append(b',"prompt_len":')
-                o.append(to_string(self.P[s]))
-                o.append(b',"max_tokens":')
-                o.append(to_string(self.O[s]))
-                o.append(b',"priority":')
-                o.append(to_string(self.prio[s]))
-                o.push_back(b'}')
-            o.push_back(b']')
-        if aborted:
-            o.append(b',"aborted":')
-            o.append(<bytes>orjson.dumps(aborted))
-        if self.rejected_now:
-            o.append(b',"rejected":')
-            o.append(<bytes>orjson.dumps([{"id": r.id, "reason": r.reason}
-                                          for r in self.rejected_now]))
-        if self.pre_slot.size():
-            o.append(b',"preempted":[')
-            for k in range(<Py_ssize_t>self.pre_slot.size()):
-                if k:
-                    o.push_back(b',')
-                o.append(b'{"id":')
-                o.append(self.id_json[self.pre_slot[k]])
-                o.append(b',"mode":"swap"}' if self.pre_mode[k] == SWAP
-                         else b',"mode":"recompute"}')
-            o.push_back(b']')
-        if self.in_slot.size():
-            o.append(b',"swapped_in":')
-            self._id_list(o, self.in_slot)
-        if self.e_slot.size():
-            o.append(b',"scheduled":[')
-            for k in range(<Py_ssize_t>self.e_slot.size()):
-                if k:
-                    o.push_back(b',')
-                o.push_back(b'[')
-                o.append(self.id_json[self.e_slot[k]])
-                o.push_back(b',')
-                o.append(to_string(self.e_n[k]))
-                o.push_back(b']')
-            o.push_back(b']')
-        cdef string *t = &self.line_blocks
-        t.clear()
-        if block_ids:
-            t.append(b',"new_blocks":{')
-            first = True
-            for k in range(<Py_ssize_t>self.e_slot.size()):
-                if not self.e_count[k]:
-                    continue
-                s = self.e_slot[k]
-                if not first:
-                    t.push_back(b',')
-                first = False
-                t.append(self.id_json[s])
-                t.append(b':[')
-                for j in range(self.e_start[k], self.e_start[k] + self.e_count[k]):
-                    if j > self.e_start[k]:
-                        t.push_back(b',')
-                    t.append(to_string(self.gtable[s][j] + <int64_t>first_id))
-                t.push_back(b']')
-            t.push_back(b'}')
-        first = True
-        for k in range(<Py_ssize_t>self.e_slot.size()):
-            if not self.e_hits[k]:
-                continue
-            s = self.e_slot[k]
-            t.append(b',"prefix_hits":{' if first else b',')
-            first = False
-            t.append(self.id_json[s])
-            t.append(b':[')
-            for j in range(self.e_hits[k]):
-                if j:
-                    t.push_back(b',')
-                t.append(to_string(self.gtable[s][j] + <int64_t>first_id))
-            t.push_back(b']')
-        if not first:
-            t.push_back(b'}')
-
-    cdef void _id_list(self, string *o, vector[int32_t] &slots):
-        """The slots' ids as a JSON array."""
-        cdef Py_ssize_t k
-        o.push_back(b'[')
-        for k in range(<Py_ssize_t>slots.size()):
-            if k:
-                o.push_back(b',')
-            o.append(self.id_json[slots[k]])
-        o.push_back(b']')
-
-    cdef bytes _line_end(self, dict keys):
-        """The whole line, after `update` (its finishes and free blocks), before the
-        finished requests' slots go."""
-        cdef string *o = &self.line
-        cdef int32_t s
-        cdef Py_ssize_t k
-        if self.finished_now.size():
-            o.append(b',"finished":')
-            self._id_list(o, self.finished_now)
-        o.append(b',"free_blocks":')
-        o.append(to_string(self.nfree))
-        o.append(self.line_blocks)
-        if keys:
-            o.append(b',"block_keys":')
-            o.append(<bytes>orjson.dumps(keys))
-        o.append(b'}\n')
-        return o[0]
-
-    cdef object _events(self, events, list arrivals, list aborted, tuple rejected,
-                        first_tokens, admissions, finishes):
-        """kvsched.metrics.StepEvents of the step (its fields in order), or None."""
-        cdef Py_ssize_t k
-        if not (arrivals or aborted or rejected or first_tokens or admissions or finishes
-                or self.pre_slot.size() or self.in_slot.size() or self.evicted_now):
-            return None
-        victims = () if not self.pre_slot.size() else [
-            (MODE_NAMES[self.pre_mode[k]], self.pre_computed[k])
-            for k in range(<Py_ssize_t>self.pre_slot.size())]
-        ended = ()
-        if aborted or rejected:
-            ended = [(rid, Status.ABORTED) for rid in aborted]
-            ended += [(r.id, Status.REJECTED) for r in rejected]
-        return events([r.id for r in arrivals] if arrivals else (), victims,
-                      self.in_slot.size(), admissions, self.evicted_now, first_tokens, ended,
-                      finishes)
-
-    cdef void _total(self, int64_t generated, int64_t kv_used):
-        """The step's numbers, for `totals()` (after `update`)."""
-        cdef int64_t running = self.running.size(), swapped = self.swapped.size()
-        self.tot_generated.push_back(generated)
-        self.tot_computed.push_back(self.tokens_now)
-        self.tot_prompt.push_back(self.prompt_now)
-        self.tot_preempted.push_back(self.pre_slot.size())
-        self.tot_waiting.push_back(self.live - running - swapped)
-        self.tot_running.push_back(running)
-        self.tot_swapped.push_back(swapped)
-        self.tot_kv.push_back(kv_used)
-
-    def totals(self):
-        """Each step's numbers of the last `simulate` with events, one entry per step
-        (kvsched.metrics.StepTotals' fields, in order): tokens sampled, computed, prompt
-        tokens computed, victims, the waiting, running and swapped queues after the step,
-        and the GPU blocks held while its batch ran."""
-        return (self.tot_generated, self.tot_computed, self.tot_prompt, self.tot_preempted,
-                self.tot_waiting, self.tot_running, self.tot_swapped, self.tot_kv)
 
     cdef void _new_keys(self, int32_t s, dict keys):
         """The keys of `s`'s blocks that became full of known tokens since the trace last
@@ -1203,7 +807,7 @@ cdef class CompiledScheduler:
                 self.doomed[s] = 0
                 self.rejected_now.append(Rejection(self.ids[s], self.reasons[s]))
                 self.rej_slot.push_back(s)
-                self._free_all(s)
+                _free_all(self, s)
                 self._end(s)
         self.arrived_slot.clear()
         self.arrived_seq.clear()
@@ -1292,185 +896,6 @@ cdef class CompiledScheduler:
             return self.watermark
         return 0
 
-    cdef void _free_unlink(self, int32_t b) noexcept:
-        self.fnext[self.fprev[b]] = self.fnext[b]
-        self.fprev[self.fnext[b]] = self.fprev[b]
-        self.nfree -= 1
-
-    cdef void _free_push_back(self, int32_t b) noexcept:
-        cdef int32_t tail = self.fprev[self.nb]
-        self.fnext[tail] = b
-        self.fprev[b] = tail
-        self.fnext[b] = <int32_t>self.nb
-        self.fprev[self.nb] = b
-        self.nfree += 1
-
-    cdef void _free_push_front(self, int32_t b) noexcept:
-        cdef int32_t head = self.fnext[self.nb]
-        self.fprev[head] = b
-        self.fnext[b] = head
-        self.fprev[b] = <int32_t>self.nb
-        self.fnext[self.nb] = b
-        self.nfree += 1
-
-    cdef void _allocate(self, int32_t s, int64_t count) noexcept:
-        """Give `s` `count` more GPU blocks from the head of the free list (each drops the
-        content it had cached)."""
-        cdef int64_t k
-        cdef int32_t b
-        cdef vector[int32_t] *t = &self.gtable[s]
-        for k in range(count):
-            b = self.fnext[self.nb]
-            self._free_unlink(b)
-            if self.caching:
-                if self.has_content[b]:
-                    self._forget_content(b)
-                    self.evicted_now += 1
-                self.holders[b] = 1
-            t.push_back(b)
-
-    cdef void _forget_content(self, int32_t b) noexcept:
-        cdef int64_t key = self.content[b]
-        self.has_content[b] = 0
-        if self.knext[b] == b:
-            self.cached.erase(key)
-        else:
-            self.knext[self.kprev[b]] = self.knext[b]
-            self.kprev[self.knext[b]] = self.kprev[b]
-            if self.cached[key] == b:
-                self.cached[key] = self.knext[b]
-        self.knext[b] = -1
-        self.kprev[b] = -1
-
-    cdef void _release_gpu(self, int32_t s) noexcept:
-        """Drop `s`'s GPU table, walking it from its end: without caching every block to
-        the tail; with it, blocks whose last holder this is go free, uncached ones to the
-        head (the walk's first foremost) and cached ones to the tail, in walk order."""
-        cdef vector[int32_t] *t = &self.gtable[s]
-        cdef Py_ssize_t k
-        cdef int32_t b
-        cdef vector[int32_t] uncached
-        self.cached_upto[s] = 0
-        if not self.caching:
-            for k in range(<Py_ssize_t>t.size() - 1, -1, -1):
-                self._free_push_back(t[0][k])
-            t.clear()
-            return
-        cdef vector[int32_t] kept
-        for k in range(<Py_ssize_t>t.size() - 1, -1, -1):
-            b = t[0][k]
-            self.holders[b] -= 1
-            if self.holders[b] == 0:
-                if self.has_content[b]:
-                    kept.push_back(b)
-                else:
-                    uncached.push_back(b)
-        for k in range(<Py_ssize_t>uncached.size() - 1, -1, -1):
-            self._free_push_front(uncached[k])
-        for b in kept:
-            self._free_push_back(b)
-        t.clear()
-
-    cdef void _free_all(self, int32_t s) noexcept:
-        """Release every block `s` holds, GPU and host."""
-        self._release_gpu(s)
-        cdef int32_t h
-        for h in self.htable[s]:
-            self.hfree.push_back(h)
-        self.htable[s].clear()
-
-    cdef void _swap_out(self, int32_t s) noexcept:
-        cdef Py_ssize_t k
-        cdef Py_ssize_t moved = self.gtable[s].size()
-        cdef vector[int32_t] *h = &self.htable[s]
-        for k in range(moved):
-            h.push_back(self.hfree.front())
-            self.hfree.pop_front()
-        self._release_gpu(s)
-
-    cdef void _swap_in(self, int32_t s) noexcept:
-        cdef int32_t h
-        cdef Py_ssize_t moved = self.htable[s].size()
-        for h in self.htable[s]:
-            self.hfree.push_back(h)
-        self.htable[s].clear()
-        self._allocate(s, moved)
-
-    # -- prefix caching ---------------------------------------------------------------
-
-    cdef int64_t _key(self, int32_t s, int64_t index) except? -9:
-        """The content key of block `index` of `s`: the trace's, or its prefix's
-        (kvsched.spec.prefix.block_key)."""
-        cdef vector[int64_t] *g = &self.given[s]
-        if index < <int64_t>g.size():
-            return g[0][index]
-        if index >= KEY_SPAN:
-            raise ValueError(f"a request of the compiled scheduler with prefix caching holds "
-                             f"at most {KEY_SPAN} blocks")
-        cdef int64_t end = (index + 1) * self.bs
-        cdef Py_ssize_t k
-        for k in range(<Py_ssize_t>self.pre_len[s].size()):
-            if self.pre_len[s][k] >= end:
-                return self.pre_content[s][k] * KEY_SPAN + index
-        return self.own[s] * KEY_SPAN + index
-
-    cdef int _cache_filled(self, int32_t s, int64_t tokens) except -1:
-        """Cache the blocks of `s` that `tokens` scheduled tokens fill, not cached yet."""
-        if not self.caching:
-            return 0
-        cdef int64_t full = tokens // self.bs
-        cdef vector[int32_t] *t = &self.gtable[s]
-        cdef int64_t i, key, upto = min(full, <int64_t>t.size())
-        cdef int32_t b, head, tail
-        cdef unordered_map[int64_t, int32_t].iterator it
-        for i in range(self.cached_upto[s], upto):
-            b = t[0][i]
-            if self.has_content[b]:
-                continue
-            key = self._key(s, i)
-            self.content[b] = key
-            self.has_content[b] = 1
-            it = self.cached.find(key)
-            if it == self.cached.end():
-                self.cached[key] = b
-                self.kprev[b] = b
-                self.knext[b] = b
-            else:
-                head = deref(it).second
-                tail = self.kprev[head]
-                self.knext[tail] = b
-                self.kprev[b] = tail
-                self.knext[b] = head
-                self.kprev[head] = b
-        if full > self.cached_upto[s]:
-            self.cached_upto[s] = <int32_t>full
-        return 0
-
-    cdef int _lookup(self, int32_t s) except -1:
-        """The cached blocks waiting `s` would start from, into `hitbuf`: with C = 0, the
-        longest run holding its first floor((N - 1) / block_size) contents."""
-        self.hitbuf.clear()
-        if not self.caching or self.C[s] > 0:
-            return 0
-        cdef int64_t i, most = (self.N[s] - 1) // self.bs
-        cdef unordered_map[int64_t, int32_t].iterator it
-        for i in range(most):
-            it = self.cached.find(self._key(s, i))
-            if it == self.cached.end():
-                break
-            self.hitbuf.push_back(deref(it).second)
-        return 0
-
-    cdef void _hit(self, int32_t s) noexcept:
-        """Start `s`'s empty table with the blocks in `hitbuf`; free ones leave the list."""
-        cdef int32_t b
-        for b in self.hitbuf:
-            if self.holders[b] == 0:
-                self._free_unlink(b)
-            self.holders[b] += 1
-            self.gtable[s].push_back(b)
-        self.cached_upto[s] = <int32_t>self.hitbuf.size()
-
     # -- the passes -------------------------------------------------------------------
 
     cdef inline void _add_entry(self, int32_t s, int64_t n, int64_t start, int64_t count,
@@ -1507,10 +932,10 @@ cdef class CompiledScheduler:
         self.pre_mode.push_back(mode)
         self.pre_computed.push_back(self.C[v])
         if mode == SWAP:
-            self._swap_out(v)
+            _swap_out(self, v)
             self.status[v] = SWAPPED
         else:
-            self._free_all(v)
+            _free_all(self, v)
             self.C[v] = 0
             self.status[v] = WAITING
         self.victims.push_back(v)
@@ -1539,9 +964,9 @@ cdef class CompiledScheduler:
                 need = self._needed(self.C[r], n, self.gtable[r].size(), 0)
                 if need <= self.nfree:
                     start = self.gtable[r].size()
-                    self._allocate(r, need)
+                    _allocate(self, r, need)
                     self._add_entry(r, n, start, need, 0)
-                    self._cache_filled(r, self.C[r] + n)
+                    _cache_filled(self, r, self.C[r] + n)
                     break
                 victim = self._choose_victim()
                 vi = _index(self.running, victim)
@@ -1589,11 +1014,11 @@ cdef class CompiledScheduler:
             if need > self.nfree:
                 break
             self.swapped.erase(self.swapped.begin())
-            self._swap_in(r)
+            _swap_in(self, r)
             extra = self._needed(self.C[r], n, host, reserve)
-            self._allocate(r, extra)
+            _allocate(self, r, extra)
             self._add_entry(r, n, 0, host + extra, 0)
-            self._cache_filled(r, self.C[r] + n)
+            _cache_filled(self, r, self.C[r] + n)
             self.status[r] = RUNNING
             self.running.push_back(r)
             self.in_slot.push_back(r)
@@ -1611,7 +1036,7 @@ cdef class CompiledScheduler:
                 break
             if budget <= 0 or <int64_t>self.running.size() >= self.max_seqs:
                 break
-            self._lookup(r)
+            _lookup(self, r)
             h = self.hitbuf.size()
             computed = self.C[r] + h * self.bs
             taken = 0  # E: the free cached blocks it takes
@@ -1637,14 +1062,14 @@ cdef class CompiledScheduler:
                 break
             self._waiting_pop()
             if h:
-                self._hit(r)
+                _hit(self, r)
                 self.C[r] = computed
             need = self._needed(computed, n, h, reserve)
-            self._allocate(r, need)
+            _allocate(self, r, need)
             self._add_entry(r, n, h, need, h)
             self.e_admitted[self.e_admitted.size() - 1] = 1
             self.admitted_now += 1
-            self._cache_filled(r, computed + n)
+            _cache_filled(self, r, computed + n)
             self.status[r] = RUNNING
             self.running.push_back(r)
             budget -= n
@@ -1663,3 +1088,8 @@ cdef inline void _erase(vector[int32_t] &v, int32_t x) noexcept:
     cdef Py_ssize_t k = _index(v, x)
     if k >= 0:
         v.erase(v.begin() + k)
+
+
+include "compiled_blocks.pxi"
+include "compiled_writer.pxi"
+include "compiled_replay.pxi"

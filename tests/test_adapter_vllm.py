@@ -20,6 +20,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conformance.vllm import (
+    CASES,
+    NoProfile,
+    check_case,
+    knob_variants,
+    random_case,
+    random_prefix_case,
+    release_profile,
+)
 from kvsched.adapters import vllm_driver
 from kvsched.adapters.vllm import (
     VLLM_VERSION,
@@ -32,15 +41,6 @@ from kvsched.adapters.vllm import (
     record_jobs,
     step_record,
     vllm_settings,
-)
-from kvsched.adapters.vllm_conformance import (
-    CASES,
-    NoProfile,
-    check_case,
-    knob_variants,
-    random_case,
-    random_prefix_case,
-    release_profile,
 )
 from kvsched.conformance import check_profile
 from kvsched.optimized.checker import check_trace_vectorized

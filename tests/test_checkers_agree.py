@@ -1,8 +1,10 @@
-"""The vectorized checker gives the spec checker's verdicts: the same report (counts,
-first violations, steps, entries, requests, completeness, ignored keys) or the same
-one-line error, on correct traces, on the seeded bugs' traces, on traces with random
-faults planted in them, and on malformed input. Runs of a few steps make every run
-boundary (and the hand-over between the two checkers) occur often.
+"""The fast checker (kvsched.optimized.checker) gives the spec checker's verdicts: the
+same report (counts, first violations, steps, entries, requests, completeness, ignored
+keys, what was left unchecked) or the same one-line error, on correct traces, on the
+seeded bugs' traces, on traces with random faults planted in them, and on malformed
+input, under every config family: prefix caching, priority, swap, every allocation and
+watermark scope. Runs of a few steps make every run boundary (and the hand-over
+between the compiled state and the spec's checker) occur often.
 
 With --profile the vectorized checker replays the profile with the compiled scheduler
 (kvsched.optimized.replay) where the spec's checker replays it with the reference: the
@@ -17,12 +19,11 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kvsched.conformance import profile_replay
 from kvsched.optimized.checker import check_trace_vectorized
-from kvsched.optimized.exact import spec_alone
 from kvsched.optimized.knobs import unsupported_knobs
 from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
@@ -90,12 +91,11 @@ def simulate(config: Config, scheduler: Any, items: Any, block_ids: bool = True
     return records, not scheduler.has_unfinished()
 
 
-# The vectorized rules' own configs: lazy allocation, the watermark while something runs
-# (traces under the others go to the spec's checker: the last test of this file).
-VECTORIZED = configs(allocation="lazy", watermark_scope="running")
+# Every config family: allocations and watermark scopes are drawn, prefix caching on or off.
+EVERY = st.one_of(configs(), configs(prefix_caching=True))
 
 
-@given(config=VECTORIZED, setup=st.one_of(profiles(), knobs()), data=st.data(),
+@given(config=EVERY, setup=st.one_of(profiles(), knobs()), data=st.data(),
        run_steps=st.sampled_from([1, 2, 3, 2048]), block_ids=st.booleans())
 def test_correct_traces_agree_and_take_the_fast_path(config: Config, setup: str | Knobs,
                                                      data: st.DataObject, run_steps: int,
@@ -107,8 +107,12 @@ def test_correct_traces_agree_and_take_the_fast_path(config: Config, setup: str 
     assert_agree(v)
     assert isinstance(v.spec, Report)
     if v.spec.errors() == 0 and not v.spec.counts:
-        # A clean trace is checked without the spec's checker.
-        assert v.stats["exact"] == 0 and v.stats["fast"] > 0
+        # A clean trace is checked without the spec's checker (but for steps that
+        # schedule nothing while requests wait, which the spec's checker judges).
+        idle = sum(not r.scheduled and not r.preempted and not r.swapped_in
+                   for r in records)
+        assert v.stats["exact"] <= idle
+        assert v.stats["fast"] > 0 or v.stats["exact"] == len(records)
     # What the trace carries, for reports of what was checked (kvsched check --junit).
     assert v.stats["block_ids"] == int(bool(records) and block_ids)
     assert v.stats["free_blocks"] == int(bool(records))
@@ -135,7 +139,7 @@ def test_seeded_bug_traces_agree(name: str, buggy: bool) -> None:
 
 FAULTS = ("count", "duplicate", "drop", "finish", "unfinish", "free", "block", "no-blocks",
           "preempt", "abort", "swap-in", "reject", "unknown-id", "extra-key", "step",
-          "lose-ids", "arrive-again")
+          "lose-ids", "arrive-again", "hit-block", "hit-drop", "hit-add", "key")
 
 
 def plant(lines: list[dict[str, Any]], fault: str, pick: st.DataObject) -> None:
@@ -185,6 +189,23 @@ def plant(lines: list[dict[str, Any]], fault: str, pick: st.DataObject) -> None:
         line.setdefault("arrivals", []).append({"id": rid, "prompt_len": 4, "max_tokens": 2})
     elif fault == "step":
         line["step"] += 1
+    elif fault == "hit-block" and line.get("prefix_hits"):
+        owner = pick.draw(st.sampled_from(sorted(line["prefix_hits"])), label="hit")
+        blocks = line["prefix_hits"][owner]
+        at = pick.draw(st.integers(0, len(blocks) - 1), label="index")
+        blocks[at] = pick.draw(st.integers(0, 40), label="block")
+    elif fault == "hit-drop" and line.get("prefix_hits"):
+        del line["prefix_hits"][pick.draw(st.sampled_from(sorted(line["prefix_hits"])),
+                                          label="hit")]
+    elif fault == "hit-add" and scheduled:
+        entry = pick.draw(st.sampled_from(scheduled), label="entry")
+        line.setdefault("prefix_hits", {})[entry[0]] = [
+            pick.draw(st.integers(0, 40), label="block")]
+    elif fault == "key" and line.get("block_keys"):
+        owner = pick.draw(st.sampled_from(sorted(line["block_keys"])), label="keys")
+        if line["block_keys"][owner]:
+            line["block_keys"][owner][0] = pick.draw(st.sampled_from(["x/0", "r0/0"]),
+                                                     label="key")
 
 
 def faulty_trace(config: Config, setup: Knobs, data: st.DataObject, faults: list[str]
@@ -198,7 +219,7 @@ def faulty_trace(config: Config, setup: Knobs, data: st.DataObject, faults: list
     return b"".join(orjson.dumps(x) + b"\n" for x in lines)
 
 
-@given(config=VECTORIZED, setup=st.one_of(profiles(), knobs()), data=st.data(),
+@given(config=EVERY, setup=st.one_of(profiles(), knobs()), data=st.data(),
        faults=st.lists(st.sampled_from(FAULTS), min_size=1, max_size=3),
        run_steps=st.sampled_from([1, 2, 5, 2048]))
 def test_traces_with_planted_faults_agree(config: Config, setup: str | Knobs,
@@ -206,18 +227,6 @@ def test_traces_with_planted_faults_agree(config: Config, setup: str | Knobs,
                                           run_steps: int) -> None:
     config, chosen = resolve(config, setup)
     assert_agree(both(faulty_trace(config, chosen, data, faults), run_steps))
-
-
-@settings(max_examples=20)
-@given(config=configs(), setup=st.one_of(profiles(), knobs()), data=st.data(),
-       faults=st.lists(st.sampled_from(FAULTS), max_size=2))
-def test_traces_under_other_allocations_and_scopes_agree_through_the_spec_checker(
-        config: Config, setup: str | Knobs, data: st.DataObject, faults: list[str]) -> None:
-    assume(spec_alone(config))
-    config, chosen = resolve(config, setup)
-    v = both(faulty_trace(config, chosen, data, faults))
-    assert_agree(v)
-    assert v.stats.get("fast", 0) == 0
 
 
 HEADER = (b'{"kvsched":"trace","version":1,"config":{"block_size":4,"num_gpu_blocks":8,'
@@ -262,24 +271,6 @@ def test_a_trace_without_a_header_is_refused_alike() -> None:
         assert_agree(both(data))
 
 
-def test_checker_agrees_when_its_scanner_buffers_are_tiny(monkeypatch: Any) -> None:
-    from kvsched.optimized import checker
-    from kvsched.workload import WorkItem
-
-    config = Config(block_size=4, num_gpu_blocks=48, max_num_batched_tokens=48,
-                    max_num_seqs=6, max_model_len=256)
-    items = [WorkItem(f"r{i}", i // 2, 8 + 5 * i, 4 + i, 4 + i) for i in range(40)]
-    records, complete = simulate(config, ReferenceScheduler(
-        config, get_profile("vllm-v1").knobs), items)
-    data = trace_bytes(config, records, complete)
-    monkeypatch.setattr(checker, "SCAN_LINES", 3)
-    monkeypatch.setattr(checker, "SCAN_ENTRIES", 8)
-    for run_steps in (1, 7, 2048):
-        v = both(data, run_steps)
-        assert_agree(v)
-        assert v.stats["exact"] == 0
-
-
 # -- profile replays ---------------------------------------------------------------------
 
 # The profiles the compiled scheduler replays (vLLM V0's passes stay on the spec's path).
@@ -299,7 +290,7 @@ def test_profile_replays_agree(config: Config, setup: str | Knobs, data: st.Data
     assert_agree(v)
 
 
-@given(config=VECTORIZED, replayed=st.sampled_from(REPLAYED), data=st.data(),
+@given(config=EVERY, replayed=st.sampled_from(REPLAYED), data=st.data(),
        run_steps=st.sampled_from([1, 4, 2048]))
 def test_a_profiles_own_trace_is_replayed_without_the_spec(config: Config, replayed: str,
                                                           data: st.DataObject,
@@ -307,7 +298,6 @@ def test_a_profiles_own_trace_is_replayed_without_the_spec(config: Config, repla
     """The profile's own trace: no divergence, every run compared inside the compiled
     scheduler (no step through the spec's ProfileReplay)."""
     config, _ = resolve(config, replayed)
-    assume(not spec_alone(config))
     items = data.draw(workloads(config), label="workload")
     records, complete = simulate(config, ReferenceScheduler(
         config, get_profile(replayed).knobs), items)

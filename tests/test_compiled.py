@@ -2,8 +2,9 @@
 
 Its decisions are the reference's (the PEP 399 suite through scheduler_factory, and the
 lockstep machine of test_differential.py); here: its simulation loop writes the trace
-kvsched.simulate.run writes with the reference, byte for byte; the facts it counts for
-the metrics (StepEvents, StepTotals) give the metrics the spec's state gives from that trace; and
+kvsched.simulate.run writes with the reference, byte for byte; `kvsched simulate`'s metrics
+of its run (its lines read by the compiled state) are those the spec's state gives from that
+trace; and
 `kvsched simulate` takes it by default where it implements the profile, and says so.
 """
 
@@ -20,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvsched.metrics import MetricsCollector, StepEvents, StepTotals, metrics_of
+from kvsched.metrics import metrics_of
 from kvsched.optimized.compiled import LINE_BLOCK, CompiledScheduler
 from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
@@ -54,15 +55,11 @@ def test_its_simulation_loop_writes_the_references_trace(config: Config, setup: 
     assert trace_lines(compiled) == trace_lines(reference)
     # Its own lines (written without records): the same bytes.
     blocks = list(CompiledScheduler(config, knobs).simulate(items, block_ids, MAX_STEPS,
-                                                            StepEvents, lines=True))
-    assert b"".join(block for block, _, _, _ in blocks) == trace_lines(reference)
-    # Each block: its steps' count, the events the records' loop gives, what they ended.
-    assert sum(count for _, count, _, _ in blocks) == len(reference)
-    tallied = CompiledScheduler(config, knobs).simulate(items, block_ids, MAX_STEPS,
-                                                        StepEvents)
-    assert [e for _, _, events, _ in blocks for e in events] == [
-        (rec.step, events) for rec, events in tallied if events is not None]
-    assert sum(ended for _, _, _, ended in blocks) == sum(r.num_ended for r in reference)
+                                                            lines=True))
+    assert b"".join(block for block, _, _ in blocks) == trace_lines(reference)
+    # Each block: its steps' count and what they ended.
+    assert sum(count for _, count, _ in blocks) == len(reference)
+    assert sum(ended for _, _, ended in blocks) == sum(r.num_ended for r in reference)
 
 
 def test_its_lines_write_any_id_as_json_does() -> None:
@@ -83,9 +80,8 @@ def test_its_lines_write_any_id_as_json_does() -> None:
     reference = list(run(ReferenceScheduler(config, knobs), items))
     assert any(r.rejected for r in reference) and any(r.aborted for r in reference)
     assert any(r.preempted for r in reference) and any(r.prefix_hits for r in reference)
-    lines = CompiledScheduler(config, knobs).simulate(items, True, None, StepEvents,
-                                                      lines=True)
-    assert b"".join(block for block, _, _, _ in lines) == trace_lines(reference)
+    lines = CompiledScheduler(config, knobs).simulate(items, True, None, lines=True)
+    assert b"".join(block for block, _, _ in lines) == trace_lines(reference)
 
 
 @pytest.mark.parametrize("max_steps", [None, LINE_BLOCK, LINE_BLOCK + 1, 3 * LINE_BLOCK - 7])
@@ -103,30 +99,35 @@ def test_its_lines_come_in_blocks_of_steps(max_steps: int | None) -> None:
     assert len(reference) > 3 * LINE_BLOCK
     reference = reference[:max_steps]
     blocks = list(CompiledScheduler(config, knobs).simulate(items, True, max_steps,
-                                                            StepEvents, lines=True))
-    counts = [count for _, count, _, _ in blocks]
+                                                            lines=True))
+    counts = [count for _, count, _ in blocks]
     assert counts[:-1] == [LINE_BLOCK] * (len(counts) - 1) and 0 < counts[-1] <= LINE_BLOCK
     assert sum(counts) == len(reference)
-    assert b"".join(block for block, _, _, _ in blocks) == trace_lines(reference)
-    assert sum(ended for _, _, _, ended in blocks) == sum(r.num_ended for r in reference)
+    assert b"".join(block for block, _, _ in blocks) == trace_lines(reference)
+    assert sum(ended for _, _, ended in blocks) == sum(r.num_ended for r in reference)
 
 
 @given(config=st.one_of(configs(), configs(prefix_caching=True)), setup=policies(),
        data=st.data())
-def test_its_tallies_give_the_metrics_of_its_trace(config: Config, setup: str | Knobs,
-                                                   data: st.DataObject) -> None:
+def test_simulate_gives_the_metrics_of_its_trace(config: Config, setup: str | Knobs,
+                                                 data: st.DataObject) -> None:
     """Queues, KV use, TTFT, TPOT, latency, preemptions, recomputed tokens, prefix-cache
-    counters and the per-step series: the same as the spec's state derives."""
+    counters: what `kvsched simulate` counts of the compiled scheduler's own lines (the
+    compiled state, kvsched.optimized.checker) is what the spec's state derives from its
+    records."""
+    from kvsched.commands.simulate import Run, compiled_lines
+    from kvsched.metrics import MetricsCollector
+    from kvsched.spec.should import DEFAULT_STALL_STEPS
+
     config, knobs = resolve(config, setup)
     items = data.draw(workloads(config, shared=config.prefix_caching), label="workload")
-    collector = MetricsCollector(config, tallied=True)
-    records = []
+    records = list(CompiledScheduler(config, knobs).simulate(items, True, MAX_STEPS))
     scheduler = CompiledScheduler(config, knobs)
-    for rec, events in scheduler.simulate(items, True, MAX_STEPS, StepEvents):
-        if events is not None:
-            collector.observe_events(rec.step, events)
-        records.append(rec)
-    collector.observe_totals(StepTotals(*scheduler.totals()))
+    collector = MetricsCollector(config)
+    stretches = list(compiled_lines(Run("compiled", scheduler, items, True, MAX_STEPS,
+                                        DEFAULT_STALL_STEPS,
+                                        None, None, collector), scheduler))
+    assert sum(steps for steps, _ in stretches) == len(records)
     assert collector.result() == metrics_of(config, records)
 
 

@@ -26,6 +26,7 @@ from kvsched.diff import (
     Diff,
     Stream,
     diff_streams,
+    lines_of_records,
     simulated,
 )
 from kvsched.loading import FactoryError, build, load_factory
@@ -184,7 +185,7 @@ def write_trace(path: Path, config: Config, records: list[StepRecord],
 
 
 def stream_of(label: str, config: Config, records: list[StepRecord]) -> Stream:
-    return Stream(label, config, {}, iter(records), lambda: True)
+    return Stream(label, config, {}, lines_of_records(records), lambda: True)
 
 
 def test_two_traces_diverge_where_their_schedulers_do(tmp_path: Path) -> None:

@@ -313,8 +313,8 @@ GAPS: dict[str, dict[str, Gap]] = {
             stand_in="kvsched simulate --requests 50 --rate 75 --num-gpu-blocks 524288 "
                      "--max-num-seqs 16384 --max-num-batched-tokens 32768 "
                      "--out trace.jsonl > /dev/null"),
-        "kvsched simulate --scheduler optimized --device cuda --requests 100 "
-        "--out optimized.jsonl": Gap(CUDA),
+        "kvsched simulate --scheduler torch --device cuda --requests 100 "
+        "--out torch.jsonl": Gap(CUDA),
     },
     "docs/preemption-cost.md": {
         "kvsched calibrate --device cuda --layers 32 --heads 32 --kv-heads 8 --head-dim 128 "
@@ -604,7 +604,7 @@ CLI_PAGE = ROOT / "docs" / "cli.md"
 @pytest.mark.xdist_group("docs:docs/cli.md")  # with its page's blocks
 def test_cli_md_quotes_what_the_default_run_prints(
         page_runs: Callable[[str], PageRun]) -> None:
-    from kvsched.cli import DEFAULT_CONFIG, DEFAULT_RATE, DEFAULT_REQUESTS
+    from kvsched.commands.options import DEFAULT_CONFIG, DEFAULT_RATE, DEFAULT_REQUESTS
 
     text = CLI_PAGE.read_text(encoding="utf-8")
     c = DEFAULT_CONFIG

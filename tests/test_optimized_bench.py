@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools.bench_optimized import END, START, Section, Sizes, bench_steps, place
+from tools.bench import place
+from tools.bench_optimized import END, START, Section, Sizes, bench_steps
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_section_replaces_its_previous_version_and_keeps_the_rest(tmp_path: Path) -> None:
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\n## Baselines\n\nold numbers\n")
-    place(f"{START}\nfirst\n{END}\n", doc)
-    place(f"{START}\nsecond\n{END}\n", doc)
+    place(f"{START}\nfirst\n{END}\n", doc, START, END)
+    place(f"{START}\nsecond\n{END}\n", doc, START, END)
     text = doc.read_text()
     assert text.count(START) == 1 and "second" in text and "first" not in text
     assert text.startswith("# Benchmarks\n\n## Baselines\n\nold numbers\n")
@@ -46,7 +47,7 @@ def test_checker_rows_compare_both_checkers_on_the_same_trace(tmp_path: Path) ->
     rows = [line for line in out.lines if line.startswith("| tiny |")]
     # The plain checks, then check --profile: each with both reports the same.
     assert len(rows) == 2 and all(row.endswith("| yes |") for row in rows)
-    assert "loading the compiled scanner" in out.lines[-1]
+    assert "the vectorized checker checked the first 100 lines" in out.lines[-1]
 
 
 def test_device_rows_time_both_kinds_of_step_on_each_device() -> None:

@@ -1,4 +1,4 @@
-"""kvsched simulate --scheduler optimized writes the reference's trace, and kvsched check
+"""kvsched simulate --scheduler torch writes the reference's trace, and kvsched check
 --checker vectorized gives the spec checker's verdict; bad combinations are one line."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def kvsched(*args: str) -> subprocess.CompletedProcess[str]:
 def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("cli")
     out = {}
-    for implementation in ("reference", "optimized"):
+    for implementation in ("reference", "torch"):
         path = folder / f"{implementation}.jsonl"
         result = kvsched("simulate", *SMALL, "--policy", "priority", "--scheduler",
                          implementation, "--out", str(path))
@@ -37,30 +37,30 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_both_schedulers_write_the_same_steps(traces: dict[str, Path]) -> None:
     reference = traces["reference"].read_text().splitlines()
-    optimized = traces["optimized"].read_text().splitlines()
+    optimized = traces["torch"].read_text().splitlines()
     assert reference[1:] == optimized[1:]  # every step line, byte for byte
     assert json.loads(reference[-1]) == {"end": True}
     engines = [json.loads(x[0])["engine"] for x in (reference, optimized)]
     assert engines[0]["name"] == "kvsched-reference"
-    assert engines[1]["name"] == "kvsched-optimized" and engines[1]["device"] == "cpu"
+    assert engines[1]["name"] == "kvsched-torch" and engines[1]["device"] == "cpu"
 
 
 def test_both_schedulers_cache_prefixes_alike(tmp_path: Path) -> None:
     """vllm-v1 (prefix caching on) over conversations: same hits, same content keys."""
     args = [*SMALL[:-1], "--generator", "conversations", "--turns", "3"]
     lines = {}
-    for implementation in ("reference", "optimized"):
+    for implementation in ("reference", "torch"):
         path = tmp_path / f"{implementation}.jsonl"
         result = kvsched("simulate", *args, "--scheduler", implementation, "--out", str(path))
         assert result.returncode == 0, result.stderr
         lines[implementation] = path.read_text().splitlines()
-    assert json.loads(lines["optimized"][0])["config"]["prefix_caching"] is True
-    assert lines["reference"][1:] == lines["optimized"][1:]
-    assert any('"prefix_hits"' in line for line in lines["optimized"])
+    assert json.loads(lines["torch"][0])["config"]["prefix_caching"] is True
+    assert lines["reference"][1:] == lines["torch"][1:]
+    assert any('"prefix_hits"' in line for line in lines["torch"])
 
 
 def test_both_checkers_give_the_same_report(traces: dict[str, Path], tmp_path: Path) -> None:
-    path = traces["optimized"]
+    path = traces["torch"]
     # A leak planted in the trace: one step reports a free block too few.
     lines = path.read_text().splitlines()
     step = json.loads(lines[5])
@@ -81,7 +81,7 @@ def test_both_checkers_give_the_same_report(traces: dict[str, Path], tmp_path: P
     (["check", "--checker", "vectorized", "--profile", "vllm-v0", "TRACE"],
      "--checker vectorized replays --profile vllm-v0 with the compiled scheduler"),
     (["simulate", *SMALL, "--scheduler", "reference", "--device", "cuda"],
-     "--device applies to --scheduler optimized"),
+     "--device applies to --scheduler torch"),
 ])
 def test_bad_combinations_are_one_line(args: list[str], message: str,
                                        traces: dict[str, Path]) -> None:
@@ -92,28 +92,39 @@ def test_bad_combinations_are_one_line(args: list[str], message: str,
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_a_gpu_is_one_line() -> None:
-    result = kvsched("simulate", *SMALL, "--scheduler", "optimized", "--device", "cuda")
+    result = kvsched("simulate", *SMALL, "--scheduler", "torch", "--device", "cuda")
     assert result.returncode == 2
     assert "torch.cuda.is_available() is False" in result.stderr
 
 
-def test_auto_without_numba_falls_back_to_the_spec_checker_and_says_so(
+def test_auto_without_the_compiled_module_falls_back_to_the_spec_checker_and_says_so(
         traces: dict[str, Path]) -> None:
-    # The optimized extra missing (numba cannot be imported), with a threshold of one
-    # byte so that every trace is "large": each is checked, the note told once.
+    # An install without a C++ compiler (the compiled state cannot be imported), with a
+    # threshold of one byte so that every trace is "large": each is checked, the note
+    # told once.
     path = str(traces["reference"])
-    script = ("import sys; sys.modules['numba'] = None; "
+    script = ("import sys; sys.modules['kvsched.optimized.state'] = None; "
               "import kvsched.commands.check as c; c.AUTO_VECTORIZED_BYTES = 1; "
               "from kvsched.cli import main; main()")
     result = subprocess.run([sys.executable, "-c", script, "check", path, path],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ("kvsched: note: the vectorized checker needs numba (pip install "
-                             "'kvsched[optimized]'); checking with the spec's checker\n")
+    assert result.stderr == (
+        "kvsched: note: the vectorized checker needs kvsched's compiled module, which this "
+        "install lacks (it is built when kvsched is installed where a C++ compiler is); "
+        "checking with the spec's checker\n")
     assert result.stdout.count(f"OK {path}: ") == 2
     explicit = subprocess.run([sys.executable, "-c", script, "check", "--checker",
                                "vectorized", path], capture_output=True, text=True,
                               timeout=300)
     assert explicit.returncode == 2 and explicit.stderr == (
-        "kvsched: error: --checker vectorized needs numpy and numba: pip install "
-        "'kvsched[optimized]'\n")
+        "kvsched: error: --checker vectorized needs kvsched's compiled module, which this "
+        "install lacks (it is built when kvsched is installed where a C++ compiler is)\n")
+
+
+def test_the_former_name_optimized_runs_the_torch_scheduler_with_a_note() -> None:
+    result = kvsched("simulate", *SMALL, "--scheduler", "optimized", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ("kvsched: note: --scheduler optimized is deprecated: it is "
+                             "--scheduler torch\n")
+    assert json.loads(result.stdout)["scheduler"] == "torch"

@@ -1,11 +1,13 @@
 """Both trace readers, fuzzed with structure-aware lines: the spec's (strict JSON, then
-parse_step) and the vectorized checker's (the compiled scanner; the lines it leaves go
-through the same strict JSON reader and then parse_fast). For every line they must
-agree: the same step, or the same malformed-line error.
+parse_step) and the fast checker's (orjson, kept only when it writes the object back to
+the same bytes, else the spec's strict reader; then the compiled state's own reading
+of a step, kvsched.optimized.state.FastState.apply). For every line they must agree:
+the fast reader's JSON value is exactly the spec's (types included), and a line the
+compiled state takes as a clean step is one parse_step reads, which the spec's
+checker, from the same state, flags nothing in and moves to the same state.
 
-Each example is a batch of lines read by one scanner call, as the vectorized checker
-reads a block. `make fuzz-deep` (the deep Hypothesis profile) draws 2,000 batches of
-exactly 500: one million lines (docs/testing.md reports the run).
+`make fuzz-deep` (the deep Hypothesis profile) draws 2,000 batches of exactly 500: one
+million lines (docs/testing.md reports the run).
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ import json
 import os
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_scan import parsed, scan_lines
 
-from kvsched.optimized.lines import parse_fast
-from kvsched.spec.model import MAX_COUNT
+from kvsched.optimized.checker import read_line
+from kvsched.spec.checker import Checker
+from kvsched.spec.model import MAX_COUNT, Config
 from kvsched.spec.trace import BLANK, TraceError, load_line, parse_step
+
+state = pytest.importorskip("kvsched.optimized.state")
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
 BATCH = 500 if DEEP else 40
@@ -62,7 +67,7 @@ STEP_FIELDS: dict[str, st.SearchStrategy[Any]] = {
 @st.composite
 def line(draw: st.DrawFn) -> bytes:
     """One step line, nearly well formed, then perhaps damaged at the byte level."""
-    obj: dict[str, Any] = {"step": draw(st.one_of(st.integers(0, 5), INTS, ANY))}
+    obj: dict[str, Any] = {"step": draw(st.one_of(st.just(0), st.integers(0, 5), INTS, ANY))}
     for key in draw(st.lists(st.sampled_from(sorted(STEP_FIELDS)), max_size=5,
                              unique=True)):
         obj[key] = draw(STEP_FIELDS[key])
@@ -105,6 +110,20 @@ def spec_reading(raw: bytes) -> tuple[str, Any]:
     return "step", rec
 
 
+def strictly(a: Any) -> Any:
+    """A JSON value with every scalar's type beside it (1, 1.0 and True differ)."""
+    if isinstance(a, dict):
+        return ("dict", [(k, strictly(v)) for k, v in a.items()])
+    if isinstance(a, list):
+        return ("list", [strictly(v) for v in a])
+    return (type(a).__name__, a)
+
+
+# Prefix caching on, so that hits and content keys are read too.
+CONFIG = Config(block_size=4, num_gpu_blocks=64, max_num_batched_tokens=512,
+                max_num_seqs=8, max_model_len=256, prefix_caching=True)
+
+
 # A batch is large by design (a block of lines, as the checker reads them).
 @settings(suppress_health_check=[HealthCheck.large_base_example, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
@@ -112,27 +131,22 @@ def spec_reading(raw: bytes) -> tuple[str, Any]:
 def test_both_readers_read_every_line_alike(lines: list[bytes]) -> None:
     # One line per line: a newline inside a drawn byte sequence would split it.
     lines = [x.replace(b"\n", b" ").replace(b"\r", b" ") for x in lines]
-    scanned = scan_lines(b"".join(x + b"\n" for x in lines))
-    assert len(scanned) == len(lines)
-    for raw, got in zip(lines, scanned, strict=True):
+    for raw in lines:
         kind, spec = spec_reading(raw)
-        if got is not None:  # the compiled scanner read it: exactly as parse_step does
-            assert kind == "step", (raw, spec)
-            assert got == parsed(raw), raw
+        try:
+            obj, _ = read_line(raw + b"\n", 1)
+        except TraceError as e:
+            assert kind == "error" and e.message == spec, raw
             continue
-        if kind != "step":
-            continue  # the vectorized checker reads it with the same load_line: same error
-        fast = parse_fast(load_line(raw + b"\n", 1), 1, spec.step, raw)
-        if fast is None:
-            continue  # left to parse_step itself
-        assert (fast.step, tuple(fast.arrivals), [tuple(e) for e in fast.scheduled],
-                fast.finished, fast.free_blocks) == (
-            spec.step, spec.arrivals, list(spec.scheduled), list(spec.finished),
-            spec.free_blocks), raw
-        blocks = None if fast.new_blocks is None else {
-            rid: tuple(ids) for rid, ids in fast.new_blocks.items()}
-        assert blocks == spec.new_blocks, raw
-        assert (fast.aborted, fast.rejected, [tuple(p) for p in fast.preempted],
-                fast.swapped_in) == (list(spec.aborted), [r.id for r in spec.rejected],
-                                     [(p.id, p.mode) for p in spec.preempted],
-                                     list(spec.swapped_in)), raw
+        assert strictly(obj) == strictly(load_line(raw + b"\n", 1)) if obj is not BLANK \
+            else kind == "blank", raw
+        if obj is BLANK:
+            continue
+        checker = Checker(CONFIG)
+        fast = state.FastState(CONFIG, 8, True, checker.state.status_of)
+        if not fast.apply(obj, 1):
+            continue  # left to the spec's checker
+        assert kind == "step", (raw, spec)
+        checker.step(spec)
+        assert not checker.report.counts, raw
+        assert fast.position() == checker.position(), raw

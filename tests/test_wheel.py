@@ -1,6 +1,7 @@
 """The wheel holds the product and nothing else: the kvsched package (the tool, the spec,
-the reference, the optimized engine, the adapters) and its dist-info; no development
-tools (tools/: benchmarks, docs renderer), no tests.
+the reference, the optimized engine, the adapters that record traces) and its
+dist-info; no development tools (tools/: benchmarks, docs renderer), no conformance
+suites (conformance/: vLLM's, run from a checkout), no tests.
 
 It is built from a copy of the checkout, so the build's own files (build/, egg-info)
 never land in the working tree.
@@ -18,11 +19,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 COPIED = ("pyproject.toml", "setup.py", "README.md", "src", "spec", "reference", "optimized",
-          "tools", "tests")
+          "tools", "conformance", "tests")
 # The build's own outputs (the compiled scheduler's generated C++ and module among them)
 # are made again from the sources.
 NOT_SOURCE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "*.so",
-                                    "compiled.cpp")
+                                    "compiled.cpp", "state.cpp")
 DIST_INFO = "kvsched-0.1.0.dist-info"
 
 
@@ -49,12 +50,14 @@ def build_wheel(tmp: Path) -> Path:
 
 def package_files() -> set[str]:
     """The package's files as the wheel should hold them: every module of src/kvsched,
-    through the links to the pillars, the py.typed marker, and the compiled scheduler
-    (its module, built for this Python, and its types; not its Cython or C++ source)."""
+    through the links to the pillars, the py.typed marker, and the compiled modules
+    (the scheduler and the fast checker's state: each module, built for this Python,
+    and its types; not their Cython or C++ source)."""
     src = ROOT / "src"
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     found = {"kvsched/py.typed", "kvsched/optimized/compiled.pyi",
-             f"kvsched/optimized/compiled{suffix}"}
+             f"kvsched/optimized/compiled{suffix}", "kvsched/optimized/state.pyi",
+             f"kvsched/optimized/state{suffix}"}
     for folder, dirs, files in os.walk(src / "kvsched", followlinks=True):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         here = Path(folder).relative_to(src)
@@ -77,10 +80,16 @@ def test_the_wheel_holds_the_package_and_nothing_else(tmp_path: Path) -> None:
                                          "top_level.txt")} <= meta
     # The three pillars and the adapters come through the links.
     for module in ("spec/checker.py", "reference/scheduler.py", "optimized/checker.py",
-                   "optimized/scan.py", "adapters/vllm.py", "cli.py"):
+                   "optimized/replay.py", "adapters/vllm.py", "cli.py"):
         assert f"kvsched/{module}" in package
     for tool in ("bench", "bench_optimized", "docs_render"):
         assert not any(n.endswith(f"/{tool}.py") for n in names), tool
-    assert not any(n.startswith(("tools/", "tests/")) for n in names)
+    assert not any(n.startswith(("tools/", "tests/", "conformance/")) for n in names)
+    # vLLM's conformance suites stay in the checkout; the adapters they record with ship.
+    for module in ("adapters/vllm_driver.py", "adapters/vllm_v0.py",
+                   "adapters/vllm_v0_driver.py"):
+        assert f"kvsched/{module}" in package
+    assert not any("conformance" in n for n in package - {"kvsched/conformance.py"}), sorted(
+        n for n in package if "conformance" in n)
     assert "kvsched = kvsched.cli:main" in entry_points
     assert "kvsched = kvsched.pytest_plugin" in entry_points

@@ -53,6 +53,19 @@ class Timing:
         return self.entries / self.seconds
 
 
+def place(text: str, path: Path, start: str, end: str) -> None:
+    """Replace the section between `start` and `end` in `path` (or append it)."""
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    if start in old and end in old:
+        head, rest = old.split(start, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
+        new = head + text + ("\n" + tail if tail else "")
+    else:
+        new = old.rstrip("\n") + "\n\n" + text
+    with atomic_output(path) as stream:
+        stream.write(new.encode())
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:

@@ -87,8 +87,9 @@ def bench_processes(out: Section, quick: bool, tmp: Path) -> None:
             "(Python's start, imports, the workload's generation, the run, the metrics "
             "table, the trace written), in turn; medians of the rounds. Both compute "
             "the same metrics and write the same trace, step for step: the reference's "
-            "metrics follow the spec's state through each step, the compiled scheduler "
-            "counts each step's facts itself (kvsched.metrics.StepEvents, StepTotals). "
+            "metrics follow the spec's state through each step, the compiled scheduler's "
+            "are read off its own trace lines by the compiled state "
+            "(kvsched.optimized.state.FastState, as `kvsched metrics` reads a trace). "
             "Modules load from their bytecode caches, as an installed package's do (a "
             "first, untimed round of the small workload writes them). The command is the "
             "installed `kvsched` script.", "",

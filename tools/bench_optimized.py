@@ -41,7 +41,6 @@ from kvsched.optimized import TorchScheduler
 from kvsched.optimized.checker import check_trace_vectorized
 from kvsched.optimized.compiled import CompiledScheduler
 from kvsched.optimized.simulation import Arrivals, run_fast, step_dict
-from kvsched.outputs import atomic_output
 from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
 from kvsched.spec.checker import Report, check_trace
@@ -50,7 +49,7 @@ from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import TraceReader, TraceWriter
 from kvsched.spec.trace import step_dict as reference_step_dict
 from kvsched.workload import WorkItem
-from tools.bench import BENCH_CONFIG, machine
+from tools.bench import BENCH_CONFIG, machine, place
 
 START = "<!-- bench_optimized: start -->"
 END = "<!-- bench_optimized: end -->"
@@ -526,8 +525,8 @@ def with_header(config: Config, trace: Path, path: Path) -> None:
 
 
 def bench_checkers(sizes: Sizes, out: Section, traces: list[tuple[str, Path]]) -> None:
-    # The scanner is compiled by numba on first use and cached on disk; loading it is a
-    # once-per-process cost, measured here on the first 100 lines of the first trace.
+    # Importing the compiled state is a once-per-process cost, measured here on the
+    # first 100 lines of the first trace.
     head = b"".join(traces[0][1].read_bytes().splitlines(keepends=True)[:100])
     start = time.perf_counter()
     check_trace_vectorized(io.BytesIO(head))
@@ -555,11 +554,8 @@ def bench_checkers(sizes: Sizes, out: Section, traces: list[tuple[str, Path]]) -
     bench_profile_replay(out, traces)
     out.add("", "Each checker reads the whole trace once, one after the other, in one process. "
             "Before them, the vectorized checker checked the first 100 lines of the first "
-            f"trace, which took {load_s:.2f} s: numba loading the compiled scanner from its "
-            "on-disk cache, once per process (the first run after an install compiles it, "
-            "a few seconds, and fills the cache). `kvsched check --checker auto` takes the "
-            "vectorized checker from 8 MiB of trace on, where that cost is repaid. \"same "
-            "report\" also requires that no run of steps was handed to the spec's checker.")
+            f"trace, which took {load_s:.2f} s, once per process. \"same report\" also "
+            "requires that no step was handed to the spec's checker.")
 
 
 def bench_profile_replay(out: Section, traces: list[tuple[str, Path]]) -> None:
@@ -874,19 +870,6 @@ def publish(text: str, out: Path | None, start: str, end: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     place(text, out, start, end)
     print(f"written to {out}")
-
-
-def place(text: str, path: Path, start: str = START, end: str = END) -> None:
-    """Replace the section between `start` and `end` in `path` (or append it)."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    if start in old and end in old:
-        head, rest = old.split(start, 1)
-        tail = rest.split(end, 1)[1].lstrip("\n")
-        new = head + text + ("\n" + tail if tail else "")
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    with atomic_output(path) as stream:
-        stream.write(new.encode())
 
 
 def gpu_check() -> int:

@@ -331,8 +331,7 @@ def print_overhead(rounds: int, out: Path | None = None) -> int:
     if out is not None:
         from datetime import UTC, datetime
 
-        from tools.bench import machine
-        from tools.bench_optimized import place
+        from tools.bench import machine, place
         place("\n".join([
             TRACING_START, "## The vLLM tracing plugin's overhead", "",
             f"Measured by `python -m tools.vllm_tracing overhead {rounds}` (in `make bench`) "

@@ -31,21 +31,28 @@ from dataclasses import dataclass, fields, replace
 from itertools import zip_longest
 from typing import Any
 
+import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kvsched.conformance import checker as new_checker
 from kvsched.conformance import describe, describe_state
 from kvsched.metrics import Distribution, Metrics, MetricsCollector, PrefixCache
+from kvsched.optimized.checker import RUN_STEPS, FastChecker
 from kvsched.plot import require_matplotlib
 from kvsched.simulate import run
 from kvsched.spec import should
 from kvsched.spec.checker import Checker, Report
 from kvsched.spec.interface import Scheduler
 from kvsched.spec.model import Config, Decision, Request, Status, StepRecord
-from kvsched.spec.trace import TraceError
+from kvsched.spec.state import State
+from kvsched.spec.trace import Header, TraceError, parse_step, step_dict
 from kvsched.spec.violation import INVARIANTS
 from kvsched.workload import WorkItem
+
+try:
+    from kvsched.optimized.compiled import CompiledScheduler
+except ImportError:  # not built here: every side runs through the simulation loop
+    CompiledScheduler = None  # type: ignore[assignment,misc]
 
 # What differs at the first divergent step, in the order a step is compared.
 INPUTS = "inputs"
@@ -65,17 +72,31 @@ class SideFailed(Exception):
         self.message = message
 
 
+# One step line of a side: its line number, its bytes and its JSON object (the trace
+# line, what every side is walked in: a trace's own lines, or those a run writes).
+Line = tuple[int, bytes, Any]
+
+
 @dataclass
 class Stream:
-    """One side of a diff: its steps, whether it ended with every request done, and (a
-    run) why it stopped before that: stuck, or at its step limit."""
+    """One side of a diff: its step lines, whether it ended with every request done, and
+    (a run) why it stopped before that: stuck, or at its step limit."""
 
     label: str
     config: Config
     engine: dict[str, str]
-    records: Iterator[StepRecord]
+    steps: Iterator[Line]
     complete: Callable[[], bool]
     stopped: Callable[[], Stop | None] = lambda: None
+    preempted_order: bool = True
+
+
+def lines_of_records(records: Iterable[StepRecord]) -> Iterator[Line]:
+    """Step records (a TraceReader's, or made in memory) as the lines a TraceWriter
+    writes, each at its record's line, with its JSON object."""
+    for rec in records:
+        raw = orjson.dumps(step_dict(rec)) + b"\n"
+        yield rec.line, raw, orjson.loads(raw)
 
 
 @dataclass(frozen=True)
@@ -358,57 +379,126 @@ def config_differences(a: Config, b: Config) -> tuple[str, ...]:
                  if getattr(a, f.name) != getattr(b, f.name))
 
 
+class _Checked:
+    """One side's check and metrics: the fast checker (kvsched.optimized.checker, the
+    spec's verdicts) with a metrics collector on its state; its malformed lines are the
+    side's failure."""
+
+    def __init__(self, side: Stream, series: bool, max_preemptions: int,
+                 stall_steps: int) -> None:
+        self.side = side
+        made: list[MetricsCollector] = []
+
+        def sink(state: State) -> MetricsCollector:
+            made.append(MetricsCollector(side.config, series=series, state=state))
+            return made[-1]
+
+        header = Header(side.config, side.engine, preempted_order=side.preempted_order)
+        self.fc = FastChecker(header, max_preemptions, RUN_STEPS, stall_steps, None, sink)
+        self.metrics = made[0]
+
+    def record(self, line: Line) -> StepRecord:
+        """The step line as a StepRecord (SideFailed if it is malformed)."""
+        try:
+            return parse_step(line[2], line[0])
+        except TraceError as e:
+            raise SideFailed(self.side.label, str(e)) from None
+
+    def step(self, line: Line) -> None:
+        try:
+            self.fc.step(line[0], line[2], line[1], True)
+        except TraceError as e:
+            raise SideFailed(self.side.label, str(e)) from None
+
+    def result(self) -> Side:
+        s = self.side
+        return Side(s.label, s.config, s.engine, self.fc.end(s.complete()),
+                    self.metrics.result(), s.stopped())
+
+
+def _hit_lengths(hits: Any) -> Any:
+    if isinstance(hits, dict) and all(isinstance(v, list) for v in hits.values()):
+        return {rid: len(v) for rid, v in hits.items()}
+    return hits
+
+
+def surely_same(oa: Any, ob: Any) -> bool:
+    """Whether two step lines' JSON objects are the same by every rule of
+    `first_difference` without reading them as records: the same inputs, decision and
+    finishes as written, prefix hits of the same lengths, no two free block counts that
+    differ. False means: compare them as records."""
+    if type(oa) is not dict or type(ob) is not dict:
+        return False
+    for key in ("arrivals", "aborted", "rejected", "preempted", "swapped_in", "scheduled",
+                "finished"):
+        if oa.get(key) != ob.get(key):
+            return False
+    ha, hb = oa.get("prefix_hits"), ob.get("prefix_hits")
+    if ha != hb and _hit_lengths(ha) != _hit_lengths(hb):
+        return False
+    fa, fb = oa.get("free_blocks"), ob.get("free_blocks")
+    return fa is None or fb is None or fa == fb
+
+
 def diff_streams(a: Stream, b: Stream, *, series: bool = False,
                  max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS,
                  stall_steps: int = should.DEFAULT_STALL_STEPS) -> Diff:
-    """Walk A and B in lockstep; report the first divergence, both checks, both metrics."""
-    ca = new_checker(a.config, max_preemptions=max_preemptions, stall_steps=stall_steps)
-    cb = new_checker(b.config, max_preemptions=max_preemptions, stall_steps=stall_steps)
-    ma = MetricsCollector(a.config, series=series, state=ca.state)
-    mb = MetricsCollector(b.config, series=series, state=cb.state)
+    """Walk A and B in lockstep; report the first divergence, both checks, both metrics.
+    Steps whose lines are surely the same (`surely_same`) are not read as records; the
+    others, and the divergence, are compared by `first_difference` on the spec's state
+    before the step."""
+    ca = _Checked(a, series, max_preemptions, stall_steps)
+    cb = _Checked(b, series, max_preemptions, stall_steps)
     divergence: Divergence | None = None
     compared = 0
-    for ra, rb in zip_longest(a.records, b.records):
+    for la, lb in zip_longest(a.steps, b.steps):
         if divergence is None:
-            if ra is None or rb is None:
-                longer, rec = ("B", rb) if ra is None else ("A", ra)
-                assert rec is not None
+            if la is None or lb is None:
+                longer, rec = ("B", cb.record(lb)) if la is None else ("A", ca.record(la))
                 shorter = f"ends after {rec.step} steps"
                 goes_on = f"goes on: {describe(rec.decision, rec.finished)}"
                 divergence = Divergence(rec.step, LENGTH,
                                         goes_on if longer == "A" else shorter,
                                         goes_on if longer == "B" else shorter, "")
             else:
-                divergence = first_difference(ra, rb, ca, cb)
+                if not surely_same(la[2], lb[2]):
+                    divergence = first_difference(ca.record(la), cb.record(lb),
+                                                  ca.fc.settled(), cb.fc.settled())
                 compared += 1
-        for stream, checker, collector, rec in ((a, ca, ma, ra), (b, cb, mb, rb)):
-            if rec is None:
-                continue
-            try:
-                collector.observe(rec, checker.step(rec))
-            except TraceError as e:
-                raise SideFailed(stream.label, str(e)) from None
-    sa = Side(a.label, a.config, a.engine, ca.end(a.complete()), ma.result(), a.stopped())
-    sb = Side(b.label, b.config, b.engine, cb.end(b.complete()), mb.result(), b.stopped())
-    return Diff(sa, sb, config_differences(a.config, b.config), divergence, compared)
+        for side, line in ((ca, la), (cb, lb)):
+            if line is not None:
+                side.step(line)
+    return Diff(ca.result(), cb.result(), config_differences(a.config, b.config),
+                divergence, compared)
 
 
 def simulated(label: str, scheduler: Scheduler, workload: Sequence[WorkItem],
               engine: dict[str, str], *, max_steps: int | None = None,
-              on_step: Callable[[StepRecord], None] | None = None,
+              on_lines: Callable[[list[bytes], int], None] | None = None,
               stall_steps: int = should.DEFAULT_STALL_STEPS) -> Stream:
-    """A side that runs `scheduler` on `workload` through the simulation loop; a run
-    that gets stuck, or reaches `max_steps` with work left, stops and says why."""
+    """A side that runs `scheduler` on `workload` (the compiled one in its own loop,
+    writing its trace lines; any other through the simulation loop) and walks the
+    lines it writes; `on_lines` sees each batch of lines with the requests they ended.
+    A run that gets stuck, or reaches `max_steps` with work left, stops and says why."""
     ended = 0
     stop: Stop | None = None
 
-    def records() -> Iterator[StepRecord]:
+    def batches() -> Iterator[tuple[list[bytes], int]]:
+        if CompiledScheduler is not None and isinstance(scheduler, CompiledScheduler):
+            for block, _, done in scheduler.simulate(workload, True, max_steps, True,
+                                                     stall_steps):
+                yield block.splitlines(keepends=True), done
+            return
+        for rec in run(scheduler, workload, max_steps=max_steps, stall_steps=stall_steps):
+            yield [orjson.dumps(step_dict(rec)) + b"\n"], rec.num_ended
+
+    def steps() -> Iterator[Line]:
         nonlocal ended, stop
-        steps = run(scheduler, workload, max_steps=max_steps, stall_steps=stall_steps)
-        step = 0
+        runs = batches()
+        line = 2  # after the header
         while True:
             try:
-                rec = next(steps)
+                raws, done = next(runs)
             except StopIteration:
                 if ended < len(workload):
                     left = len(workload) - ended
@@ -422,14 +512,15 @@ def simulated(label: str, scheduler: Scheduler, workload: Sequence[WorkItem],
             except Exception as e:  # the scheduler's fault, told in one line
                 text = (str(e).strip().splitlines() or [""])[0]
                 raise SideFailed(label, f"the scheduler raised {type(e).__name__} at step "
-                                        f"{step}: {text}") from None
-            step += 1
-            ended += rec.num_ended
-            if on_step is not None:
-                on_step(rec)
-            yield rec
+                                        f"{line - 2}: {text}") from None
+            ended += done
+            if on_lines is not None:
+                on_lines(raws, done)
+            for raw in raws:
+                yield line, raw, orjson.loads(raw)
+                line += 1
 
-    return Stream(label, scheduler.config, engine, records(), lambda: ended == len(workload),
+    return Stream(label, scheduler.config, engine, steps(), lambda: ended == len(workload),
                   lambda: stop)
 
 

@@ -7,7 +7,12 @@ Dn tokens sets C = min(C + Dn, N), and when C reaches N the request samples one 
 (N += 1). A recompute preemption sets C = 0 and keeps N, so the replayed outputs are
 computed again without sampling. Blocks follow the same rule. Where a trace breaks an
 invariant the rule does not apply the broken action (`kvsched check` reports it), and
-the metrics describe what remains.
+the metrics describe what remains. A trace read from a stream (`metrics_of_trace`, `kvsched
+metrics`) goes through the fast checker's loop (kvsched.optimized.checker): the rule's
+compiled twin (kvsched.optimized.state) moves through the steps it calls clean and
+counts their facts in columns (RunFacts, `observe_run`), the spec's state through the
+others (`observe`); the definitions below apply to both alike, so the Metrics are the
+same.
 
 Units and definitions:
 - a step is the unit of time; milliseconds too when every step has `time_ms`;
@@ -46,17 +51,19 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from kvsched.spec.model import Config, Status, StepRecord
-from kvsched.spec.trace import TraceReader
+from kvsched.spec.trace import Header, TraceReader
 
 if TYPE_CHECKING:
+    from kvsched.optimized.state import RunFacts
     from kvsched.spec.state import State, StepFacts
 
 PERCENTILES = (50, 90, 99)
+NO_THRASH_LIMIT = 1 << 62  # the preemptions a request may take when only metrics are read
 QUEUES = ("waiting", "running", "swapped", "kv")  # averaged and peaked per step
 
 
@@ -320,63 +327,24 @@ class _Series:
     tpot_step: array[int] = field(default_factory=lambda: array("q"))
 
 
-@dataclass(slots=True)
-class StepEvents:
-    """What happened to requests in one step of a simulation that counts its own steps
-    (the compiled scheduler's loop): the facts that the spec's transition rule derives
-    from a trace line (kvsched.spec.state.StepFacts), as the scheduler that ran the step
-    counted them, so that no state has to be moved through the step again.
-
-    `victims` are (mode, C before), `admissions` (id, N, hit tokens) of the waiting
-    requests scheduled (with prefix caching), `first_tokens` the ids that sampled their
-    first token, `ended` the aborted and then the rejected ids with their status,
-    `finishes` (id, outputs). (Not frozen: one is made for every step that has events,
-    and a frozen dataclass's fields cost a call each to set.)
-    """
-
-    arrivals: Sequence[str] = ()
-    victims: Sequence[tuple[str, int]] = ()
-    swap_ins: int = 0
-    admissions: Sequence[tuple[str, int, int]] = ()
-    evicted: int = 0
-    first_tokens: Sequence[str] = ()
-    ended: Sequence[tuple[str, Status]] = ()
-    finishes: Sequence[tuple[str, int]] = ()
-
-
-@dataclass(frozen=True)
-class StepTotals:
-    """Each step's numbers of a run of steps, one entry per step in order: tokens sampled
-    and computed (of them, prompt tokens), victims, the queues after the step and the GPU
-    blocks held while its batch ran."""
-
-    generated: Sequence[int]
-    computed: Sequence[int]
-    prompt_tokens: Sequence[int]
-    preemptions: Sequence[int]
-    waiting: Sequence[int]
-    running: Sequence[int]
-    swapped: Sequence[int]
-    kv_used: Sequence[int]
-
-
 class MetricsCollector:
     """Feed it a trace's steps in order with `step`, then read `result()`.
 
     Beside a checker of the same steps, share its state and `observe` the facts its
-    `step` returns, so that the step is moved once. A simulation that counts its own
-    steps gives them to `observe_events` and `observe_totals` instead (no state is kept
-    then).
+    `step` returns, so that the step is moved once. Beside the fast checker
+    (kvsched.optimized.checker, a StepSink), it also takes the facts the compiled state
+    counted over a run of steps (`observe_run`) and, when the spec's state takes over,
+    when the live requests last sampled (`observe_samples`).
     """
 
     def __init__(self, config: Config, *, series: bool = True,
-                 state: State | None = None, tallied: bool = False) -> None:
+                 state: State | None = None) -> None:
         self.config = config
-        if state is None and not tallied:
+        if state is None:
             from kvsched.spec.state import State
 
             state = State(config)
-        self.state = state
+        self.state: State = state
         self.times: dict[str, _Timeline] = {}
         self.ended = dict.fromkeys((Status.FINISHED, Status.ABORTED, Status.REJECTED), 0)
         self.steps = 0
@@ -400,7 +368,6 @@ class MetricsCollector:
         self.series = _Series() if series else None
 
     def step(self, rec: StepRecord) -> None:
-        assert self.state is not None, "a tallied collector takes observe_events only"
         self.observe(rec, self.state.apply(rec))
 
     def observe(self, rec: StepRecord, f: StepFacts) -> None:
@@ -412,7 +379,7 @@ class MetricsCollector:
             if a.applied:
                 self._arrive(a.request, s, start)
         for victim in f.valid_victims:
-            self._victim(victim.mode, victim.computed)
+            self._victims(victim.mode, 1, victim.computed)
         self.swap_ins += sum(1 for a, _ in f.swap_ins if a.applied)
         if self.config.prefix_caching:
             self._cache(f)
@@ -429,7 +396,7 @@ class MetricsCollector:
                 generated += 1
                 t = times[c.action.request]
                 if t.first_step < 0:
-                    self._first_token(t, s, end)
+                    self._first_token(t, s, end, self.timed)
                 t.last_step, t.last_clock = s, end
         # KV use while the batch runs: before the finishes release their blocks.
         if rec.free_blocks is not None:
@@ -442,42 +409,59 @@ class MetricsCollector:
                           else Status.REJECTED)
         for d in f.finishes:
             if d.action.applied:
-                self._finish(times.pop(d.action.request), s, d.outputs)
-        assert self.state is not None
+                self._finish(times.pop(d.action.request), s, d.outputs, self.timed)
         count = self.state.count
         self._close(end, generated, computed, len(rec.preempted), count[Status.WAITING],
                     count[Status.RUNNING], count[Status.SWAPPED], kv_used)
 
-    def observe_events(self, step: int, events: StepEvents) -> None:
-        """Record what happened to requests in one step of a simulation that counted it
-        itself (steps without events need no call); then `observe_totals` for all of
-        its steps. Such a simulation has no clock (no time_ms)."""
-        self.timed = False
-        times = self.times
-        for rid in events.arrivals:
-            self._arrive(rid, step, 0.0)
-        for mode, computed in events.victims:
-            self._victim(mode, computed)
-        self.swap_ins += events.swap_ins
-        if self.config.prefix_caching:
-            for rid, known, tokens in events.admissions:
-                self._admission(rid, known, tokens)
-            self.cache["evictions"] += events.evicted
-        for rid in events.first_tokens:
-            self._first_token(times[rid], step, 0.0)
-        for rid, status in events.ended:
-            self._end(rid, status)
-        for rid, outputs in events.finishes:
-            t = times.pop(rid)
-            t.last_step = step  # it sampled the token it finished on
-            self._finish(t, step, outputs)
+    def observe_run(self, f: RunFacts) -> None:
+        """Record a run of steps that the compiled state applied and counted itself
+        (kvsched.optimized.state.RunFacts): the same definitions as `observe`, each
+        event in its order, each step's numbers at once."""
+        timed, untimed = self.timed, f.untimed
 
-    def observe_totals(self, totals: StepTotals) -> None:
-        """Each step's numbers of a simulation that counted them itself, all at once."""
-        self.timed = False
-        self.prompt_tokens += sum(totals.prompt_tokens)
-        self._totals(totals.generated, totals.computed, totals.preemptions,
-                     totals.waiting, totals.running, totals.swapped, totals.kv_used)
+        def timed_at(step: int) -> bool:  # every step up to `step` had time_ms
+            return timed and (untimed < 0 or step < untimed)
+
+        for rid, step, clock in zip(f.arrivals, f.arrival_steps, f.arrival_clocks,
+                                    strict=True):
+            self._arrive(rid, step, clock)
+        self._victims("recompute", f.recomputes, f.recomputed)
+        self._victims("swap", f.swaps, 0)
+        self.swap_ins += f.swap_ins
+        if self.config.prefix_caching:
+            for rid, known, tokens in zip(f.admissions, f.admission_known, f.admission_hit,
+                                          strict=True):
+                self._admission(rid, known, tokens)
+            self.cache["evictions"] += f.evicted
+        times = self.times
+        for rid, step, clock in zip(f.first_tokens, f.first_steps, f.first_clocks,
+                                    strict=True):
+            self._first_token(times[rid], step, clock, timed_at(step))
+        for rid in f.aborted:
+            self._end(rid, Status.ABORTED)
+        for rid in f.rejected:
+            self._end(rid, Status.REJECTED)
+        for rid, step, outputs, clock in zip(f.finishes, f.finish_steps, f.finish_outputs,
+                                             f.finish_clocks, strict=True):
+            t = times.pop(rid)
+            t.last_step, t.last_clock = step, clock  # it sampled the token it finished on
+            self._finish(t, step, outputs, timed_at(step))
+        self.prompt_tokens += f.prompt_tokens
+        self._totals(f.generated, f.computed, f.victims, f.waiting, f.running, f.swapped,
+                     f.kv_used)
+        self.clock = f.clock
+        if untimed >= 0:
+            self.timed = False
+
+    def observe_samples(self, samples: Iterable[tuple[str, int, float]]) -> None:
+        """The last step (and its end in ms) at which live requests sampled, as the
+        compiled state saw them, when the spec's state takes over from it."""
+        times = self.times
+        for rid, step, clock in samples:
+            t = times[rid]
+            if step > t.last_step:
+                t.last_step, t.last_clock = step, clock
 
     # -- the definitions, one event at a time -------------------------------------------
 
@@ -491,17 +475,21 @@ class MetricsCollector:
         self.times[rid] = _Timeline(step, clock)
         self.requests += 1
 
-    def _victim(self, mode: str, computed: int) -> None:
-        self.preemptions[mode] = self.preemptions.get(mode, 0) + 1
+    def _victims(self, mode: str, count: int, computed: int) -> None:
+        """`count` preemptions in `mode`, their victims having computed `computed`
+        tokens in all."""
+        self.preemptions[mode] = self.preemptions.get(mode, 0) + count
         if mode == "recompute":
             self.recomputed += computed
 
-    def _first_token(self, t: _Timeline, step: int, clock: float) -> None:
+    def _first_token(self, t: _Timeline, step: int, clock: float, timed: bool) -> None:
+        """`t` sampled its first token at `step`, ending at `clock` ms (`timed`: every
+        step so far had time_ms)."""
         t.first_step, t.first_clock = step, clock
         self.ttft.append(step - t.arrival_step + 1)
         if self.series is not None:
             self.series.ttft_step.append(step)
-        if self.timed:
+        if timed:
             self.ttft_ms.append(clock - t.arrival_clock)
 
     def _end(self, rid: str, status: Status) -> None:
@@ -509,14 +497,15 @@ class MetricsCollector:
         self.ended[status] += 1
         self.times.pop(rid, None)
 
-    def _finish(self, t: _Timeline, step: int, outputs: int) -> None:
+    def _finish(self, t: _Timeline, step: int, outputs: int, timed: bool) -> None:
+        """`t` finished at `step` with `outputs` tokens sampled."""
         self.ended[Status.FINISHED] += 1
         self.latency.append(step - t.arrival_step + 1)
         if outputs >= 2:
             self.tpot.append((t.last_step - t.first_step) / (outputs - 1))
             if self.series is not None:
                 self.series.tpot_step.append(step)
-            if self.timed:
+            if timed:
                 self.tpot_ms.append((t.last_clock - t.first_clock) / (outputs - 1))
 
     def _close(self, end: float, generated: int, computed: int, preemptions: int,
@@ -595,7 +584,7 @@ class MetricsCollector:
             num_gpu_blocks=blocks, steps=steps, requests=self.requests,
             finished=self.ended[Status.FINISHED], aborted=self.ended[Status.ABORTED],
             rejected=self.ended[Status.REJECTED],
-            unfinished=len(self.state.live) if self.state is not None else len(self.times),
+            unfinished=len(self.state.live),
             generated_tokens=self.generated, computed_tokens=self.computed,
             prompt_tokens=self.prompt_tokens, duration_ms=self.clock if timed else None,
             ttft=Distribution.of(self.ttft), tpot=Distribution.of(self.tpot),
@@ -621,6 +610,33 @@ def metrics_of(config: Config, records: Iterable[StepRecord], *,
     return collector.result()
 
 
-def metrics_of_trace(reader: TraceReader, *, series: bool = True) -> Metrics:
-    """The metrics of a whole trace as it streams from `reader`."""
-    return metrics_of(reader.header.config, reader, series=series)
+def metrics_of_trace(trace: IO[bytes] | TraceReader, *, series: bool = True,
+                     on_header: Callable[[Header], None] | None = None) -> Metrics:
+    """The metrics of a whole trace as it streams from a binary stream (`on_header`
+    sees its header first) or from a TraceReader. A stream is read by the fast
+    checker's loop (kvsched.optimized.checker): the compiled state moves through the
+    steps it finds clean and counts their facts (RunFacts, `observe_run`), the spec's
+    state through the others (`observe`); where the compiled state is not built, and
+    from a TraceReader, the spec's state moves through every step. The same Metrics
+    either way; TraceError where the trace is malformed."""
+    if isinstance(trace, TraceReader):
+        return metrics_of(trace.header.config, trace, series=series)
+    try:
+        from kvsched.optimized.checker import check_trace_vectorized
+        from kvsched.optimized.state import FastState  # noqa: F401
+    except ImportError:  # not built here
+        reader = TraceReader(trace)
+        if on_header is not None:
+            on_header(reader.header)
+        return metrics_of(reader.header.config, reader, series=series)
+    made: list[MetricsCollector] = []
+
+    def collector(state: State) -> MetricsCollector:
+        made.append(MetricsCollector(state.config, series=series, state=state))
+        return made[-1]
+
+    # The metrics need no verdict: no count of preemptions hands a step to the spec's
+    # Checker (no-thrash), only what the compiled state cannot take.
+    check_trace_vectorized(trace, max_preemptions=NO_THRASH_LIMIT, on_header=on_header,
+                           sink=collector)
+    return made[0].result()

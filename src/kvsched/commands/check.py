@@ -18,12 +18,11 @@ import click
 from rich.text import Text
 
 from kvsched import inputs
-from kvsched.cli import (
+from kvsched.commands.options import (
     BadInput,
     atomic_output,
     err,
     fail,
-    new_checker,
     on_ray,
     open_trace,
     out,
@@ -33,10 +32,11 @@ from kvsched.cli import (
     stall_option,
     trace_size,
 )
+from kvsched.implementations import Unavailable, check_trace, chosen_checker, require_checker
 from kvsched.inputs import InputError
 from kvsched.progress import Reporter, reading
 from kvsched.spec.profiles import PROFILES, get_profile, pinned_profile
-from kvsched.spec.trace import Header, TraceError, TraceReader
+from kvsched.spec.trace import Header, TraceError
 from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS, DEFAULT_STALL_STEPS, INVARIANTS
 from kvsched.verdict import SHOWN, Verdict, printable, render_text, worst
 
@@ -76,11 +76,7 @@ class CheckSettings:
 
 def check_one(path: str, settings: CheckSettings, progress: bool | None = False) -> Report:
     """One trace's report; raises Unreadable with the one-line reason."""
-    choice = settings.checker_choice
-    if choice == "auto":
-        profile = settings.profile
-        fast = big_trace(path) and (profile is None or replay_refused(profile) is None)
-        choice = "vectorized" if fast and vectorized_imports() else "spec"
+    choice = chosen_checker(settings.checker_choice, big_trace(path), settings.profile)
     try:
         with open_trace(path) as raw, reading(raw, f"checking {printable(path)}",
                                               trace_size(path), err, progress) as stream:
@@ -97,29 +93,16 @@ def check_stream(stream: IO[bytes], path: str, settings: CheckSettings, checker_
     by the checker `checker_choice` names (spec or vectorized); `notes`: print the
     release note of a profile that follows another release."""
     profile = settings.profile
-    if checker_choice == "vectorized":
-        from kvsched.optimized.checker import check_trace_vectorized
 
-        def note(header: Header) -> None:
-            if profile is not None:
-                refuse_other_config(path, profile, header)
-                if notes:
-                    release_note(path, profile, header.engine)
+    def note(header: Header) -> None:
+        if profile is not None:
+            refuse_other_config(path, profile, header)
+            if notes:
+                release_note(path, profile, header.engine)
 
-        report = check_trace_vectorized(stream, settings.max_preemptions, profile=profile,
-                                        on_header=note, stall_steps=settings.stall_steps)
-        report.strict, report.required = settings.strict, settings.required
-        report.missing()  # computed from the fields just set
-        return report
-    reader = TraceReader(stream)
-    if profile is not None:
-        refuse_other_config(path, profile, reader.header)
-        if notes:
-            release_note(path, profile, reader.header.engine)
-    return new_checker(reader.header.config, profile=profile, strict=settings.strict,
+    return check_trace(stream, checker_choice, profile=profile, strict=settings.strict,
                        max_preemptions=settings.max_preemptions, required=settings.required,
-                       preempted_order=reader.header.preempted_order,
-                       stall_steps=settings.stall_steps).run_trace(reader)
+                       stall_steps=settings.stall_steps, on_header=note)
 
 
 def verdict_of(path: str, settings: CheckSettings, progress: bool | None = False) -> Verdict:
@@ -167,53 +150,6 @@ def big_trace(path: str) -> bool:
         return False
     size = file.stat().st_size * (8 if inputs.is_compressed(path) else 1)
     return size >= AUTO_VECTORIZED_BYTES
-
-
-# Whether this process has told that `--checker auto` fell back (told once, not per trace).
-_fell_back: list[bool] = []
-
-
-def vectorized_imports() -> bool:
-    """Whether the vectorized checker imports here (the optimized extra: numpy, numba);
-    if not, `--checker auto` checks with the spec's checker and says so once on standard
-    error."""
-    try:
-        import kvsched.optimized.checker  # noqa: F401
-    except ImportError as e:
-        if not _fell_back:
-            _fell_back.append(True)
-            missing = e.name if e.name in ("numpy", "numba") else "numpy and numba"
-            err.print(Text(f"kvsched: note: the vectorized checker needs {missing} (pip "
-                           "install 'kvsched[optimized]'); checking with the spec's "
-                           "checker"))
-        return False
-    return True
-
-
-def vectorized_available(profile: str | None) -> None:
-    """Refuse `--checker vectorized` where it cannot run, before any trace is read."""
-    try:
-        import kvsched.optimized.checker  # noqa: F401
-    except ImportError:
-        fail("--checker vectorized needs numpy and numba: pip install 'kvsched[optimized]'")
-    refused = replay_refused(profile) if profile is not None else None
-    if refused is not None:
-        fail(f"--checker vectorized replays --profile {profile} with the compiled "
-             f"scheduler, which {refused}: use --checker spec")
-
-
-def replay_refused(profile: str) -> str | None:
-    """Why the vectorized checker cannot replay `profile` (with the compiled scheduler,
-    kvsched.optimized.replay), or None: --checker spec replays it with the reference."""
-    from kvsched.optimized.knobs import unsupported_knobs
-
-    try:
-        import kvsched.optimized.compiled  # noqa: F401
-    except ImportError:
-        return "is not built here (kvsched was installed without a C++ compiler)"
-    if unsupported_knobs(get_profile(profile).knobs) is not None:
-        return "does not implement vLLM V0's rules"
-    return None
 
 
 def parse_required(text: str | None) -> frozenset[str]:
@@ -287,8 +223,10 @@ def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemp
              "reproductions in")
     required = parse_required(require)
     profile_note(profile)
-    if checker_choice == "vectorized":
-        vectorized_available(profile)
+    try:
+        require_checker(checker_choice, profile)
+    except Unavailable as e:
+        fail(str(e))
     try:
         paths = expand(traces)
     except TraceSetError as e:

@@ -15,12 +15,11 @@ import orjson
 from rich.text import Text
 
 from kvsched import __version__
-from kvsched.cli import (
+from kvsched.commands.options import (
     WORKLOAD_PARAMS,
     atomic_output,
     build_config,
     config_options,
-    counting,
     dumps_line,
     err,
     fail,
@@ -37,7 +36,7 @@ from kvsched.progress import Reporter, reading
 from kvsched.spec.model import (
     StepRecord,
 )
-from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES
+from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
 from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS
 from kvsched.verdict import printable
@@ -66,6 +65,18 @@ def diff_side_kind(text: str, which: str) -> str:
         fail(f"{which}: {text}: no such trace file")
     fail(f"{which}: {text!r} is neither a trace file, a profile ({', '.join(PROFILES)}) "
          "nor module:factory")
+
+
+def kept(writer: TraceWriter | None, reporter: Reporter | None
+         ) -> Callable[[list[bytes], int], None]:
+    """A run's on_lines: its lines to `writer` (--out-a, --out-b), the requests they
+    ended to `reporter` (A's tell how far the diff is)."""
+    def on_lines(raws: list[bytes], ended: int) -> None:
+        if writer is not None:
+            writer.encoded(b"".join(raws))
+        if reporter is not None and ended:
+            reporter.advance(ended)
+    return on_lines
 
 
 def trace_records(path: Path, reader: TraceReader) -> Iterator[StepRecord]:
@@ -127,7 +138,15 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
     """
     from contextlib import ExitStack
 
-    from kvsched.diff import SideFailed, Stream, diff_streams, plot_png, render_text, simulated
+    from kvsched.diff import (
+        SideFailed,
+        Stream,
+        diff_streams,
+        lines_of_records,
+        plot_png,
+        render_text,
+        simulated,
+    )
     from kvsched.loading import FactoryError, build, load_factory
     from kvsched.plot import PlotUnavailable, require_matplotlib
     from kvsched.spec.interface import Scheduler
@@ -176,8 +195,9 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
                 except TraceError as e:
                     fail(f"{path}: {e}")
                 streams.append(Stream(text, reader.header.config, reader.header.engine,
-                                      trace_records(path, reader),
-                                      lambda r=reader: r.complete))  # type: ignore[misc]
+                                      lines_of_records(trace_records(path, reader)),
+                                      lambda r=reader: r.complete,  # type: ignore[misc]
+                                      preempted_order=reader.header.preempted_order))
             sa, sb = streams
         else:
             configs = [build_config(text if kind == "profile" else DEFAULT_PROFILE,
@@ -194,11 +214,15 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
             for text, kind, config, keep in zip((a, b), kinds, configs, (out_a, out_b),
                                                 strict=True):
                 if kind == "profile":
-                    from kvsched.reference import reference_scheduler
+                    from kvsched.implementations import build_scheduler, chosen_scheduler
 
-                    scheduler = reference_scheduler(text, config)
-                    label = f"{text} (reference)"
-                    engine = {"name": "kvsched-reference", "version": __version__,
+                    profile = get_profile(text)
+                    implementation = chosen_scheduler("auto", config, profile.knobs,
+                                                      profile.scheduler)
+                    scheduler = build_scheduler(implementation, config, profile.knobs,
+                                                profile.scheduler)
+                    label = f"{text} ({implementation})"
+                    engine = {"name": f"kvsched-{implementation}", "version": __version__,
                               "profile": text}
                 else:
                     label = text
@@ -219,12 +243,10 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
                     writer = TraceWriter(stack.enter_context(atomic_output(keep)),
                                          dumps_line)
                     writer.header(config, engine)
-                on_step: Callable[[StepRecord], None] | None = (
-                    writer.step if writer else None)
-                if not sides:  # A's ended requests tell how far
-                    on_step = counting(reporter, on_step)
                 sides.append((simulated(label, scheduler, workload, engine,
-                                        max_steps=max_steps, on_step=on_step,
+                                        max_steps=max_steps,
+                                        on_lines=kept(writer, reporter if not sides
+                                                      else None),
                                         stall_steps=stall_steps), writer))
             (sa, writer_a), (sb, writer_b) = sides
         try:

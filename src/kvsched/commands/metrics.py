@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 import orjson
 
-from kvsched.cli import (
+from kvsched.commands.options import (
     atomic_output,
     err,
     fail,
@@ -23,11 +22,8 @@ from kvsched.cli import (
     trace_size,
 )
 from kvsched.progress import reading
-from kvsched.spec.trace import TraceError, TraceReader
+from kvsched.spec.trace import TraceError
 from kvsched.verdict import printable
-
-if TYPE_CHECKING:
-    pass
 
 
 @click.command()
@@ -39,7 +35,7 @@ if TYPE_CHECKING:
 @progress_option
 def metrics(trace: str, fmt: str, plot_path: Path | None, progress: bool | None) -> None:
     """Throughput, TTFT and TPOT percentiles, queue lengths, KV use, preemptions."""
-    from kvsched.metrics import MetricsCollector
+    from kvsched.metrics import metrics_of_trace
     from kvsched.plot import PlotUnavailable, metrics_png, require_matplotlib
     if plot_path is not None:
         if plot_path.is_dir():
@@ -51,13 +47,9 @@ def metrics(trace: str, fmt: str, plot_path: Path | None, progress: bool | None)
     with open_trace(trace) as raw, reading(raw, "reading", trace_size(trace), err,
                                            progress) as stream:
         try:
-            reader = TraceReader(stream)
-            collector = MetricsCollector(reader.header.config, series=plot_path is not None)
-            for rec in reader:
-                collector.step(rec)
+            result = metrics_of_trace(stream, series=plot_path is not None)
         except TraceError as e:
             fail(f"{trace}: {e}")
-    result = collector.result()
     if plot_path is not None:
         with atomic_output(plot_path) as png:
             png.write(metrics_png(result, f"kvsched metrics: {printable(trace)}"))

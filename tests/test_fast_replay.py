@@ -1,0 +1,157 @@
+"""The compiled replay of a profile (kvsched.optimized.replay) against the spec's
+ProfileReplay: on a prefix-caching trace, and on the same trace with its decisions
+altered, both name the same first divergence (or none) in the same words, and a trace
+the profile wrote itself never goes through the spec's path."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+
+from kvsched.conformance import profile_replay
+from kvsched.optimized.replay import CompiledReplay
+from kvsched.reference import ReferenceScheduler
+from kvsched.simulate import run
+from kvsched.spec import Config
+from kvsched.spec.profiles import get_profile
+from kvsched.spec.trace import TraceError, load_line, parse_step, step_dict
+from kvsched.workload import WorkItem, validate
+
+PROFILE = "vllm-v1"
+CONFIG = Config(block_size=4, num_gpu_blocks=48, max_num_batched_tokens=64, max_num_seqs=12,
+                max_model_len=256, prefix_caching=True)
+Line = dict[str, Any]
+
+
+def caching_trace() -> list[Line]:
+    """The profile's own trace of requests sharing prefixes: hits, preemptions."""
+    items = [WorkItem(f"r{i}", i // 6, 17 + (7 * i) % 23, 3 + (5 * i) % 30, 3 + (5 * i) % 30,
+                      prefix=("sys", 8 + 4 * (i % 3)) if i % 4 else None)
+             for i in range(40)]
+    scheduler = ReferenceScheduler(CONFIG, get_profile(PROFILE).knobs)
+    return [orjson.loads(orjson.dumps(step_dict(rec)))
+            for rec in run(scheduler, validate(items))]
+
+
+def spec_verdict(lines: list[Line]) -> tuple[int, str] | None:
+    replay = profile_replay(CONFIG, PROFILE)
+    for n, obj in enumerate(lines, 2):
+        v = replay.step(parse_step(obj, n))
+        if v is not None:
+            return v.step, v.message
+    return None
+
+
+def fast_replay(lines: list[Line], run_steps: int) -> CompiledReplay:
+    replay = CompiledReplay(PROFILE, CONFIG)
+    numbered = list(enumerate(lines, 2))
+    for k in range(0, len(numbered), run_steps):
+        replay.lines(numbered[k:k + run_steps])
+    return replay
+
+
+def fast_verdict(replay: CompiledReplay) -> tuple[int, str] | None:
+    v = replay.spec.divergence
+    return None if v is None else (v.step, v.message)
+
+
+def first(lines: list[Line], has: Callable[[Line], bool]) -> int:
+    return next(k for k, obj in enumerate(lines) if has(obj))
+
+
+def drop_an_entry(lines: list[Line]) -> None:
+    k = first(lines, lambda o: len(o.get("scheduled", [])) >= 3)
+    del lines[k]["scheduled"][1]
+
+
+def swap_victims(lines: list[Line]) -> None:
+    k = first(lines, lambda o: len(o.get("preempted", [])) >= 2)
+    lines[k]["preempted"].reverse()
+
+
+def change_a_mode(lines: list[Line]) -> None:
+    k = first(lines, lambda o: bool(o.get("preempted")))
+    lines[k]["preempted"][0]["mode"] = "swap"
+
+
+def shorten_a_hit(lines: list[Line]) -> None:
+    k = first(lines, lambda o: any(len(b) >= 2 for b in o.get("prefix_hits", {}).values()))
+    hits = lines[k]["prefix_hits"]
+    rid = next(r for r, b in hits.items() if len(b) >= 2)
+    hits[rid].pop()
+
+
+def drop_a_hit(lines: list[Line]) -> None:
+    k = first(lines, lambda o: bool(o.get("prefix_hits")))
+    del lines[k]["prefix_hits"]
+
+
+def finish_another(lines: list[Line]) -> None:
+    k = first(lines, lambda o: bool(o.get("finished")) and len(o.get("scheduled", [])) >= 2)
+    done = set(lines[k]["finished"])
+    lines[k]["finished"] = [next(rid for rid, _ in lines[k]["scheduled"] if rid not in done)]
+
+
+def no_keys(lines: list[Line]) -> None:
+    """Without block_keys the hits' contents are what the trace's state implies."""
+    for obj in lines:
+        obj.pop("block_keys", None)
+
+
+def wrong_keys(lines: list[Line]) -> None:
+    """The keys of a request that hits, given as other contents: no hit to find."""
+    rid = next(iter(lines[first(lines, lambda o: bool(o.get("prefix_hits")))]["prefix_hits"]))
+    k = first(lines, lambda o: rid in o.get("block_keys", {}))
+    lines[k]["block_keys"][rid] = [f"elsewhere/{j}" for j in range(len(
+        lines[k]["block_keys"][rid]))]
+
+
+ALTERATIONS = [drop_an_entry, swap_victims, change_a_mode, shorten_a_hit, drop_a_hit,
+               finish_another, no_keys, wrong_keys]
+
+
+def test_the_profiles_own_caching_trace_is_replayed_without_the_spec() -> None:
+    lines = caching_trace()
+    assert any(o.get("prefix_hits") for o in lines)
+    assert any(len(o.get("preempted", [])) >= 2 for o in lines)
+    replay = fast_replay(lines, 5)
+    assert not replay.diverged and spec_verdict(lines) is None
+    assert replay.slow_steps == 0 and replay.fast_runs == -(-len(lines) // 5)
+
+
+@pytest.mark.parametrize("alter", ALTERATIONS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("run_steps", [1, 7, 10_000])
+def test_an_altered_trace_diverges_where_and_as_the_spec_says(
+        alter: Callable[[list[Line]], None], run_steps: int) -> None:
+    lines = copy.deepcopy(caching_trace())
+    alter(lines)
+    expected = spec_verdict(lines)
+    replay = fast_replay(lines, run_steps)
+    assert fast_verdict(replay) == expected
+    if alter is not no_keys:
+        assert expected is not None and "first divergence from vllm-v1" in expected[1]
+    if expected is not None:
+        assert replay.slow_steps > 0  # the words are the spec's own
+    if alter is no_keys and run_steps == 1:
+        # Lines without hits stay fast; the trace's state catches up before each hit.
+        assert replay.fast_runs > 0 and replay.slow_steps > 0
+
+
+def test_lines_may_come_as_bytes_and_a_bad_one_is_the_spec_parsers_error() -> None:
+    lines = caching_trace()
+    raws = [(n, orjson.dumps(obj) + b"\n") for n, obj in enumerate(lines, 2)]
+    replay = CompiledReplay(PROFILE, CONFIG)
+    replay.lines(raws)
+    assert not replay.diverged and replay.slow_steps == 0
+    bad = copy.deepcopy(lines)
+    k = first(bad, lambda o: bool(o.get("scheduled")))
+    bad[k]["scheduled"][0][1] = True
+    with pytest.raises(TraceError) as spec_error:
+        parse_step(load_line(orjson.dumps(bad[k]), k + 2), k + 2)
+    with pytest.raises(TraceError) as fast_error:
+        fast_replay(bad, 10_000)
+    assert str(fast_error.value) == str(spec_error.value)

@@ -1,0 +1,166 @@
+"""The commands a user runs on the trace a user has, side by side in one run: the default
+`kvsched simulate --requests N` trace (vLLM v1's rules, prefix caching on, as vLLM
+serves), checked, checked against a profile and measured, by the fast path and by the
+spec's Python path.
+
+    python -m tools.bench_users --requests 200000 --out docs/benchmarks.md
+    python -m tools.bench_users --requests 5000              (printed only)
+
+    python -m tools.bench_users --requests 10000 --before /tmp/old    (metrics and diff
+                                          against the kvsched of that checkout, built)
+
+Each figure is a whole `kvsched` process, timed by the wall clock, with its peak
+resident memory from the kernel (`wait4`'s ru_maxrss). `check` and `check --profile`
+compare the spec's checker with the fast one; `metrics` and `diff` compare the kvsched
+of `--before` (a checkout of an earlier version, its compiled modules built in place)
+with this one, or without it `metrics` on the spec's state in this one (what
+`kvsched metrics` computed before its fast path). The pairs run one after the other on
+the same file, so a ratio compares the same work on the same machine in the same
+minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tools.bench import machine, place
+
+START = "<!-- bench_users: start -->"
+END = "<!-- bench_users: end -->"
+KVSCHED = [sys.executable, "-m", "kvsched"]
+TIME = "/usr/bin/time"  # GNU time: the peak resident set of the command alone
+SPEC_METRICS = ("import sys; from kvsched.inputs import open_trace; "
+                "from kvsched.spec.trace import TraceReader; "
+                "from kvsched.metrics import metrics_of_trace; "
+                "f = open_trace(sys.argv[1]); "
+                "print(metrics_of_trace(TraceReader(f)).steps)")
+
+
+@dataclass(frozen=True)
+class Timed:
+    seconds: float
+    peak_mb: float
+    code: int
+
+
+def timed(argv: list[str]) -> Timed:
+    """Run `argv` (output discarded); its wall time, peak memory and exit code. The
+    peak is measured by /usr/bin/time around it: a child forked from this process
+    would count this process's own memory in its peak (Linux keeps the largest
+    resident set across fork and exec)."""
+    with tempfile.NamedTemporaryFile("r") as peak:
+        start = time.perf_counter()
+        done = subprocess.run([TIME, "-f", "%M", "-o", peak.name, *argv],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+        seconds = time.perf_counter() - start
+        kb = int(peak.read().strip().splitlines()[-1] or 0)
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: "
+                         f"{done.stderr.decode().strip()[-400:]}")
+    return Timed(seconds, kb / 1024, done.returncode)
+
+
+def pairs(trace: Path, requests: int, before: Path | None
+          ) -> list[tuple[str, list[str], list[str]]]:
+    """(what, the slow or earlier path, the fast path) for each command."""
+    t = str(trace)
+    old = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+           "from kvsched.cli import main; main()", str(before / "src")] if before else []
+    steps = str(max(100_000, 10 * requests))
+    diff = ["diff", "vllm-v1", "sarathi", "--requests", str(requests), "--max-steps", steps]
+    return [
+        ("`kvsched check`", [*KVSCHED, "check", "--checker", "spec", t],
+         [*KVSCHED, "check", "--checker", "vectorized", t]),
+        ("`kvsched check --profile vllm-v1`",
+         [*KVSCHED, "check", "--checker", "spec", "--profile", "vllm-v1", t],
+         [*KVSCHED, "check", "--checker", "vectorized", "--profile", "vllm-v1", t]),
+        ("`kvsched metrics`",
+         [*old, "metrics", t] if before else [sys.executable, "-c", SPEC_METRICS, t],
+         [*KVSCHED, "metrics", t]),
+        *([(f"`kvsched {' '.join(diff[:3])}` on the same workload", [*old, *diff],
+            [*KVSCHED, *diff])] if before else []),
+    ]
+
+
+def report(requests: int, command: str, keep: Path | None, before: Path | None) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = keep or Path(tmp) / "trace.jsonl"
+        if keep is None or not keep.exists():
+            print(f"simulating {requests:,} requests ...", flush=True)
+            sim = timed([*KVSCHED, "simulate", "--requests", str(requests), "--out",
+                         str(trace)])
+            print(f"  {sim.seconds:.1f} s", flush=True)
+        size = trace.stat().st_size
+        with trace.open("rb") as f:
+            steps = sum(1 for _ in f) - 2
+        rows = []
+        for what, slow_argv, fast_argv in pairs(trace, requests, before):
+            print(f"{what}: the slow path ...", flush=True)
+            slow = timed(slow_argv)
+            print(f"  {slow.seconds:.1f} s, {slow.peak_mb:.0f} MB; the fast path ...",
+                  flush=True)
+            fast = timed(fast_argv)
+            print(f"  {fast.seconds:.2f} s, {fast.peak_mb:.0f} MB", flush=True)
+            rows.append(f"| {what} | {slow.seconds:,.1f} | {fast.seconds:,.2f} | "
+                        f"{slow.seconds / fast.seconds:,.1f}x | {slow.peak_mb:,.0f} | "
+                        f"{fast.peak_mb:,.0f} | {fast.peak_mb / slow.peak_mb:.2f} |")
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join([
+        START,
+        "## The traces users have: the default trace, prefix caching on",
+        "",
+        f"`{command}`, {now}, on {machine()}. The trace: `kvsched simulate --requests "
+        f"{requests}` (the defaults: profile vllm-v1, prefix caching on, as vLLM serves), "
+        f"{size / 1e6:,.0f} MB, {steps:,} steps. Each figure is one whole process, the "
+        "slow path and the fast path one after the other on the same file; memory is "
+        "the process's peak resident set. The slow path of `check` is `--checker spec`; "
+        + (f"of `metrics` and `diff`, the kvsched of the checkout `{before.name}` "
+           f"(commit {commit_of(before)})." if before else
+           "of `metrics`, the metrics on the spec's state."),
+        "",
+        "| command | slow path (s) | fast path (s) | speed-up | slow peak (MB) | "
+        "fast peak (MB) | memory ratio |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *rows,
+        END,
+        "",
+    ])
+
+
+def commit_of(checkout: Path) -> str:
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_users")
+    parser.add_argument("--requests", type=int, default=200_000)
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="keep the trace here (reused if it exists)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="put the section in this Markdown file (default: print only)")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="a checkout of an earlier kvsched (compiled modules built in "
+                             "place) to time metrics and diff against")
+    args = parser.parse_args(argv)
+    command = f"python -m tools.bench_users --requests {args.requests}" + (
+        f" --before {args.before}" if args.before else "")
+    text = report(args.requests, command, args.trace, args.before)
+    if args.out:
+        place(text, args.out, START, END)
+        print(f"written to {args.out}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
