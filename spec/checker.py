@@ -149,13 +149,16 @@ class Checker:
         self.step_no = -1
         self.stall = should.Stall(self.options.stall_steps)
 
-    def position(self) -> Position:
-        return Position(self.state.snapshot(), self.leaked, self.steps_with_free,
+    def position(self, shared: bool = False) -> Position:
+        """Where the check stands (State.snapshot's `shared`: for a reader done with
+        the live requests before the next step)."""
+        return Position(self.state.snapshot(shared), self.leaked, self.steps_with_free,
                         self.step_no, self.stall.quiet)
 
-    def seek(self, p: Position) -> None:
-        """Go on from `p` (the ids that ended meanwhile: State.record_ended)."""
-        self.state.restore(p.state)
+    def seek(self, p: Position, owned: bool = False) -> None:
+        """Go on from `p` (the ids that ended meanwhile: State.record_ended; `owned`:
+        as State.restore's, for a position made for this one seek)."""
+        self.state.restore(p.state, owned)
         self.leaked, self.steps_with_free, self.step_no = (p.leaked, p.steps_with_free,
                                                            p.step_no)
         self.stall.quiet = p.quiet

@@ -278,16 +278,22 @@ class State:
     def clone(self) -> State:
         return copy.deepcopy(self)
 
-    def snapshot(self) -> Snapshot:
-        """The state as plain values (its ended ids aside): see Snapshot."""
-        return Snapshot(tuple(_copy(t) for t in self.live.values()), self.free,
+    def snapshot(self, shared: bool = False) -> Snapshot:
+        """The state as plain values (its ended ids aside): see Snapshot. `shared`: the
+        live requests are the state's own, for a reader done with them before the state
+        moves again (another implementation taking the state over at once)."""
+        live = tuple(self.live.values()) if shared else tuple(_copy(t) for t in
+                                                                 self.live.values())
+        return Snapshot(live, self.free,
                         self.free_host, {b: tuple(h) for b, h in self.holders.items()},
                         dict(self.cached), dict(self.content), self.ids_seen,
                         self.ids_missing_from)
 
-    def restore(self, s: Snapshot) -> None:
-        """Become the state `s` describes; the ended ids are kept."""
-        self.live = {t.request.id: _copy(t) for t in s.live}
+    def restore(self, s: Snapshot, owned: bool = False) -> None:
+        """Become the state `s` describes; the ended ids are kept. `owned`: the
+        snapshot's live requests become the state's own (a snapshot made for this one
+        restore, as another implementation hands its state over)."""
+        self.live = {t.request.id: t if owned else _copy(t) for t in s.live}
         self.count = dict.fromkeys(Status, 0)
         for t in self.live.values():
             self.count[t.status] += 1

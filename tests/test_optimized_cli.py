@@ -122,6 +122,22 @@ def test_auto_without_the_compiled_module_falls_back_to_the_spec_checker_and_say
         "install lacks (it is built when kvsched is installed where a C++ compiler is)\n")
 
 
+def test_metrics_without_the_compiled_module_are_the_same_and_say_so(
+        traces: dict[str, Path]) -> None:
+    path = str(traces["reference"])
+    fast = kvsched("metrics", path, "--format", "json")
+    script = ("import sys; sys.modules['kvsched.optimized.state'] = None; "
+              "from kvsched.cli import main; main()")
+    slow = subprocess.run([sys.executable, "-c", script, "metrics", path, "--format", "json"],
+                          capture_output=True, text=True, timeout=300)
+    assert fast.returncode == slow.returncode == 0, slow.stderr
+    assert fast.stderr == ""
+    assert slow.stderr == ("kvsched: note: kvsched's compiled module is not built here (it "
+                           "is built when kvsched is installed where a C++ compiler is): "
+                           "metrics on the spec's state\n")
+    assert json.loads(slow.stdout) == json.loads(fast.stdout)
+
+
 def test_the_former_name_optimized_runs_the_torch_scheduler_with_a_note() -> None:
     result = kvsched("simulate", *SMALL, "--scheduler", "optimized", "--format", "json")
     assert result.returncode == 0, result.stderr

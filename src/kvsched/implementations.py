@@ -201,6 +201,14 @@ def chosen_checker(choice: str, large: bool, profile: str | None) -> str:
     return "vectorized"
 
 
+def note_spec_reading(what: str) -> None:
+    """One note where `what` (a command that reads a trace through the fast checker's
+    loop: metrics) runs on the spec's state because the compiled state is not built."""
+    if vectorized_installed() is not None:
+        note(f"kvsched's compiled module is not built here (it is built when kvsched is "
+             f"installed where a C++ compiler is): {what} on the spec's state")
+
+
 def require_checker(choice: str, profile: str | None) -> None:
     """Unavailable where the checker `choice` names cannot run here, before any trace is
     read."""

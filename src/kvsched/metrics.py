@@ -616,19 +616,14 @@ def metrics_of_trace(trace: IO[bytes] | TraceReader, *, series: bool = True,
     sees its header first) or from a TraceReader. A stream is read by the fast
     checker's loop (kvsched.optimized.checker): the compiled state moves through the
     steps it finds clean and counts their facts (RunFacts, `observe_run`), the spec's
-    state through the others (`observe`); where the compiled state is not built, and
-    from a TraceReader, the spec's state moves through every step. The same Metrics
+    state through the others (`observe`); where the compiled state is not built (the
+    loop then hands every step to the spec's state), and from a TraceReader, the
+    spec's state moves through every step. The same Metrics
     either way; TraceError where the trace is malformed."""
     if isinstance(trace, TraceReader):
         return metrics_of(trace.header.config, trace, series=series)
-    try:
-        from kvsched.optimized.checker import check_trace_vectorized
-        from kvsched.optimized.state import FastState  # noqa: F401
-    except ImportError:  # not built here
-        reader = TraceReader(trace)
-        if on_header is not None:
-            on_header(reader.header)
-        return metrics_of(reader.header.config, reader, series=series)
+    from kvsched.optimized.checker import check_trace_vectorized
+
     made: list[MetricsCollector] = []
 
     def collector(state: State) -> MetricsCollector:

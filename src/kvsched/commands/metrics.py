@@ -35,6 +35,7 @@ from kvsched.verdict import printable
 @progress_option
 def metrics(trace: str, fmt: str, plot_path: Path | None, progress: bool | None) -> None:
     """Throughput, TTFT and TPOT percentiles, queue lengths, KV use, preemptions."""
+    from kvsched.implementations import note_spec_reading
     from kvsched.metrics import metrics_of_trace
     from kvsched.plot import PlotUnavailable, metrics_png, require_matplotlib
     if plot_path is not None:
@@ -44,6 +45,7 @@ def metrics(trace: str, fmt: str, plot_path: Path | None, progress: bool | None)
             require_matplotlib()
         except PlotUnavailable as e:
             fail(str(e))
+    note_spec_reading("metrics")
     with open_trace(trace) as raw, reading(raw, "reading", trace_size(trace), err,
                                            progress) as stream:
         try:
