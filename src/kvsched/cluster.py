@@ -270,13 +270,19 @@ def executor(*, use_ray: bool, workers: int | None, address: str | None
             where = f"--ray-address {address}" if address else "starting a local Ray"
             raise ClusterError(f"{where}: {_first_line(e)}") from None
         started = True
-    report = sys.stdout
-    sys.stdout = _ReportStdout(report)  # a text stream's duck
+    wrapper = _ReportStdout(sys.stdout)  # a text stream's duck
+    sys.stdout = wrapper
     try:
         if workers is None:
             workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
         yield RayCluster(ray, workers)
     finally:
         if started:
+            # What Ray prints while it shuts down (a worker that died, told as its
+            # threads stop, from this thread too) is diagnostics as well.
+            sys.stdout = sys.stderr
             ray.shutdown()
-        sys.stdout = report
+        # Ray's threads may still print after this (a worker's death told late, or by a
+        # Ray that stays up, as a caller's own does): the wrapper stays, so that their
+        # lines never land in the report, which this thread goes on writing.
+        sys.stdout = wrapper
