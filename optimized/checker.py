@@ -9,7 +9,11 @@ answers one question per step: is it clean, that is, would the spec read the lin
 and flag nothing? Lines are taken in runs (at most `run_steps`). Before a run the
 compiled state keeps a copy of itself (`FastState.save`). While every step is clean the
 spec's Checker only counts them (`Checker.passed`) and learns which ids ended
-(`State.record_ended`). At the first step that is not clean (a violation, a line the
+(`State.record_ended`). A step whose only flag is no-thrash (a victim preempted once
+more than the limit: what a correct engine under memory pressure most often shows) is
+taken as clean too, and each such victim is told with the spec's own violation
+(`should.thrashed`), so a handover, whose cost grows with the live requests, stays for
+what is rare. At the first step that is not clean (a violation, a line the
 compiled reader does not accept, anything it does not handle) the compiled state goes
 back to the copy, moves again through the run's clean steps, and hands its state to
 the spec's Checker as the spec's own value (a kvsched.spec.checker.Position, through
@@ -271,7 +275,11 @@ class FastChecker:
     def encoded(self, block: bytes, line: int) -> int:
         """Check the step lines of `block` (as orjson encodes them, each with its
         newline), the first at line `line`; the number of the line after them."""
-        raws = block.splitlines(keepends=True)
+        return self.lines(block.splitlines(keepends=True), line)
+
+    def lines(self, raws: list[bytes], line: int) -> int:
+        """Check the step lines `raws` (each as orjson encodes it, with its newline), the
+        first at line `line`; the number of the line after them."""
         i = 0
         while i < len(raws):
             i = self.steps(raws, i, line + i)
@@ -302,6 +310,9 @@ class FastChecker:
             return
         self.checker.passed(*fast.take_counts())
         self.checker.state.record_ended(fast.take_ended())
+        limit = self.checker.options.max_preemptions
+        for step, rid, preemptions in fast.take_thrashed():
+            self.checker.flag(should.thrashed(step, rid, preemptions, limit))
         if self.sink is not None:
             self.sink.observe_run(fast.take_facts())
         self.fast_runs += 1

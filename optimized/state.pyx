@@ -244,6 +244,11 @@ cdef class FastState:
     cdef vector[vector[int64_t]] bids
     cdef list rids, keys, reqs
     cdef vector[int] spare
+    # slots whose ids, keys, request or block ids changed since the last `save` between
+    # this state and `partner` (which then differs from it in those slots only)
+    cdef vector[int] dirty
+    cdef vector[char] is_dirty
+    cdef FastState partner
     cdef dict index  # live id -> slot
     # per block (id - first_block_id)
     cdef vector[vector[int]] holders
@@ -258,6 +263,7 @@ cdef class FastState:
     # counted since the last `take_counts`
     cdef public int64_t steps, entries, requests
     cdef public dict ended  # ids ended since the last `take_ended`, and how
+    cdef public list thrashed  # (step, id, preemptions) of no-thrash, since `take_thrashed`
     cdef public dict unknown  # unknown step keys, at their first line
 
     # the metrics' facts of the steps applied since the last `take_facts` (RunFacts),
@@ -300,6 +306,7 @@ cdef class FastState:
         self.usable = self.nblocks <= MAX_BLOCKS
         self.unknown = {}
         self.ended = {}
+        self.thrashed = []
         n = self.nblocks if self.usable else 0
         self.holders.resize(n)
         self.cached_at.assign(n, -1)
@@ -308,6 +315,7 @@ cdef class FastState:
         self.content = [None] * n
         self.rids, self.keys, self.reqs = [], [], []
         self.index = {}
+        self.partner = None
         self.free, self.free_host = self.nblocks, self.num_cpu
         self.ids_seen, self.ids_missing_from = False, -1
         self.leaked = self.steps_with_free = self.quiet = 0
@@ -334,7 +342,10 @@ cdef class FastState:
         self.nswapped = 0
         self.rids, self.keys, self.reqs = [], [], []
         self.index = {}
+        self.dirty.clear(); self.is_dirty.clear()
+        self.partner = None
         self.ended = {}
+        self.thrashed = []
         self.running = self.live = 0
         self.steps = self.entries = self.requests = 0
 
@@ -355,6 +366,7 @@ cdef class FastState:
             self.exp.push_back(0); self.exp_at.push_back(-1); self.seen_at.push_back(-1)
             self.sampled_at.push_back(-1); self.bids.push_back(vector[int64_t]())
             self.last_at.push_back(-1); self.last_clock.push_back(0.0)
+            self.is_dirty.push_back(0)
             self.rids.append(rid); self.keys.append([]); self.reqs.append(request)
         self.N[s] = P; self.C[s] = 0; self.G[s] = 0; self.H[s] = 0
         self.P[s] = P; self.O[s] = O; self.prio[s] = prio; self.arr[s] = arr
@@ -364,6 +376,7 @@ cdef class FastState:
         self.last_at[s] = -1
         self.seq += 1
         self.index[rid] = s
+        self._touch(s)
         self.live += 1
         if st == RUNNING:
             self.running += 1
@@ -457,6 +470,7 @@ cdef class FastState:
             if r is None:
                 r = Request(self.rids[s], self.P[s], self.O[s], self.prio[s], self.arr[s])
                 self.reqs[s] = r
+                self._touch(s)
             out.append(LiveRequest(r, STATUS[self.status[s]], self.N[s], self.C[s],
                                    self.G[s], self.H[s], self.pre[s],
                                    [x + self.first for x in self.bids[s]],
@@ -476,7 +490,14 @@ cdef class FastState:
 
     def save(self, FastState into not None):
         """Copy this state into `into` (another FastState of the same config), counts
-        and ended ids included: `into.save(self)` puts it back."""
+        and ended ids included: `into.save(self)` puts it back. Between two states that
+        were last saved one into the other, only the slots either changed since (their
+        ids, keys, request and block ids: `_touch`) are copied besides the per-slot
+        numbers, so a save costs little more than a memory copy however many requests
+        wait (a queue of 100k requests is common in an overloaded trace)."""
+        cdef int s
+        cdef size_t k
+        cdef Py_ssize_t n = len(self.rids)
         into.free, into.free_host, into.leaked = self.free, self.free_host, self.leaked
         into.steps_with_free, into.step_no, into.quiet = (self.steps_with_free,
                                                           self.step_no, self.quiet)
@@ -489,15 +510,51 @@ cdef class FastState:
         into.order, into.status, into.tag, into.tag_at = (self.order, self.status,
                                                           self.tag, self.tag_at)
         into.recomputing, into.exp, into.exp_at = self.recomputing, self.exp, self.exp_at
-        into.seen_at, into.sampled_at, into.bids = self.seen_at, self.sampled_at, self.bids
-        into.rids = list(self.rids)
-        into.keys = [None if k is None else list(k) for k in self.keys]
-        into.reqs = list(self.reqs)
-        into.spare, into.index = self.spare, dict(self.index)
+        into.seen_at, into.sampled_at = self.seen_at, self.sampled_at
+        if self.partner is into and into.partner is self:
+            for changed in (self.dirty, into.dirty):  # the ids they hold there go
+                for k in range(changed.size()):
+                    s = changed[k]
+                    if s < len(into.rids):
+                        rid = into.rids[s]
+                        if rid is not None and into.index.get(rid) == s:
+                            del into.index[rid]
+            if len(into.rids) > n:
+                del into.rids[n:], into.keys[n:], into.reqs[n:]
+            else:
+                into.rids.extend([None] * (n - len(into.rids)))
+                into.keys.extend([None] * (n - len(into.keys)))
+                into.reqs.extend([None] * (n - len(into.reqs)))
+            into.bids.resize(n)
+            for changed in (self.dirty, into.dirty):
+                for k in range(changed.size()):
+                    s = changed[k]
+                    if s < n:
+                        rid = self.rids[s]
+                        into.rids[s], into.reqs[s] = rid, self.reqs[s]
+                        ks = self.keys[s]
+                        into.keys[s] = None if ks is None else list(ks)
+                        into.bids[s] = self.bids[s]
+                        if rid is not None:
+                            into.index[rid] = s
+        else:
+            into.bids = self.bids
+            into.rids = list(self.rids)
+            into.keys = [None if ks is None else list(ks) for ks in self.keys]
+            into.reqs = list(self.reqs)
+            into.index = dict(self.index)
+        for k in range(self.dirty.size()):
+            self.is_dirty[self.dirty[k]] = 0
+        self.dirty.clear()
+        into.dirty.clear()
+        into.is_dirty.assign(n, 0)
+        self.partner, into.partner = into, self
+        into.spare = self.spare
         into.holders, into.cached_at = self.holders, self.cached_at
         into.cached_key, into.content = list(self.cached_key), list(self.content)
         into.steps, into.entries, into.requests = self.steps, self.entries, self.requests
         into.ended = dict(self.ended)
+        into.thrashed = list(self.thrashed)
         into.usable = self.usable
         if into.stamp < self.stamp:  # stamps only grow: this step's marks stay its own
             into.stamp = self.stamp
@@ -506,6 +563,13 @@ cdef class FastState:
         """(steps, scheduled entries, arrivals) applied since the last call."""
         out = (self.steps, self.entries, self.requests)
         self.steps = self.entries = self.requests = 0
+        return out
+
+    def take_thrashed(self):
+        """(step, id, preemptions) of each victim no-thrash flags (preempted one time
+        more than the limit) in the steps applied since the last call."""
+        out = self.thrashed
+        self.thrashed = []
         return out
 
     def take_ended(self):
@@ -589,6 +653,7 @@ cdef class FastState:
         self.free += released
         self.G[s] = 0
         self.bids[s].clear()
+        self._touch(s)
         return released
 
     cdef int64_t _end(self, int s, object how):
@@ -608,6 +673,7 @@ cdef class FastState:
         self.rids[s] = None
         self.keys[s] = None
         self.reqs[s] = None
+        self._touch(s)
         self.spare.push_back(s)
         return released
 
@@ -617,6 +683,12 @@ cdef class FastState:
             self.exp[s] = 0
             self.expected.push_back(s)
         self.exp[s] += blocks
+
+    cdef inline void _touch(self, int s):
+        """Slot `s`'s ids, keys, request or block ids change (see `save`)."""
+        if not self.is_dirty[s]:
+            self.is_dirty[s] = 1
+            self.dirty.push_back(s)
 
     cdef bint _hand_out(self, int s) except -1:
         """State._hand_out, refusing what block-ids flags: a count other than the
@@ -631,6 +703,7 @@ cdef class FastState:
             return want == 0
         if not PyList_CheckExact(given) or len(<list>given) != want:
             return False
+        self._touch(s)
         for v in <list>given:
             if not count_of(v, 0, &x):
                 return False
@@ -696,6 +769,7 @@ cdef class FastState:
             b = <int64_t>v - self.first
             self.holders[b].push_back(s)
             self.bids[s].push_back(b)
+        self._touch(s)
         self.G[s] = h
         self.C[s] = h * self.bs
         self.free -= evictable
@@ -749,13 +823,15 @@ cdef class FastState:
 
     cpdef int apply(self, object obj, int64_t line) except -1:
         """Move the state by the step line `obj` (orjson's object of line `line`): 1
-        when the spec reads it alike and flags nothing, else 0 (the state part-moved)."""
+        when the spec reads it alike and flags nothing, 2 when it flags only no-thrash,
+        for the victims this adds to `thrashed` (moved as the spec's state), else 0 (the
+        state part-moved)."""
         cdef dict d
         cdef int s, tg
         cdef int64_t step, x, p, o, pr, n, known, computed, reserve, db, taken, held
         cdef int64_t released, hits_used = 0, k
         cdef Victim vic
-        cdef bint moved
+        cdef bint moved, thrash = False
         # the metrics' facts (`collect`): tokens computed, of prompts, a hit's tokens,
         # blocks the finishes released, free blocks while the batch ran; ms
         cdef int64_t comp = 0, prompt = 0, hit_tokens = 0, fin_released = 0, at_batch = 0
@@ -870,6 +946,7 @@ cdef class FastState:
                 found = self.index.get(rid)
                 if found is not None:
                     (<list>self.keys[<int>found]).extend(<list>ks)
+                    self._touch(<int>found)
         self.free_before = self.free
 
         # 2. rejections
@@ -904,8 +981,9 @@ cdef class FastState:
                     return 0  # preempt: only a running request is a victim
                 s = found
                 self.pre[s] += 1
-                if self.pre[s] == self.max_preemptions + 1:
-                    return 0  # no-thrash
+                if self.pre[s] == self.max_preemptions + 1:  # no-thrash
+                    self.thrashed.append((step, rid, self.pre[s]))
+                    thrash = True
                 vic.known, vic.computed, vic.held = self.N[s], self.C[s], self.G[s]
                 if mode == "swap":
                     if self.G[s] > self.free_host:
@@ -1129,7 +1207,7 @@ cdef class FastState:
         self.steps += 1
         self.entries += len(<list>scheduled) if scheduled else 0
         self.requests += len(<list>arrivals) if arrivals else 0
-        return 1
+        return 2 if thrash else 1
 
     cdef bint _rejectable(self, int s):
         """spec.blocks.rejectable is not None."""

@@ -95,11 +95,16 @@ def completion(step: int, state: State) -> list[Violation]:
 
 def no_thrash(f: StepFacts, limit: int) -> list[Violation]:
     """no-thrash: no request is preempted more than K times (told once, at the K+1st)."""
-    return [Violation("no-thrash", f.step,
-                      f"{v.action.request} has been preempted {v.preemptions} times "
-                      f"(limit {limit})", request=v.action.request,
-                      lhs=v.preemptions, relation="<=", rhs=limit)
+    return [thrashed(f.step, v.action.request, v.preemptions, limit)
             for v in f.valid_victims if v.preemptions == limit + 1]
+
+
+def thrashed(step: int, rid: str, preemptions: int, limit: int) -> Violation:
+    """The no-thrash violation of request `rid`, preempted `preemptions` times in all
+    at step `step` (the words of every checker that tells it)."""
+    return Violation("no-thrash", step, f"{rid} has been preempted {preemptions} times "
+                     f"(limit {limit})", request=rid, lhs=preemptions, relation="<=",
+                     rhs=limit)
 
 
 def own_chunk_blocks(known: int, computed: int, held: int, config: Config) -> int:

@@ -56,11 +56,15 @@ def stepwise(data: bytes) -> tuple[int, int]:
         if rec.step != spec.step_no + 1:
             assert not ok, raw
             break
-        before = sum(spec.report.counts.values())
+        before = dict(spec.report.counts)
         spec.step(rec)
         if ok:
             clean += 1
-            assert sum(spec.report.counts.values()) == before, raw
+            thrashed = fast.take_thrashed()
+            assert (ok == 2) == bool(thrashed), raw
+            flagged = {k: n - before.get(k, 0) for k, n in spec.report.counts.items()
+                       if n != before.get(k, 0)}
+            assert flagged == ({"no-thrash": len(thrashed)} if thrashed else {}), raw
             spec.state.record_ended(fast.take_ended())
             assert fast.position() == spec.position(), raw
         else:
@@ -100,6 +104,38 @@ def test_the_spec_state_goes_in_and_comes_back_unchanged() -> None:
         assert fast.position() == at
 
 
+@pytest.mark.parametrize("stride", [1, 3, 7, 20])
+def test_a_state_saved_and_put_back_is_the_state_it_was(stride: int) -> None:
+    """`save` between two states copies only the slots that changed since they were
+    last saved one into the other: put back after any run (requests arrived, ended and
+    their slots taken again in it), the state is the one saved, and moves on as the
+    spec's."""
+    data = trace(CACHING, n=120)
+    reader = TraceReader(io.BytesIO(data))
+    config = reader.header.config
+    spec = Checker(config)
+    fast = state.FastState(config, 8, True, spec.state.status_of)
+    saved = state.FastState(config, 8, True, spec.state.status_of)
+    lines = [orjson.loads(x) for x in data.splitlines()[1:-1]]
+    start, at_start = 0, fast.position()
+    fast.save(saved)
+    for i, obj in enumerate(lines):
+        assert fast.apply(obj, i + 2)
+        if i % stride < stride - 1 and i < len(lines) - 1:
+            continue
+        saved.save(fast)  # back to the run's start, then through it again
+        assert fast.position() == at_start
+        fast.take_ended()
+        for number, again in enumerate(lines[start:i + 1], start=start + 2):
+            assert fast.apply(again, number)
+            spec.step(parse_step(again, number))
+        spec.state.record_ended(fast.take_ended())
+        assert fast.position() == spec.position()
+        fast.save(saved)
+        start, at_start = i + 1, fast.position()
+    assert not spec.report.counts and not spec.state.live
+
+
 def test_a_correct_caching_trace_is_checked_without_the_spec_checker() -> None:
     clean, unclean = stepwise(trace(CACHING))
     assert clean > 50 and unclean == 0
@@ -118,6 +154,24 @@ def test_only_the_line_with_a_violation_goes_to_the_spec_checker() -> None:
         assert v.spec == v.vectorized
         assert v.stats["exact"] == 1
         assert isinstance(v.vectorized, type(v.spec))
+
+
+def test_a_thrashing_step_is_told_in_the_spec_words_without_a_handover() -> None:
+    """no-thrash, what a correct engine under memory pressure shows, is flagged by the
+    compiled state's runs with the spec's own violation, in the spec's order (a
+    profile's divergence placed among them too)."""
+    config = Config(block_size=4, num_gpu_blocks=32, max_num_batched_tokens=64,
+                    max_num_seqs=8, max_model_len=128)
+    items = [WorkItem(f"r{i}", i // 4, 8 + (5 * i) % 40, 30 + i % 50, 30 + i % 50)
+             for i in range(60)]
+    scheduler = ReferenceScheduler(config, get_profile("sarathi").knobs)
+    records = list(run(scheduler, items, max_steps=5000))
+    data = trace_bytes(config, records, not scheduler.has_unfinished())
+    for run_steps, profile in ((2048, None), (7, None), (2048, "vllm-v1"), (5, "sarathi")):
+        v = both(data, run_steps, profile)
+        assert not isinstance(v.spec, str) and v.spec.counts["no-thrash"] >= 3
+        assert v.spec == v.vectorized
+        assert v.stats["exact"] == 0
 
 
 def test_a_line_orjson_reads_otherwise_goes_through_the_spec_reader() -> None:

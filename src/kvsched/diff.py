@@ -3,8 +3,8 @@
 Two sides, A and B, each a stream of steps: a trace file, or a scheduler run by the
 simulation loop on a workload. They are walked in lockstep, one step of each at a time
 (memory stays bounded by the live requests, as for `kvsched check`). At every step the
-two are compared in the order a step happens, and the first difference is the
-divergence:
+two are compared in the order a step happens (lines of the same bytes are the same
+step; others are compared as records), and the first difference is the divergence:
 
 1. inputs: the arrivals (id, prompt_len, max_tokens, priority) and the aborts; a
    difference here means the two sides did not run the same workload;
@@ -28,7 +28,6 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
-from itertools import zip_longest
 from typing import Any
 
 import orjson
@@ -72,31 +71,42 @@ class SideFailed(Exception):
         self.message = message
 
 
-# One step line of a side: its line number, its bytes and its JSON object (the trace
-# line, what every side is walked in: a trace's own lines, or those a run writes).
+# What every side is walked in: its trace lines (a trace's own, or those a run writes),
+# as orjson encodes them, in blocks: the first one's line number and the lines, each with
+# its newline.
+Lines = tuple[int, list[bytes]]
+# One step line of a side: its line number, its bytes and its JSON object.
 Line = tuple[int, bytes, Any]
+BLOCK = 256  # lines in a block of a trace file's records
 
 
 @dataclass
 class Stream:
-    """One side of a diff: its step lines, whether it ended with every request done, and
+    """One side of a diff: its step lines in blocks, whether it ended with every request done, and
     (a run) why it stopped before that: stuck, or at its step limit."""
 
     label: str
     config: Config
     engine: dict[str, str]
-    steps: Iterator[Line]
+    blocks: Iterator[Lines]
     complete: Callable[[], bool]
     stopped: Callable[[], Stop | None] = lambda: None
     preempted_order: bool = True
 
 
-def lines_of_records(records: Iterable[StepRecord]) -> Iterator[Line]:
+def lines_of_records(records: Iterable[StepRecord]) -> Iterator[Lines]:
     """Step records (a TraceReader's, or made in memory) as the lines a TraceWriter
-    writes, each at its record's line, with its JSON object."""
+    writes, in blocks of consecutive lines, each at its record's line."""
+    first, raws = 0, list[bytes]()
     for rec in records:
-        raw = orjson.dumps(step_dict(rec)) + b"\n"
-        yield rec.line, raw, orjson.loads(raw)
+        if raws and (rec.line != first + len(raws) or len(raws) == BLOCK):
+            yield first, raws
+            raws = []
+        if not raws:
+            first = rec.line
+        raws.append(orjson.dumps(step_dict(rec)) + b"\n")
+    if raws:
+        yield first, raws
 
 
 @dataclass(frozen=True)
@@ -410,10 +420,45 @@ class _Checked:
         except TraceError as e:
             raise SideFailed(self.side.label, str(e)) from None
 
+    def lines(self, raws: list[bytes], line: int) -> None:
+        """The step lines `raws`, the first at line `line`, checked a block at a time."""
+        try:
+            self.fc.lines(raws, line)
+        except TraceError as e:
+            raise SideFailed(self.side.label, str(e)) from None
+
     def result(self) -> Side:
         s = self.side
         return Side(s.label, s.config, s.engine, self.fc.end(s.complete()),
                     self.metrics.result(), s.stopped())
+
+
+class _Cursor:
+    """Where a side's walk stands: its block at hand and the next line in it."""
+
+    def __init__(self, blocks: Iterator[Lines]) -> None:
+        self.blocks = blocks
+        self.first, self.raws, self.i = 0, list[bytes](), 0
+
+    def ready(self) -> bool:
+        """Whether a line is at hand (the next block taken once this one is done)."""
+        while self.i >= len(self.raws):
+            block = next(self.blocks, None)
+            if block is None:
+                return False
+            (self.first, self.raws), self.i = block, 0
+        return True
+
+    def line(self) -> Line:
+        """The line at hand, with its JSON object."""
+        raw = self.raws[self.i]
+        return self.first + self.i, raw, orjson.loads(raw)
+
+    def feed(self, side: _Checked, n: int) -> None:
+        """The next `n` lines of the block at hand to `side`'s check."""
+        if n:
+            side.lines(self.raws[self.i:self.i + n], self.first + self.i)
+            self.i += n
 
 
 def _hit_lengths(hits: Any) -> Any:
@@ -444,30 +489,54 @@ def diff_streams(a: Stream, b: Stream, *, series: bool = False,
                  max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS,
                  stall_steps: int = should.DEFAULT_STALL_STEPS) -> Diff:
     """Walk A and B in lockstep; report the first divergence, both checks, both metrics.
-    Steps whose lines are surely the same (`surely_same`) are not read as records; the
-    others, and the divergence, are compared by `first_difference` on the spec's state
-    before the step."""
+    Lines of the same bytes go to both checks a block at a time; lines that differ but
+    are surely the same step (`surely_same`) are not read as records; the others, and
+    the divergence, are compared by `first_difference` on the spec's state before the
+    step. After the divergence each side goes on, a block of each in turn."""
     ca = _Checked(a, series, max_preemptions, stall_steps)
     cb = _Checked(b, series, max_preemptions, stall_steps)
+    pa, pb = _Cursor(a.blocks), _Cursor(b.blocks)
     divergence: Divergence | None = None
     compared = 0
-    for la, lb in zip_longest(a.steps, b.steps):
-        if divergence is None:
-            if la is None or lb is None:
-                longer, rec = ("B", cb.record(lb)) if la is None else ("A", ca.record(la))
+    while divergence is None:
+        more_a, more_b = pa.ready(), pb.ready()
+        if not (more_a and more_b):
+            if more_a or more_b:
+                longer, rec = ("A", ca.record(pa.line())) if more_a else ("B",
+                                                                        cb.record(pb.line()))
                 shorter = f"ends after {rec.step} steps"
                 goes_on = f"goes on: {describe(rec.decision, rec.finished)}"
                 divergence = Divergence(rec.step, LENGTH,
                                         goes_on if longer == "A" else shorter,
                                         goes_on if longer == "B" else shorter, "")
-            else:
-                if not surely_same(la[2], lb[2]):
-                    divergence = first_difference(ca.record(la), cb.record(lb),
-                                                  ca.fc.settled(), cb.fc.settled())
-                compared += 1
-        for side, line in ((ca, la), (cb, lb)):
-            if line is not None:
-                side.step(line)
+            break
+        # the lines of the same bytes from here are the same steps
+        m = min(len(pa.raws) - pa.i, len(pb.raws) - pb.i)
+        same = 0
+        while same < m and pa.raws[pa.i + same] == pb.raws[pb.i + same]:
+            same += 1
+        pa.feed(ca, same)
+        pb.feed(cb, same)
+        compared += same
+        if same < m:
+            la, lb = pa.line(), pb.line()
+            if not surely_same(la[2], lb[2]):
+                divergence = first_difference(ca.record(la), cb.record(lb),
+                                              ca.fc.settled(), cb.fc.settled())
+            compared += 1
+            ca.step(la)
+            cb.step(lb)
+            pa.i += 1
+            pb.i += 1
+    # after the divergence, each side to its end, a block of each in turn
+    while True:
+        more = False
+        for cursor, side in ((pa, ca), (pb, cb)):
+            if cursor.ready():
+                cursor.feed(side, len(cursor.raws) - cursor.i)
+                more = True
+        if not more:
+            break
     return Diff(ca.result(), cb.result(), config_differences(a.config, b.config),
                 divergence, compared)
 
@@ -492,7 +561,7 @@ def simulated(label: str, scheduler: Scheduler, workload: Sequence[WorkItem],
         for rec in run(scheduler, workload, max_steps=max_steps, stall_steps=stall_steps):
             yield [orjson.dumps(step_dict(rec)) + b"\n"], rec.num_ended
 
-    def steps() -> Iterator[Line]:
+    def blocks() -> Iterator[Lines]:
         nonlocal ended, stop
         runs = batches()
         line = 2  # after the header
@@ -516,11 +585,10 @@ def simulated(label: str, scheduler: Scheduler, workload: Sequence[WorkItem],
             ended += done
             if on_lines is not None:
                 on_lines(raws, done)
-            for raw in raws:
-                yield line, raw, orjson.loads(raw)
-                line += 1
+            yield line, raws
+            line += len(raws)
 
-    return Stream(label, scheduler.config, engine, steps(), lambda: ended == len(workload),
+    return Stream(label, scheduler.config, engine, blocks(), lambda: ended == len(workload),
                   lambda: stop)
 
 
