@@ -54,7 +54,9 @@ import orjson
 
 from kvsched.optimized.memory import no_cycle_collection
 from kvsched.spec import should
-from kvsched.spec.checker import Checker, CheckOptions, Report
+from kvsched.spec.checker import Checker, CheckOptions, Position, Report
+from kvsched.spec.model import Config
+from kvsched.spec.state import State
 from kvsched.spec.trace import (
     BLANK,
     MAX_LINE_BYTES,
@@ -77,7 +79,7 @@ if TYPE_CHECKING:
     from kvsched.optimized.replay import CompiledReplay
     from kvsched.optimized.state import RunFacts
     from kvsched.spec.model import StepRecord
-    from kvsched.spec.state import State, StepFacts
+    from kvsched.spec.state import StepFacts
 
 __all__ = ["RUN_STEPS", "FastChecker", "StepSink", "check_trace_vectorized"]
 
@@ -206,7 +208,6 @@ class FastChecker:
         fast = self.fast
         if fast is None:
             self._exact(line, obj)
-            self._replay([(line, obj)])
             return
         if not self.started:
             fast.save(self.saved)
@@ -226,13 +227,14 @@ class FastChecker:
         """Check the lines raws[i:] (as lines_of gives them), the first at line `line`,
         as `step` does, while the compiled state reads them itself (orjson's step lines,
         as read_line takes them); the index of the first line it did not read."""
-        while self.fast is not None and self.replay is None and i < len(raws):
+        keep = self.replay is not None
+        while self.fast is not None and i < len(raws):
             fast = self.fast
             if not self.started:
                 fast.save(self.saved)
                 self.started = True
             j, obj = fast.apply_lines(raws, i, line, self.run, self.limit, orjson.loads,
-                                      orjson.dumps)
+                                      orjson.dumps, keep)
             self.expected += j - i
             line += j - i
             i = j
@@ -263,7 +265,6 @@ class FastChecker:
             sink.observe_samples(fast.last_samples())
         self.checker.seek(fast.position(), owned=True)
         self._exact(line, obj)
-        self._replay([(line, obj)])
         fast.restore(self.checker.position(shared=True))
         if sink is not None:
             fast.clock = sink.clock
@@ -289,7 +290,8 @@ class FastChecker:
         return line + len(raws)
 
     def _exact(self, line: int, obj: Any) -> None:
-        """One line through the spec's parser and Checker, as TraceReader reads it."""
+        """One line through the spec's parser and Checker, as TraceReader reads it (and
+        the replay, from the trace's state before it)."""
         rec = parse_step(obj, line)
         if rec.step != self.expected:
             raise TraceError(line, f"expected step {self.expected}, got {rec.step} "
@@ -299,9 +301,15 @@ class FastChecker:
                 self.unknown[key] = line
         self.expected += 1
         self.exact_steps += 1
+        if self.replay is not None:
+            checker = self.checker
+            self.replay.lines([(line, obj)], lambda: _state_of(checker.config,
+                                                                  checker.position()))
         facts = self.checker.step(rec)
         if self.sink is not None:
             self.sink.observe(rec, facts)
+        if self.replay is not None:
+            self.replay.place(self.checker.report)
 
     def commit(self) -> None:
         """Count the clean steps of the run with the spec's Checker."""
@@ -317,13 +325,11 @@ class FastChecker:
             self.sink.observe_run(fast.take_facts())
         self.fast_runs += 1
         if self.replay is not None:
-            self._replay([(line, obj) for line, obj, _ in self.run])
-        self.run = []
-
-    def _replay(self, lines: list[tuple[int, Any]]) -> None:
-        if self.replay is not None:
-            self.replay.lines(lines)
+            saved = self.saved  # the state at the run's start
+            self.replay.lines([(line, obj) for line, obj, _ in self.run],
+                              lambda: _state_of(self.checker.config, saved.position()))
             self.replay.place(self.checker.report)
+        self.run = []
 
     def settled(self) -> Checker:
         """The spec's Checker, its state where the check stands (the steps so far
@@ -347,6 +353,13 @@ class FastChecker:
         at = self.checker.position()
         return {"fast": self.fast_runs, "exact": self.exact_steps,
                 "block_ids": int(at.state.ids_seen), "free_blocks": int(at.steps_with_free > 0)}
+
+
+def _state_of(config: Config, p: Position) -> State:
+    """A spec State of its own where the Position `p` stands (no ended ids)."""
+    state = State(config)
+    state.restore(p.state, owned=True)
+    return state
 
 
 def check_trace_vectorized(stream: IO[bytes],

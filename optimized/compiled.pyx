@@ -364,17 +364,17 @@ cdef class CompiledScheduler:
 
     cdef int64_t _key_id(self, str key):
         """A given key string as the key the same string names: "content/index" is
-        (content, index), as kvsched.spec.prefix.block_key writes it."""
-        got = self.key_ids.get(key)
-        if got is not None:
-            return got
+        (content, index), as kvsched.spec.prefix.block_key writes it; any other string
+        is numbered in `key_ids`. (The first kind is not kept there: a trace gives one per
+        block of every request, and the table would hold them all to its end.)"""
         head, sep, tail = key.rpartition("/")
         if (sep and tail.isascii() and tail.isdigit() and (tail == "0" or tail[0] != "0")
                 and len(tail) < 9 and int(tail) < KEY_SPAN):
-            got = self._content_id(head) * KEY_SPAN + int(tail)
-        else:
+            return self._content_id(head) * KEY_SPAN + int(tail)
+        got = self.key_ids.get(key)
+        if got is None:
             got = -1 - len(self.key_ids)
-        self.key_ids[key] = got
+            self.key_ids[key] = got
         return got
 
     def abort_request(self, request_id):
@@ -648,7 +648,9 @@ cdef class CompiledScheduler:
         c.pre_content, c.pre_len, c.given = self.pre_content, self.pre_len, self.given
         c.spare, c.next_seq, c.live = self.spare, self.next_seq, self.live
         c.ids, c.slot_of, c.reasons = list(self.ids), dict(self.slot_of), dict(self.reasons)
-        c.contents, c.key_ids = dict(self.contents), dict(self.key_ids)
+        # The content and key tables only grow, and a string keeps its number: the copy
+        # shares them (what either adds later is numbered past both's entries).
+        c.contents, c.key_ids = self.contents, self.key_ids
         c.early_keys = {k: list(v) for k, v in self.early_keys.items()}
         c.prefixes = dict(self.prefixes)
         c.running, c.swapped, c.victims = self.running, self.swapped, self.victims

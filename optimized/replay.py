@@ -20,32 +20,32 @@ there). The divergence joins the report where the spec's checker would have put 
 after every violation of the steps up to its own.
 
 With prefix caching ProfileReplay keeps the trace's state (kvsched.spec.state) for the
-contents of hits without keys. The compiled comparison does not need it: the lines it
-replayed move a fast checker of the replay's own (kvsched.optimized.checker.FastChecker,
-the compiled twin of that state), and ProfileReplay's state is made from it
-(`FastChecker.settled`) only when a line goes through ProfileReplay.
+contents of hits without keys. The compiled comparison does not need it, so it is not
+kept while runs compare there: where lines go through ProfileReplay, the caller (the
+fast checker, whose own state moved through the same lines) gives the trace's state
+before the first of them (`lines`' `before`), and ProfileReplay moves it on by each
+line it replays; lines that follow straight on go on from there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from kvsched.optimized.checker import RUN_STEPS, FastChecker
 from kvsched.optimized.compiled import CompiledScheduler, replay_lines
 from kvsched.spec.checker import Report
-from kvsched.spec.model import Config, StepRecord
+from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.replay import ProfileReplay
-from kvsched.spec.should import DEFAULT_STALL_STEPS
-from kvsched.spec.trace import Header, load_line, parse_step
+from kvsched.spec.state import State
+from kvsched.spec.trace import load_line, parse_step
 
 CHECKPOINT_LINES = 4096  # most lines replayed since the scheduler's checkpoint
-UNLIMITED = 1 << 62  # no-thrash's limit for the trace's state: it judges nothing
 
 
 class CompiledReplay:
     """ProfileReplay of `profile` on `config` with the compiled scheduler, fed runs of
-    lines (`lines`) or single records (`record`)."""
+    lines (`lines`)."""
 
     def __init__(self, profile: str, config: Config, preempted_order: bool = True) -> None:
         self.profile = profile
@@ -58,11 +58,8 @@ class CompiledReplay:
         self.mark: CompiledScheduler | None = None
         self.since: list[tuple[int, Any]] = []
         self.newly: list[str] = []
-        # the trace's state, moved by the lines replayed (prefix caching only)
-        self.trace: FastChecker | None = None
-        if self.spec.state is not None:
-            self.trace = FastChecker(Header(config, preempted_order=preempted_order),
-                                     UNLIMITED, RUN_STEPS, DEFAULT_STALL_STEPS, None)
+        # the line after the last one ProfileReplay replayed (its trace state is there)
+        self.followed = -1
 
     @property
     def scheduler(self) -> CompiledScheduler:
@@ -74,23 +71,12 @@ class CompiledReplay:
     def diverged(self) -> bool:
         return self.spec.divergence is not None
 
-    def record(self, rec: StepRecord) -> None:
-        """One step through the spec's ProfileReplay (its trace state, if it keeps one,
-        made from the replay's own, which the caller moves by the same line)."""
-        if self.diverged:
-            return
-        if self.trace is not None:
-            # The replay's trace state as the spec's: ProfileReplay moves it by `rec`, and
-            # the caller moves the fast checker by the same line, which takes its own
-            # state back before it next hands one over (FastChecker.settled).
-            self.spec.state = self.trace.settled().state
-        self.slow_steps += 1
-        self.spec.step(rec)
-
-    def lines(self, lines: list[tuple[int, Any]]) -> None:
+    def lines(self, lines: list[tuple[int, Any]], before: Callable[[], State]) -> None:
         """A run of step lines (number, JSON object or raw bytes), in order: compared in
         the compiled scheduler; where it finds a difference, again from the run's start,
-        through the spec's comparison: its verdict, in its words."""
+        through the spec's comparison: its verdict, in its words. `before` gives the
+        trace's state before the run's first line, a State of its own (asked for only
+        then, with prefix caching)."""
         if self.diverged or not lines:
             return
         if self.mark is None or len(self.since) >= CHECKPOINT_LINES:
@@ -102,7 +88,6 @@ class CompiledReplay:
         if replay_lines(self.scheduler, lines, keyed, self.newly, ordered) < 0:
             self.fast_runs += 1
             self.since += lines
-            self._follow(lines)
             return
         # The run's start again: the checkpoint, and the lines replayed since it.
         mark, self.mark = self.mark, None
@@ -110,20 +95,15 @@ class CompiledReplay:
         if replay_lines(mark, self.since, keyed, [], ordered) >= 0:
             raise AssertionError("the compiled replay moved otherwise from its checkpoint")
         self.spec.scheduler = mark
+        if self.spec.state is not None and self.followed != lines[0][0]:
+            self.spec.state = before()
         for line, given in lines:
             if self.diverged:
                 return
             obj = load_line(given, line) if isinstance(given, bytes) else given
-            self.record(parse_step(obj, line))
-            self._follow([(line, obj)])
-
-    def _follow(self, lines: list[tuple[int, Any]]) -> None:
-        """Move the trace's state (prefix caching) by lines the replay went through."""
-        if self.trace is None:
-            return
-        for line, given in lines:
-            obj = load_line(given, line) if isinstance(given, bytes) else given
-            self.trace.step(line, obj, b"", False)
+            self.slow_steps += 1
+            self.spec.step(parse_step(obj, line))
+            self.followed = line + 1
 
     def place(self, report: Report) -> None:
         """Put the divergence, once found, where the spec's checker reports it."""

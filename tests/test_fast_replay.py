@@ -18,6 +18,7 @@ from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
 from kvsched.spec import Config
 from kvsched.spec.profiles import get_profile
+from kvsched.spec.state import State
 from kvsched.spec.trace import TraceError, load_line, parse_step, step_dict
 from kvsched.workload import WorkItem, validate
 
@@ -47,10 +48,21 @@ def spec_verdict(lines: list[Line]) -> tuple[int, str] | None:
 
 
 def fast_replay(lines: list[Line], run_steps: int) -> CompiledReplay:
+    """The compiled replay fed runs of `run_steps` lines, each with the trace's state
+    before it (as the fast checker gives it, a State of its own)."""
     replay = CompiledReplay(PROFILE, CONFIG)
     numbered = list(enumerate(lines, 2))
+    trace = State(CONFIG)
+
+    def before() -> State:
+        state = State(CONFIG)
+        state.restore(trace.snapshot(), owned=True)
+        return state
+
     for k in range(0, len(numbered), run_steps):
-        replay.lines(numbered[k:k + run_steps])
+        replay.lines(numbered[k:k + run_steps], before)
+        for n, obj in numbered[k:k + run_steps]:
+            trace.apply(parse_step(obj, n))
     return replay
 
 
@@ -145,7 +157,7 @@ def test_lines_may_come_as_bytes_and_a_bad_one_is_the_spec_parsers_error() -> No
     lines = caching_trace()
     raws = [(n, orjson.dumps(obj) + b"\n") for n, obj in enumerate(lines, 2)]
     replay = CompiledReplay(PROFILE, CONFIG)
-    replay.lines(raws)
+    replay.lines(raws, lambda: State(CONFIG))
     assert not replay.diverged and replay.slow_steps == 0
     bad = copy.deepcopy(lines)
     k = first(bad, lambda o: bool(o.get("scheduled")))

@@ -67,9 +67,11 @@ def timed(argv: list[str]) -> Timed:
     return Timed(seconds, kb / 1024, done.returncode)
 
 
-def pairs(trace: Path, requests: int, before: Path | None
-          ) -> list[tuple[str, list[str], list[str]]]:
-    """(what, the slow or earlier path, the fast path) for each command."""
+def pairs(trace: Path, requests: int, before: Path | None, spec_profile: bool
+          ) -> list[tuple[str, list[str] | None, list[str]]]:
+    """(what, the slow or earlier path, the fast path) for each command; without
+    `spec_profile` the slow path of `check --profile` is None (the spec's plain check
+    stands for it)."""
     t = str(trace)
     old = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
            "from kvsched.cli import main; main()", str(before / "src")] if before else []
@@ -79,7 +81,8 @@ def pairs(trace: Path, requests: int, before: Path | None
         ("`kvsched check`", [*KVSCHED, "check", "--checker", "spec", t],
          [*KVSCHED, "check", "--checker", "vectorized", t]),
         ("`kvsched check --profile vllm-v1`",
-         [*KVSCHED, "check", "--checker", "spec", "--profile", "vllm-v1", t],
+         [*KVSCHED, "check", "--checker", "spec", "--profile", "vllm-v1", t]
+         if spec_profile else None,
          [*KVSCHED, "check", "--checker", "vectorized", "--profile", "vllm-v1", t]),
         ("`kvsched metrics`",
          [*old, "metrics", t] if before else [sys.executable, "-c", SPEC_METRICS, t],
@@ -89,7 +92,8 @@ def pairs(trace: Path, requests: int, before: Path | None
     ]
 
 
-def report(requests: int, command: str, keep: Path | None, before: Path | None) -> str:
+def report(requests: int, command: str, keep: Path | None, before: Path | None,
+           spec_profile: bool = True) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         trace = keep or Path(tmp) / "trace.jsonl"
         if keep is None or not keep.exists():
@@ -101,9 +105,15 @@ def report(requests: int, command: str, keep: Path | None, before: Path | None) 
         with trace.open("rb") as f:
             steps = sum(1 for _ in f) - 2
         rows = []
-        for what, slow_argv, fast_argv in pairs(trace, requests, before):
-            print(f"{what}: the slow path ...", flush=True)
-            slow = timed(slow_argv)
+        plain: Timed | None = None  # the spec's plain check
+        for what, slow_argv, fast_argv in pairs(trace, requests, before, spec_profile):
+            if slow_argv is None:
+                assert plain is not None
+                slow, what = plain, what + " (slow path: the spec's plain `check`)"
+            else:
+                print(f"{what}: the slow path ...", flush=True)
+                slow = timed(slow_argv)
+                plain = plain or slow
             print(f"  {slow.seconds:.1f} s, {slow.peak_mb:.0f} MB; the fast path ...",
                   flush=True)
             fast = timed(fast_argv)
@@ -120,7 +130,11 @@ def report(requests: int, command: str, keep: Path | None, before: Path | None) 
         f"{requests}` (the defaults: profile vllm-v1, prefix caching on, as vLLM serves), "
         f"{size / 1e6:,.0f} MB, {steps:,} steps. Each figure is one whole process, the "
         "slow path and the fast path one after the other on the same file; memory is "
-        "the process's peak resident set. The slow path of `check` is `--checker spec`; "
+        "the process's peak resident set. The slow path of `check` is `--checker spec`"
+        + ("" if spec_profile else
+           " (of `check --profile` too: the spec's replay of the profile was not run, "
+           "hours at this size, and is slower still: the ratio against it is larger)")
+        + "; "
         + (f"of `metrics` and `diff`, the kvsched of the checkout `{before.name}` "
            f"(commit {commit_of(before)})." if before else
            "of `metrics`, the metrics on the spec's state."),
@@ -147,13 +161,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep the trace here (reused if it exists)")
     parser.add_argument("--out", type=Path, default=None,
                         help="put the section in this Markdown file (default: print only)")
+    parser.add_argument("--no-spec-profile", action="store_true",
+                        help="do not run the spec's `check --profile` (hours on a large "
+                             "trace): the spec's plain check stands for it")
     parser.add_argument("--before", type=Path, default=None,
                         help="a checkout of an earlier kvsched (compiled modules built in "
                              "place) to time metrics and diff against")
     args = parser.parse_args(argv)
     command = f"python -m tools.bench_users --requests {args.requests}" + (
-        f" --before {args.before}" if args.before else "")
-    text = report(args.requests, command, args.trace, args.before)
+        f" --before {args.before}" if args.before else "") + (
+        " --no-spec-profile" if args.no_spec_profile else "")
+    text = report(args.requests, command, args.trace, args.before,
+                  not args.no_spec_profile)
     if args.out:
         place(text, args.out, START, END)
         print(f"written to {args.out}")
