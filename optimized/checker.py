@@ -223,10 +223,11 @@ class FastChecker:
             return
         self._unclean(fast, line, obj)
 
-    def steps(self, raws: list[bytes], i: int, line: int) -> int:
+    def steps(self, raws: list[bytes], i: int, line: int, encoded: bool = False) -> int:
         """Check the lines raws[i:] (as lines_of gives them), the first at line `line`,
         as `step` does, while the compiled state reads them itself (orjson's step lines,
-        as read_line takes them); the index of the first line it did not read."""
+        as read_line takes them; `encoded`: lines orjson wrote, taken as it reads them);
+        the index of the first line it did not read."""
         keep = self.replay is not None
         while self.fast is not None and i < len(raws):
             fast = self.fast
@@ -234,7 +235,7 @@ class FastChecker:
                 fast.save(self.saved)
                 self.started = True
             j, obj = fast.apply_lines(raws, i, line, self.run, self.limit, orjson.loads,
-                                      orjson.dumps, keep)
+                                      orjson.dumps, keep, encoded)
             self.expected += j - i
             line += j - i
             i = j
@@ -283,7 +284,7 @@ class FastChecker:
         first at line `line`; the number of the line after them."""
         i = 0
         while i < len(raws):
-            i = self.steps(raws, i, line + i)
+            i = self.steps(raws, i, line + i, True)
             if i < len(raws):
                 self.step(line + i, orjson.loads(raws[i]), raws[i], True)
                 i += 1

@@ -786,12 +786,14 @@ cdef class FastState:
         return needed(v.computed, n, v.held, self.bs, 0)
 
     def apply_lines(self, list raws, Py_ssize_t i, int64_t line, list run,
-                    Py_ssize_t limit, object loads, object dumps, bint keep=False):
+                    Py_ssize_t limit, object loads, object dumps, bint keep=False,
+                    bint encoded=False):
         """`apply` on the lines raws[i:] (each as read, with its newline), the first at
         line `line`, while each is a step line that orjson (`loads`, `dumps`) reads as
         kvsched.optimized.checker.read_line does and that is clean, and `run` holds
         fewer than `limit`: each one applied goes to `run` as (line, None, raw), or with
-        `keep` (line, its value, raw).
+        `keep` (line, its value, raw). `encoded`: the lines are as orjson writes them (a
+        key once in each object), so orjson's value is taken without counting keys.
         Returns (j, obj): raws[i:j] were applied; obj is raws[j]'s value when it was
         read and is not clean (the state part-moved), else None (raws[j] not read)."""
         cdef Py_ssize_t n = len(raws), size, colons, k
@@ -808,13 +810,14 @@ cdef class FastState:
                 return i, None
             if not PyDict_CheckExact(obj) or "step" not in <dict>obj:
                 return i, None
-            text = raw
-            colons = 0
-            for k in range(size):
-                if text[k] == 58:  # b":"
-                    colons += 1
-            if _keys(obj) != colons and dumps(obj) != raw[:size]:
-                return i, None
+            if not encoded:
+                text = raw
+                colons = 0
+                for k in range(size):
+                    if text[k] == 58:  # b":"
+                        colons += 1
+                if _keys(obj) != colons and dumps(obj) != raw[:size]:
+                    return i, None
             if not self.apply(obj, line):
                 return i, obj
             run.append((line, obj if keep else None, raw))
