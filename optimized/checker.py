@@ -70,10 +70,10 @@ from kvsched.spec.trace import (
 )
 
 try:
-    from kvsched.optimized.state import FastState, keys_in
+    from kvsched.optimized.state import FastState, read_alike
 except ImportError:  # not built: the spec's Checker checks every line
     FastState = None  # type: ignore[assignment,misc]
-    keys_in = None  # type: ignore[assignment]
+    read_alike = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from kvsched.optimized.replay import CompiledReplay
@@ -120,26 +120,17 @@ def lines_of(stream: IO[bytes]) -> Iterator[list[bytes]]:
 
 def read_line(raw: bytes, line: int) -> tuple[Any, bool]:
     """(the JSON value of a line, or BLANK; whether orjson read it): orjson's object
-    when Python's json reads the line alike, else the spec's strict reader's.
-
-    Once orjson has read a line (it refuses what Python's json refuses, and huge
-    integers, lone surrogates and NaN besides, which then go to the spec's reader), the
-    two differ only on a key twice in one object: orjson keeps the last, the spec
-    refuses the line. Every colon of a line is a key's or one inside a string, so
-    orjson's object holds every key of the line exactly when its keys, at every depth,
-    are as many as the line's colons (a key dropped or a colon in a string makes them
-    differ, never agree wrongly). An object with a float (time_ms, or an integer too
-    large for 64 bits, which orjson reads as a float) is not counted. Otherwise orjson
-    must write the object back to the same bytes."""
+    when Python's json reads the line alike (kvsched.optimized.state.read_alike; without
+    the compiled module, when orjson writes it back to the same bytes), else the spec's
+    strict reader's."""
     body = raw[:-1] if raw.endswith(b"\n") else raw
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
         pass
     else:
-        if keys_in is not None and keys_in(obj) == body.count(b":"):
-            return obj, True
-        if orjson.dumps(obj) == body:
+        if (read_alike(obj, body, len(body), orjson.dumps) if read_alike is not None
+                else orjson.dumps(obj) == body):
             return obj, True
     return load_line(raw, line), False
 

@@ -1,5 +1,5 @@
 # The trace writer of the compiled scheduler (included by compiled.pyx): each step's
-# line, as the simulation loop (CompiledScheduler.simulate with lines) writes it.
+# line, as the simulation loop (compiled_simulation.pxi, `simulate` with lines) writes it.
 
 # The line kvsched.spec.trace.step_fields makes of the step's parts, as orjson writes
 # it, byte for byte (tests/test_compiled.py holds it to that): the keys in

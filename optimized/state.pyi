@@ -7,7 +7,7 @@ from kvsched.spec.model import Config, Status
 
 MAX_BLOCKS: int
 
-def keys_in(v: Any) -> int: ...
+def read_alike(obj: Any, raw: bytes, size: int, dumps: Any) -> bool: ...
 
 class RunFacts:
     generated: array[int]

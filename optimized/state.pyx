@@ -127,7 +127,8 @@ cdef inline bint an_id(object v):
 
 
 cdef Py_ssize_t _keys(object v):
-    """keys_in of a dict or list; -1 when it holds a float."""
+    """How many object keys a dict or list holds, at every depth; -1 when it holds a
+    float."""
     cdef Py_ssize_t n = 0, m
     if PyDict_CheckExact(v):
         n = len(<dict>v)
@@ -145,13 +146,26 @@ cdef Py_ssize_t _keys(object v):
     return n
 
 
-def keys_in(object v):
-    """How many object keys a JSON value (orjson's: dicts, lists, scalars) holds, at
-    every depth; -1 when it holds a float (orjson reads an integer past 64 bits as
-    one, Python's json as an int)."""
-    if PyDict_CheckExact(v) or PyList_CheckExact(v):
-        return _keys(v)
-    return -1 if PyFloat_CheckExact(v) else 0
+cpdef bint read_alike(object obj, bytes raw, Py_ssize_t size, object dumps):
+    """Whether `obj`, orjson's value of the line raw[:size], is what Python's json reads
+    there (kvsched.optimized.checker.read_line's rule): orjson refuses what json refuses
+    (and huge integers, lone surrogates and NaN besides), so the two differ only on a
+    key twice in one object, where orjson keeps the last. Every colon of a line is a
+    key's or one inside a string, so orjson's value holds every key of the line exactly
+    when its keys, at every depth, are as many as the line's colons (a key dropped or a
+    colon in a string makes them differ, never agree wrongly); a value with a float
+    (time_ms, or an integer past 64 bits, which orjson reads as a float) is not counted.
+    Otherwise orjson (`dumps`) must write the value back to the same bytes."""
+    cdef const char* text = raw
+    cdef Py_ssize_t k, colons = 0, keys = -1
+    for k in range(size):
+        if text[k] == 58:  # b":"
+            colons += 1
+    if PyDict_CheckExact(obj) or PyList_CheckExact(obj):
+        keys = _keys(obj)
+    elif not PyFloat_CheckExact(obj):
+        keys = 0
+    return keys == colons or dumps(obj) == raw[:size]
 
 
 cdef inline int64_t cdiv(int64_t a, int64_t b):
@@ -796,9 +810,8 @@ cdef class FastState:
         key once in each object), so orjson's value is taken without counting keys.
         Returns (j, obj): raws[i:j] were applied; obj is raws[j]'s value when it was
         read and is not clean (the state part-moved), else None (raws[j] not read)."""
-        cdef Py_ssize_t n = len(raws), size, colons, k
+        cdef Py_ssize_t n = len(raws), size
         cdef bytes raw
-        cdef const char* text
         while i < n and len(run) < limit:
             raw = <bytes>raws[i]
             size = len(raw)
@@ -810,14 +823,8 @@ cdef class FastState:
                 return i, None
             if not PyDict_CheckExact(obj) or "step" not in <dict>obj:
                 return i, None
-            if not encoded:
-                text = raw
-                colons = 0
-                for k in range(size):
-                    if text[k] == 58:  # b":"
-                        colons += 1
-                if _keys(obj) != colons and dumps(obj) != raw[:size]:
-                    return i, None
+            if not encoded and not read_alike(obj, raw, size, dumps):
+                return i, None
             if not self.apply(obj, line):
                 return i, obj
             run.append((line, obj if keep else None, raw))

@@ -126,7 +126,7 @@ def token_range_allows_exactly(new_tokens: int, computed: int, known: int, max_m
     config = Config(max_model_len=max_model_len, chunked_prefill=chunked,
                     max_num_batched_tokens=max(max_model_len, 2048))
     chunk = Chunk(Action("r", "scheduled", "running"), new_tokens, known, computed, known, 0,
-                  False, None)
+                  False, None, min(computed + new_tokens, known))
     return must.token_range(StepFacts(0, 0, chunks=[chunk]), config) == []
 
 

@@ -110,7 +110,8 @@ class Victim:
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """One scheduled entry: Dn tokens on a request with N known and C computed before."""
+    """One scheduled entry: Dn tokens on a request with N known and C computed before,
+    and C after it, min(C + Dn, N)."""
 
     action: Action
     tokens: int  # Dn as the trace gives it
@@ -120,6 +121,7 @@ class Chunk:
     new_blocks: int  # Db, 0 when the entry did not apply
     sampled: bool
     restart_ids: int | None  # a recompute victim's first chunk: the ids the trace gives
+    after: int  # C after the entry: min(C + Dn, N); C when it did not apply or Dn < 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,7 +445,7 @@ class State:
             t = self.live.get(rid) if a.applied else None
             if t is None:
                 st.tags[rid] = "already scheduled this step"
-                f.chunks.append(Chunk(a, n, 0, 0, 0, 0, False, None))
+                f.chunks.append(Chunk(a, n, 0, 0, 0, 0, False, None, 0))
                 continue
             if rid in hits and n >= 1:
                 f.hits.append(self._hit(t, hits[rid], st.state(rid), f))
@@ -452,7 +454,7 @@ class State:
             known, computed = t.num_tokens, t.num_computed
             if n < 1:
                 f.chunks.append(Chunk(a, n, known, computed, t.request.prompt_len, 0, False,
-                                      None))
+                                      None, computed))
                 continue
             # An admission (new, or resumed after recompute) reserves what its allocation
             # says; every other chunk takes only the blocks it fills.
@@ -482,7 +484,7 @@ class State:
                 t.num_tokens += 1
                 st.sampled.append(t)
             f.chunks.append(Chunk(a, n, known, computed, t.request.prompt_len, db, done,
-                                  restart))
+                                  restart, t.num_computed))
         for rid in hits:
             if rid not in st.scheduled:
                 f.hits.append(Hit(Action(rid, "prefix hit", st.state(rid)), 0, 0, (), 0,

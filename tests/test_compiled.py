@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvsched.metrics import metrics_of
-from kvsched.optimized.compiled import LINE_BLOCK, CompiledScheduler
+from kvsched.optimized.compiled import LINE_BLOCK, CompiledScheduler, simulate
 from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
 from kvsched.spec.knobs import Knobs
@@ -50,11 +50,11 @@ def test_its_simulation_loop_writes_the_references_trace(config: Config, setup: 
     items = data.draw(workloads(config, shared=config.prefix_caching), label="workload")
     reference = list(run(ReferenceScheduler(config, knobs), items, block_ids=block_ids,
                          max_steps=MAX_STEPS))
-    compiled = list(CompiledScheduler(config, knobs).simulate(items, block_ids, MAX_STEPS))
+    compiled = list(simulate(CompiledScheduler(config, knobs), items, block_ids, MAX_STEPS))
     assert compiled == reference
     assert trace_lines(compiled) == trace_lines(reference)
     # Its own lines (written without records): the same bytes.
-    blocks = list(CompiledScheduler(config, knobs).simulate(items, block_ids, MAX_STEPS,
+    blocks = list(simulate(CompiledScheduler(config, knobs), items, block_ids, MAX_STEPS,
                                                             lines=True))
     assert b"".join(block for block, _, _ in blocks) == trace_lines(reference)
     # Each block: its steps' count and what they ended.
@@ -80,7 +80,7 @@ def test_its_lines_write_any_id_as_json_does() -> None:
     reference = list(run(ReferenceScheduler(config, knobs), items))
     assert any(r.rejected for r in reference) and any(r.aborted for r in reference)
     assert any(r.preempted for r in reference) and any(r.prefix_hits for r in reference)
-    lines = CompiledScheduler(config, knobs).simulate(items, True, None, lines=True)
+    lines = simulate(CompiledScheduler(config, knobs), items, True, None, lines=True)
     assert b"".join(block for block, _, _ in lines) == trace_lines(reference)
 
 
@@ -98,7 +98,7 @@ def test_its_lines_come_in_blocks_of_steps(max_steps: int | None) -> None:
     reference = list(run(ReferenceScheduler(config, knobs), items))
     assert len(reference) > 3 * LINE_BLOCK
     reference = reference[:max_steps]
-    blocks = list(CompiledScheduler(config, knobs).simulate(items, True, max_steps,
+    blocks = list(simulate(CompiledScheduler(config, knobs), items, True, max_steps,
                                                             lines=True))
     counts = [count for _, count, _ in blocks]
     assert counts[:-1] == [LINE_BLOCK] * (len(counts) - 1) and 0 < counts[-1] <= LINE_BLOCK
@@ -121,7 +121,7 @@ def test_simulate_gives_the_metrics_of_its_trace(config: Config, setup: str | Kn
 
     config, knobs = resolve(config, setup)
     items = data.draw(workloads(config, shared=config.prefix_caching), label="workload")
-    records = list(CompiledScheduler(config, knobs).simulate(items, True, MAX_STEPS))
+    records = list(simulate(CompiledScheduler(config, knobs), items, True, MAX_STEPS))
     scheduler = CompiledScheduler(config, knobs)
     collector = MetricsCollector(config)
     stretches = list(compiled_lines(Run("compiled", scheduler, items, True, MAX_STEPS,

@@ -28,6 +28,7 @@ from kvsched.generators import generate
 from kvsched.metrics import Metrics, MetricsCollector, metrics_of_trace
 from kvsched.optimized.checker import check_trace_vectorized
 from kvsched.optimized.compiled import CompiledScheduler
+from kvsched.optimized.compiled import simulate as compiled_simulate
 from kvsched.optimized.state import RunFacts
 from kvsched.reference import ReferenceScheduler
 from kvsched.spec.knobs import Knobs
@@ -157,7 +158,7 @@ def test_stored_traces_give_the_spec_paths_metrics(path: Path) -> None:
 def test_a_simulation_of_thousands_of_requests_gives_the_spec_paths_metrics() -> None:
     config = replace(DEFAULT_CONFIG, prefix_caching=True)  # kvsched simulate's, cached
     items = generate("sharegpt", 2000, 7)
-    records = list(CompiledScheduler(config).simulate(items, True, None))
+    records = list(compiled_simulate(CompiledScheduler(config), items, True, None))
     data = trace_bytes(config, records, complete=True)
     collector = assert_same(data)
     assert collector is not None and collector.fast_steps >= len(records) - 10

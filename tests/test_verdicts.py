@@ -326,7 +326,7 @@ def finish(rid: str, released: int) -> Any:
 
 def chunk(rid: str, blocks: int) -> Any:
     from kvsched.spec.state import Action, Chunk
-    return Chunk(Action(rid, "scheduled", "running"), 4, 8, 4, 8, blocks, False, None)
+    return Chunk(Action(rid, "scheduled", "running"), 4, 8, 4, 8, blocks, False, None, 8)
 
 
 def handout(rid: str, given: int, expected: int, counted: bool = True) -> Any:

@@ -50,6 +50,7 @@ from kvsched.workload import WorkItem
 
 try:
     from kvsched.optimized.compiled import CompiledScheduler
+    from kvsched.optimized.compiled import simulate as compiled_simulate
 except ImportError:  # not built here: every side runs through the simulation loop
     CompiledScheduler = None  # type: ignore[assignment,misc]
 
@@ -554,7 +555,7 @@ def simulated(label: str, scheduler: Scheduler, workload: Sequence[WorkItem],
 
     def batches() -> Iterator[tuple[list[bytes], int]]:
         if CompiledScheduler is not None and isinstance(scheduler, CompiledScheduler):
-            for block, _, done in scheduler.simulate(workload, True, max_steps, True,
+            for block, _, done in compiled_simulate(scheduler, workload, True, max_steps, True,
                                                      stall_steps):
                 yield block.splitlines(keepends=True), done
             return

@@ -388,10 +388,9 @@ class MetricsCollector:
         for c in f.chunks:
             if not c.action.applied or c.tokens < 1:
                 continue
-            after = min(c.computed + c.tokens, c.known)
-            computed += after - c.computed
+            computed += c.after - c.computed
             if c.computed < c.prompt_len:
-                self.prompt_tokens += min(after, c.prompt_len) - c.computed
+                self.prompt_tokens += min(c.after, c.prompt_len) - c.computed
             if c.sampled:
                 generated += 1
                 t = times[c.action.request]

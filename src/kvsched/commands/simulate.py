@@ -131,6 +131,7 @@ def compiled_lines(run: Run, scheduler: CompiledScheduler) -> Stretches:
     their facts for the metrics (as `kvsched metrics` on the trace does)."""
     from kvsched.metrics import NO_THRASH_LIMIT
     from kvsched.optimized.checker import RUN_STEPS, FastChecker
+    from kvsched.optimized.compiled import simulate as compiled_simulate
     from kvsched.spec.trace import Header
 
     def follow(state: State) -> MetricsCollector:
@@ -141,8 +142,8 @@ def compiled_lines(run: Run, scheduler: CompiledScheduler) -> Stretches:
                         run.stall_steps, None, follow)
     at = 2  # the header is line 1
     try:
-        for block, count, ended in scheduler.simulate(
-                run.workload, run.block_ids, run.max_steps, lines=True,
+        for block, count, ended in compiled_simulate(
+                scheduler, run.workload, run.block_ids, run.max_steps, lines=True,
                 stall_steps=run.stall_steps):
             if run.writer is not None:
                 run.writer.encoded(block)
@@ -155,9 +156,11 @@ def compiled_lines(run: Run, scheduler: CompiledScheduler) -> Stretches:
 def compiled_records(run: Run, scheduler: CompiledScheduler) -> Stretches:
     """The compiled scheduler's own loop beside a checker: each StepRecord to the trace,
     the checker and the metrics (on the checker's state)."""
+    from kvsched.optimized.compiled import simulate as compiled_simulate
+
     assert run.checker is not None
-    for rec in scheduler.simulate(run.workload, run.block_ids, run.max_steps,
-                                  stall_steps=run.stall_steps):
+    for rec in compiled_simulate(scheduler, run.workload, run.block_ids, run.max_steps,
+                                 stall_steps=run.stall_steps):
         if run.writer is not None:
             run.writer.step(rec)
         run.collector.observe(rec, run.checker.step(rec))
