@@ -82,6 +82,7 @@ cdef enum:  # the step keys
     K_TIME
     K_HITS
     K_KEYS
+    K_COUNT  # how many
 
 KEYS = {"step": K_STEP, "arrivals": K_ARRIVALS, "aborted": K_ABORTED,
         "rejected": K_REJECTED, "preempted": K_PREEMPTED, "swapped_in": K_SWAPPED_IN,
@@ -93,7 +94,8 @@ CODE = {Status.WAITING: WAITING, Status.RUNNING: RUNNING, Status.SWAPPED: SWAPPE
 
 
 cdef inline bint count_of(object v, int64_t lo, int64_t* out):
-    """An integer as parse_step takes it (not a bool) in lo..2**40."""
+    """An integer as parse_step takes it (not a bool) in lo..2**40 (lo = -MAXC: of
+    absolute value at most 2**40)."""
     cdef long long x
     if not PyLong_CheckExact(v):
         return False
@@ -102,21 +104,6 @@ cdef inline bint count_of(object v, int64_t lo, int64_t* out):
     except OverflowError:
         return False
     if x < lo or x > MAXC:
-        return False
-    out[0] = x
-    return True
-
-
-cdef inline bint signed_of(object v, int64_t* out):
-    """An integer (not a bool) of absolute value at most 2**40."""
-    cdef long long x
-    if not PyLong_CheckExact(v):
-        return False
-    try:
-        x = v
-    except OverflowError:
-        return False
-    if x > MAXC or x < -MAXC:
         return False
     out[0] = x
     return True
@@ -850,8 +837,7 @@ cdef class FastState:
         if not self.usable or not PyDict_CheckExact(obj):
             return 0
         d = <dict>obj
-        arrivals = aborted = rejected = preempted = swapped_in = scheduled = finished = None
-        free_blocks = new_blocks = time_ms = hits = bkeys = step_v = None
+        values = [None] * K_COUNT
         for key, v in d.items():
             code = KEYS.get(key)
             if code is None:
@@ -860,39 +846,12 @@ cdef class FastState:
                 continue
             c = <int>code
             if K_ARRIVALS <= c <= K_FINISHED and not PyList_CheckExact(v):
-                return 0
-            if c == K_STEP:
-                step_v = v
-            elif c == K_ARRIVALS:
-                arrivals = v
-            elif c == K_ABORTED:
-                aborted = v
-            elif c == K_REJECTED:
-                rejected = v
-            elif c == K_PREEMPTED:
-                preempted = v
-            elif c == K_SWAPPED_IN:
-                swapped_in = v
-            elif c == K_SCHEDULED:
-                scheduled = v
-            elif c == K_FINISHED:
-                finished = v
-            elif c == K_FREE:
-                free_blocks = v
-            elif c == K_NEW:
-                new_blocks = v
-                if not PyDict_CheckExact(v):
-                    return 0
-            elif c == K_TIME:
-                time_ms = v
-            elif c == K_HITS:
-                hits = v
-                if not PyDict_CheckExact(v):
-                    return 0
-            else:
-                bkeys = v
-                if not PyDict_CheckExact(v):
-                    return 0
+                return 0  # the lists
+            if (c == K_NEW or c >= K_HITS) and not PyDict_CheckExact(v):
+                return 0  # the maps
+            values[c] = v
+        (step_v, arrivals, aborted, rejected, preempted, swapped_in, scheduled, finished,
+         free_blocks, new_blocks, time_ms, hits, bkeys) = values
         if step_v is None or not count_of(step_v, 0, &step) or step != self.step_no + 1:
             return 0
         if free_blocks is not None and not count_of(free_blocks, 0, &x):
@@ -927,7 +886,7 @@ cdef class FastState:
                 if not an_id(rid) or pv is None or ov is None:
                     return 0
                 if not count_of(pv, 1, &p) or not count_of(ov, 1, &o) \
-                        or not signed_of(prv, &pr):
+                        or not count_of(prv, -MAXC, &pr):
                     return 0
                 if rid in self.index or rid in self.ended \
                         or self.arrived(rid) != NEVER_ARRIVED:
@@ -1065,7 +1024,7 @@ cdef class FastState:
                 if not PyList_CheckExact(e) or len(<list>e) != 2:
                     return 0
                 rid = (<list>e)[0]
-                if not an_id(rid) or not signed_of((<list>e)[1], &n):
+                if not an_id(rid) or not count_of((<list>e)[1], -MAXC, &n):
                     return 0
                 found = self.index.get(rid)
                 if found is None:
