@@ -19,7 +19,8 @@ else:
         [Extension("kvsched.optimized.compiled", ["src/kvsched/optimized/compiled.pyx"],
                    # the parts it includes, so that an sdist holds them
                    depends=[f"src/kvsched/optimized/compiled{part}" for part in (
-                       ".pyx", "_blocks.pxi", "_writer.pxi", "_replay.pxi")],
+                       ".pyx", "_blocks.pxi", "_writer.pxi", "_replay.pxi",
+                       "_simulation.pxi")],
                    language="c++", optional=True),
          Extension("kvsched.optimized.state", ["src/kvsched/optimized/state.pyx"],
                    language="c++", optional=True)],
