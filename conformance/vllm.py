@@ -442,18 +442,27 @@ def check_case(case: str, path: Path, profile: str | None = None) -> Verdict:
 
 # Each knob of the profile, flipped: the suite must tell every one of these from vLLM,
 # or agreement with the profile would prove less than it seems.
+# The rules of vLLM v1's step that releases decide differently, each as a knob and its
+# two values: a variant of a profile flips one of them.
+FLIPPABLE: dict[str, tuple[object, object]] = {
+    "admit_after_preempt": (False, True),
+    "reserve_full_sequence": (True, False),
+    "lift_threshold_when_alone": (True, False),
+    "continue_after_self_preemption": (False, True),
+    "free_order": ("uncached_first", "as_freed"),
+    "over_budget_prompt": ("stop", "skip"),
+}
+
+
 def knob_variants(profile: str) -> dict[str, Knobs]:
+    """`profile`'s knobs with one rule changed: the victim the tail, and each of
+    FLIPPABLE the other way from the profile's, named "knob=value"."""
     base = get_profile(profile).knobs
-    pass_rule = ("stop after self-preemption" if base.continue_after_self_preemption
-                 else "continue after self-preemption")
-    return {
-        "victim=tail": replace(base, victim="tail"),
-        "admit_after_preempt": replace(base, admit_after_preempt=True),
-        "no reserve_full_sequence": replace(base, reserve_full_sequence=False),
-        "keep threshold when alone": replace(base, lift_threshold_when_alone=False),
-        pass_rule: replace(base, continue_after_self_preemption=not
-                           base.continue_after_self_preemption),
-    }
+    variants = {"victim=tail": replace(base, victim="tail")}
+    for name, (a, b) in FLIPPABLE.items():
+        value = b if getattr(base, name) == a else a
+        variants[f"{name}={value}"] = replace(base, **{name: value})  # type: ignore[arg-type]
+    return variants
 
 
 def first_divergence(path: Path, knobs: Knobs, profile: str,

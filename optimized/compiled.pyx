@@ -18,7 +18,9 @@ hundreds a Python loop (or a few dozen torch calls) takes:
 - unless the step preempted (knob admit_after_preempt), the swap-in pass and then the
   waiting pass admit in queue order while the budget, the sequence limit and the blocks
   (the whole sequence under knob reserve_full_sequence, plus the watermark) allow; the
-  first that does not fit stops the pass;
+  first that does not fit stops the pass, but for a prompt above the budget left without
+  chunked prefill under knob over_budget_prompt "skip", which is passed over and pushed
+  back to the queue's front when the pass ends;
 - victims queue again only at the end of the step; computed tokens advance; those that
   catch up sample in `update`.
 
@@ -139,6 +141,7 @@ cdef class CompiledScheduler:
     cdef int64_t bs, nb, ncpu, token_budget, max_seqs, mml, threshold_cfg, watermark
     cdef bint chunked, caching, priority, tail_victims, wm_always
     cdef bint admit_after_preempt, reserve_full, lift_alone, continue_self
+    cdef bint free_as_freed, skip_over_budget
     cdef int alloc, pmode
     # per slot
     cdef vector[int64_t] N, C, P, O, prio, arr, seq
@@ -228,6 +231,8 @@ cdef class CompiledScheduler:
         self.reserve_full = chosen.reserve_full_sequence
         self.lift_alone = chosen.lift_threshold_when_alone
         self.continue_self = chosen.continue_after_self_preemption
+        self.free_as_freed = chosen.free_order == "as_freed"
+        self.skip_over_budget = chosen.over_budget_prompt == "skip"
         self.alloc = {"lazy": LAZY, "prompt": PROMPT, "full": FULL}[config.allocation]
         self.pmode = {"recompute": RECOMPUTE, "swap": SWAP, "auto": AUTO}[config.preemption]
         self.ids = []
@@ -638,6 +643,7 @@ cdef class CompiledScheduler:
         c.priority, c.tail_victims, c.wm_always = self.priority, self.tail_victims, self.wm_always
         c.admit_after_preempt, c.reserve_full = self.admit_after_preempt, self.reserve_full
         c.lift_alone, c.continue_self = self.lift_alone, self.continue_self
+        c.free_as_freed, c.skip_over_budget = self.free_as_freed, self.skip_over_budget
         c.alloc, c.pmode = self.alloc, self.pmode
         c.N, c.C, c.P, c.O, c.prio, c.arr, c.seq = (self.N, self.C, self.P, self.O, self.prio,
                                                     self.arr, self.seq)
@@ -902,6 +908,7 @@ cdef class CompiledScheduler:
     cdef int _waiting_pass(self, int64_t budget, int64_t threshold) except -1:
         cdef int32_t r, b
         cdef int64_t h, computed, taken, n, full, reserve, covered
+        cdef vector[int32_t] skipped  # passed over (knob over_budget_prompt "skip")
         if budget <= 0:
             return 0
         while True:
@@ -921,7 +928,11 @@ cdef class CompiledScheduler:
             if 0 < threshold < n:
                 n = threshold
             if not self.chunked and n > budget:
-                break
+                if not self.skip_over_budget:
+                    break
+                self._waiting_pop()
+                skipped.push_back(r)
+                continue
             if budget < n:
                 n = budget
             if self.reserve_full:
@@ -947,6 +958,9 @@ cdef class CompiledScheduler:
             self.status[r] = RUNNING
             self.running.push_back(r)
             budget -= n
+        # Back at the head, each pushed to the front in the order skipped.
+        for r in skipped:
+            self._push_waiting(r, True)
         return 0
 
 

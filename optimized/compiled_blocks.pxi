@@ -59,7 +59,8 @@ cdef void _forget_content(CompiledScheduler sched, int32_t b) noexcept:
 cdef void _release_gpu(CompiledScheduler sched, int32_t s) noexcept:
     """Drop `s`'s GPU table, walking it from its end: without caching every block to
     the tail; with it, blocks whose last holder this is go free, uncached ones to the
-    head (the walk's first foremost) and cached ones to the tail, in walk order."""
+    head (the walk's first foremost) and cached ones to the tail, in walk order (knob
+    free_order "uncached_first"), or all to the tail in walk order ("as_freed")."""
     cdef vector[int32_t] *t = &sched.gtable[s]
     cdef Py_ssize_t k
     cdef int32_t b
@@ -75,7 +76,7 @@ cdef void _release_gpu(CompiledScheduler sched, int32_t s) noexcept:
         b = t[0][k]
         sched.holders[b] -= 1
         if sched.holders[b] == 0:
-            if sched.has_content[b]:
+            if sched.has_content[b] or sched.free_as_freed:
                 kept.push_back(b)
             else:
                 uncached.push_back(b)

@@ -1,11 +1,14 @@
-"""The knobs the fast schedulers follow: every knob of the reference but vLLM V0's.
+"""The knobs the fast schedulers follow: every knob of the reference but vLLM V0's; the
+torch scheduler not the two of older vLLM v1 releases either.
 
 The torch scheduler (kvsched.optimized.scheduler) and the compiled one
-(kvsched.optimized.compiled) implement the same knobs and refuse the same ones, in
-the same words; this module holds that rule without importing torch.
+(kvsched.optimized.compiled) refuse what they do not implement in the same words; this
+module holds that rule without importing torch.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from kvsched.spec.knobs import Knobs
 
@@ -13,14 +16,28 @@ from kvsched.spec.knobs import Knobs
 # vllm-v0), which the reference alone implements. V0's step itself (a profile whose
 # `scheduler` is "v0") is the reference's V0Scheduler; these schedulers run vLLM v1's.
 REFERENCE_ONLY_KNOBS = ("grow_check", "reject", "chunk_swap_in", "swapped_order")
+# Knobs the torch scheduler follows only at their defaults, the compiled one at every
+# value: older vLLM v1 releases' rules (the free-queue order up to 0.23, the over-budget
+# prompt passed over in 0.11), whose one-request-at-a-time nature its batched passes
+# do not have.
+COMPILED_ONLY_KNOBS = ("free_order", "over_budget_prompt")
+
+FastScheduler = Literal["compiled", "torch"]
 
 
-def unsupported_knobs(knobs: Knobs) -> str | None:
-    """Why the fast schedulers refuse `knobs`, in one line, or None."""
+def unsupported_knobs(knobs: Knobs, scheduler: FastScheduler = "compiled") -> str | None:
+    """Why the fast `scheduler` refuses `knobs`, in one line, or None."""
     default = Knobs()
     for name in REFERENCE_ONLY_KNOBS:
         value = getattr(knobs, name)
         if value != getattr(default, name):
             return (f"the optimized scheduler does not implement knob {name}={value!r} "
                     f"(vLLM V0's rules, profile vllm-v0): use the reference scheduler")
+    if scheduler == "torch":
+        for name in COMPILED_ONLY_KNOBS:
+            value = getattr(knobs, name)
+            if value != getattr(default, name):
+                return (f"the torch scheduler does not implement knob {name}={value!r} "
+                        f"(an older vLLM release's rule): use the compiled or the "
+                        f"reference scheduler")
     return None

@@ -153,14 +153,16 @@ class TorchScheduler:
     """The reference's policy on tensors, on `device` ("cpu" or "cuda").
 
     `knobs` are the spec's (a profile's knobs work as they are); None means vLLM v1's.
-    Knobs other than their defaults in REFERENCE_ONLY_KNOBS (vLLM V0's) are refused.
+    Knobs other than their defaults in REFERENCE_ONLY_KNOBS (vLLM V0's) and
+    COMPILED_ONLY_KNOBS (older vLLM v1 releases') are refused
+    (kvsched.optimized.knobs).
     """
 
     def __init__(self, config: Config, knobs: Knobs | None = None,
                  device: str | torch.device = "cpu") -> None:
         chosen = knobs if knobs is not None else Knobs()
         problems = config.problems() + chosen.problems()
-        refused = unsupported_knobs(chosen)
+        refused = unsupported_knobs(chosen, "torch")
         if refused is not None:
             problems.append(refused)
         if problems:

@@ -9,13 +9,15 @@ explorer, which tries them all. Two families make the full run:
   priority on every multiset of two or three of four shapes with both alternating
   priority patterns; vllm-v1+swap (FAMILY) with 2 host blocks;
 - `grid`: every knob and config value (victim rule, admission after preemption, full
-  sequence reservation, threshold lifting, policy, preemption mode, host blocks, block
-  size and count, token and sequence budgets, chunking and threshold, watermark and
-  its scope, allocation, max_model_len), every pair of values in at least one config
-  (a greedy pairwise covering array), each config on every multiset of two or three of
-  six shapes (under priority, with both alternating priority patterns).
+  sequence reservation, threshold lifting, over-budget prompts passed over, policy,
+  preemption mode, host blocks, block size and count, token and sequence budgets,
+  chunking and threshold, watermark and its scope, allocation, max_model_len), every
+  pair of values in at least one config (a greedy pairwise covering array), each config
+  on every multiset of two or three of six shapes (under priority, with both
+  alternating priority patterns).
 Beside them, `modes` puts the allocations that reserve ahead under the profiles of
-engines that use them (MODES), and `prefix` shares prompts under prefix caching.
+engines that use them (MODES), and `prefix` shares prompts under prefix caching (with
+both free-list orders of freed blocks).
 A last one, `quick`, is a few seconds' worth of these for `make test`.
 """
 
@@ -28,7 +30,7 @@ from itertools import combinations, combinations_with_replacement, product
 from typing import TypeVar
 
 from kvsched.spec.blocks import never_completes
-from kvsched.spec.knobs import VICTIMS, Knobs
+from kvsched.spec.knobs import OVER_BUDGET_PROMPTS, VICTIMS, Knobs
 from kvsched.spec.model import (
     ALLOCATIONS,
     POLICIES,
@@ -77,8 +79,19 @@ BASE = Config(block_size=1, num_gpu_blocks=4, max_num_batched_tokens=4, max_num_
 # (docs/conformance/vllm-v0.md) that this search reports, so the swapping member is
 # vllm-v1's knobs with swap ("vllm-v1+swap", not a profile of the tool: no engine
 # decides so).
+def _distinct_v1_profiles() -> dict[str, Profile]:
+    """The profiles of vLLM v1's step, each set of rules once (vllm-v1@0.34 decides as
+    vllm-v1, the newest release's: the first name of a set stands for it)."""
+    out: dict[str, Profile] = {}
+    for name, p in PROFILES.items():
+        if p.scheduler == "v1" and all((q.knobs, q.defaults) != (p.knobs, p.defaults)
+                                       for q in out.values()):
+            out[name] = p
+    return out
+
+
 FAMILY: dict[str, Profile] = {
-    **{name: p for name, p in PROFILES.items() if p.scheduler == "v1"},
+    **_distinct_v1_profiles(),
     "vllm-v1+swap": Profile("vllm-v1+swap", "vllm-v1's knobs, victims swapped to host "
                             "blocks", VLLM_V1, ConfigDefaults(preemption="swap")),
 }
@@ -160,6 +173,7 @@ DIMENSIONS: dict[str, tuple[object, ...]] = {
     "reserve_full_sequence": (True, False),
     "lift_threshold_when_alone": (True, False),
     "continue_after_self_preemption": (False, True),
+    "over_budget_prompt": ("stop", "skip"),
     "policy": ("fcfs", "priority"),
     "preemption": ("recompute", "swap", "auto"),
     "num_cpu_blocks": (1, 2, 4),
@@ -230,7 +244,8 @@ def grid_scope(point: dict[str, object], requests: tuple[Shape, ...]) -> Scope:
                   reserve_full_sequence=value("reserve_full_sequence", bool),
                   lift_threshold_when_alone=value("lift_threshold_when_alone", bool),
                   continue_after_self_preemption=value("continue_after_self_preemption",
-                                                       bool))
+                                                       bool),
+                  over_budget_prompt=one_of("over_budget_prompt", OVER_BUDGET_PROMPTS))
     block_size, blocks = value("cache", tuple)
     prefill = value("prefill", str)
     config = replace(BASE, block_size=block_size, num_gpu_blocks=blocks,
@@ -247,7 +262,8 @@ def grid_scope(point: dict[str, object], requests: tuple[Shape, ...]) -> Scope:
     label = (f"grid {knobs.victim}{'/admit' if knobs.admit_after_preempt else ''}"
              f"{'/full' if knobs.reserve_full_sequence else ''}"
              f"{'/lift' if knobs.lift_threshold_when_alone else ''}"
-             f"{'/continue' if knobs.continue_after_self_preemption else ''}")
+             f"{'/continue' if knobs.continue_after_self_preemption else ''}"
+             f"{'/skip' if knobs.over_budget_prompt == 'skip' else ''}")
     return Scope(name_of(label, config, requests), "grid", config, knobs, requests)
 
 
@@ -272,8 +288,9 @@ PREFIX_SHAPES = (Shape(3, 2, prefix=SHARED), Shape(3, 1, prefix=SHARED),
                  Shape(2, 2, prefix=SHARED), Shape(4, 1, prefix=(("s", 4),)), Shape(1, 3))
 TURNS = (Shape(3, 2, prefix=SHARED), Shape(5, 1, prefix=(("s", 2), ("r0", 4))))
 # vllm-v1 caches by default; sarathi and vllm-v1+swap (swapped-in blocks are cached
-# again) are given caching.
-CACHING_PROFILES = ("vllm-v1", "sarathi", SWAPPING)
+# again) are given caching; vllm-v1@0.19 frees blocks to the free list's tail as freed
+# (knob free_order "as_freed": cached content evicted sooner).
+CACHING_PROFILES = ("vllm-v1", "sarathi", SWAPPING, "vllm-v1@0.19")
 # Caches in which requests sharing "s" outgrow the blocks, so that victims come back
 # and hit what they (or their sharers) left cached: roomy (the conversation fits), 3
 # blocks of 2, 5 of 1, and capped (max_model_len 4 on 2 blocks).
@@ -337,6 +354,12 @@ def quick_scopes() -> list[Scope]:
         host = {"num_cpu_blocks": 2} if profile == SWAPPING else {}
         for cache, reqs in QUICK_PREFIX:
             out.append(prefix_scope(profile, reqs, "quick", **cache, **host))
+    # Whole prompts under vLLM 0.11's rule, which passes over one above the budget left.
+    for reqs in request_sets(FOUR_SHAPES, (3,)):
+        for policy in ("fcfs", "priority"):
+            out.append(profile_scope(
+                "vllm-v1@0.11.1", alternate(reqs, 1) if policy == "priority" else reqs,
+                "quick", chunked_prefill=False, max_model_len=4, policy=policy))
     return out + mode_scopes("quick", list(request_sets(FOUR_SHAPES, (3,))))
 
 

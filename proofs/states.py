@@ -53,6 +53,8 @@ class Cfg(NamedTuple):
     reserve_full: bool = True
     lift_threshold: bool = True
     continue_after_self_preemption: bool = False
+    skip_over_budget: bool = False
+    free_as_freed: bool = False
 
     def config(self) -> Config:
         return Config(block_size=self.block_size, num_gpu_blocks=self.gpu,
@@ -68,7 +70,9 @@ class Cfg(NamedTuple):
                      admit_after_preempt=self.admit_after_preempt,
                      reserve_full_sequence=self.reserve_full,
                      lift_threshold_when_alone=self.lift_threshold,
-                     continue_after_self_preemption=self.continue_after_self_preemption)
+                     continue_after_self_preemption=self.continue_after_self_preemption,
+                     over_budget_prompt="skip" if self.skip_over_budget else "stop",
+                     free_order="as_freed" if self.free_as_freed else "uncached_first")
 
 
 def small_cfg(c: Cfg) -> bool:

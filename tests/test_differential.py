@@ -41,7 +41,6 @@ from hypothesis.stateful import (
 from kvsched.optimized.compiled import CompiledScheduler
 from kvsched.reference import ReferenceScheduler
 from kvsched.spec import Config, Decision, Request
-from kvsched.spec.knobs import Knobs
 from kvsched.strategies import (
     configs,
     output_lens,
@@ -80,9 +79,10 @@ class LockstepMachine(RuleBasedStateMachine):
         self.started = False
 
     @initialize(target=ids, config=st.one_of(configs(), configs(prefix_caching=True)),
-                setup=policies(), data=st.data())
-    def start(self, config: Config, setup: str | Knobs, data: st.DataObject) -> str:
-        config, setup = resolve(config, setup)
+                data=st.data())
+    def start(self, config: Config, data: st.DataObject) -> str:
+        torch = self.implementation.startswith("optimized")
+        config, setup = resolve(config, data.draw(policies(torch), label="setup"))
         self.config = config
         self.reference = ReferenceScheduler(config, setup)
         self.other = SchedulerFactory(self.implementation)(config, setup)

@@ -3,6 +3,7 @@ reported, the cost model of `auto` preemption, and the profiles' config defaults
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from typing import Any
 
@@ -135,15 +136,26 @@ def test_profile_defaults_apply_to_fields_not_given() -> None:
     assert swap.configure(config, frozenset({"preemption"})).preemption == "recompute"
     with pytest.raises(ValueError) as e:
         get_profile("nope")
-    assert str(e.value) == ("unknown profile 'nope'; known: vllm-v1, vllm-v1@0.32, "
-                            "vllm-v1@0.33, vllm-v1-no-prefix-caching, vllm-v0, "
-                            "vllm-v0-swap, sarathi")
-    # Releases: the two differ in one knob, and vllm-v1 names the newest.
+    assert str(e.value) == (
+        "unknown profile 'nope'; known: vllm-v1, vllm-v1@0.11.1, vllm-v1@0.12, "
+        "vllm-v1@0.19, vllm-v1@0.24, vllm-v1@0.31, vllm-v1@0.32, vllm-v1@0.33, "
+        "vllm-v1@0.34, vllm-v1-no-prefix-caching, vllm-v0, vllm-v0-swap, sarathi")
+    # Releases: 0.32 and 0.33 differ in one knob, and vllm-v1 names the newest.
     old, new = get_profile("vllm-v1@0.32"), get_profile("vllm-v1@0.33")
     assert replace(old.knobs, continue_after_self_preemption=True) == new.knobs
     assert not old.knobs.continue_after_self_preemption
     assert get_profile("vllm-v1").knobs == new.knobs and old.defaults == new.defaults
+    assert get_profile("vllm-v1@0.34").knobs == new.knobs
+    assert get_profile("vllm-v1@0.31").knobs == old.knobs
+    # Each epoch changes the knobs of the one before it (and only its own).
+    chain = ["vllm-v1@0.11.1", "vllm-v1@0.12", "vllm-v1@0.19", "vllm-v1@0.24",
+             "vllm-v1@0.31", "vllm-v1@0.33"]
+    for before, after in itertools.pairwise(chain):
+        assert get_profile(before).knobs != get_profile(after).knobs, (before, after)
     assert pinned_profile("vllm-v1", "vllm", "0.32.4") == "vllm-v1@0.32"
+    assert pinned_profile("vllm-v1", "vllm", "0.34.0") == "vllm-v1@0.34"
+    assert pinned_profile("vllm-v1", "vllm", "0.20.2") == "vllm-v1@0.19"
+    assert pinned_profile("vllm-v1", "vllm", "0.11.0") is None  # in no epoch
     assert pinned_profile("vllm-v1", "vllm", "0.40.0") is None
     assert pinned_profile("vllm-v1@0.32", "vllm", "0.33.0") is None  # pinned already
     assert pinned_profile("vllm-v1", "sglang", "0.32.0") is None

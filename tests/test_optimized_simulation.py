@@ -19,7 +19,7 @@ from kvsched.spec import Config
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import step_dict as reference_step_dict
-from kvsched.strategies import configs, knobs, profiles, resolve, workloads
+from kvsched.strategies import configs, policies, resolve, workloads
 from kvsched.workload import WorkItem, validate
 
 torch.set_num_threads(1)  # small tensors: intra-op threads only add waiting
@@ -49,7 +49,7 @@ def traces(config: Config, setup: Knobs, items: list[WorkItem], device: str,
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@given(config=configs(), setup=st.one_of(profiles(), knobs()), data=st.data(),
+@given(config=configs(), setup=policies(torch=True), data=st.data(),
        block_ids=st.booleans())
 def test_the_fast_loop_writes_the_reference_trace(device: str, config: Config,
                                                   setup: str | Knobs, data: st.DataObject,
@@ -63,7 +63,7 @@ def test_the_fast_loop_writes_the_reference_trace(device: str, config: Config,
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@given(config=configs(prefix_caching=True), setup=st.one_of(profiles(), knobs()),
+@given(config=configs(prefix_caching=True), setup=policies(torch=True),
        data=st.data(), block_ids=st.booleans())
 def test_the_fast_loop_writes_the_reference_trace_with_prefix_caching(
         device: str, config: Config, setup: str | Knobs, data: st.DataObject,

@@ -34,7 +34,6 @@ from kvsched.spec.blocks import (
     never_completes,
     rejectable,
 )
-from kvsched.spec.knobs import Knobs
 from kvsched.spec.profiles import get_profile
 from kvsched.strategies import configs, knobs, profiles, workloads
 from kvsched.testing.implementations import SchedulerFactory
@@ -68,37 +67,38 @@ def assert_obeys(report: Report, should: tuple[str, ...]) -> None:
 
 
 @st.composite
-def profile_runs(draw: st.DrawFn) -> tuple[str, Config, list[WorkItem]]:
-    """A profile, a config it configured, and a workload for that config."""
-    name = draw(profiles())
+def profile_runs(draw: st.DrawFn, torch: bool) -> tuple[str, Config, list[WorkItem]]:
+    """A profile (one the torch scheduler runs, with `torch`), a config it configured,
+    and a workload for that config."""
+    name = draw(profiles(torch=torch))
     config = get_profile(name).configure(draw(configs()))
     return name, config, draw(workloads(config))
 
 
-@given(setup=profile_runs())
+@given(data=st.data())
 def test_every_profile_obeys_the_spec(scheduler_factory: SchedulerFactory,
-                                      setup: tuple[str, Config, list[WorkItem]]) -> None:
-    name, config, items = setup
+                                      data: st.DataObject) -> None:
+    name, config, items = data.draw(profile_runs(scheduler_factory.torch), label="setup")
     _, report = simulate(config, scheduler_factory.profile(name, config), items)
     promised = LIVENESS + (("no-thrash",) if name == "vllm-v1" else ())
     assert_obeys(report, promised)
 
 
-@given(config=configs(), knob_set=knobs(), data=st.data())
+@given(config=configs(), data=st.data())
 def test_every_knob_combination_obeys_the_spec(scheduler_factory: SchedulerFactory,
-                                               config: Config, knob_set: Knobs,
-                                               data: st.DataObject) -> None:
+                                               config: Config, data: st.DataObject) -> None:
+    knob_set = data.draw(knobs(scheduler_factory.torch), label="knobs")
     items = data.draw(workloads(config), label="workload")
     _, report = simulate(config, scheduler_factory(config, knob_set), items)
     assert_obeys(report, LIVENESS)
 
 
-@given(name=profiles(), config=configs(chunked_prefill=True), data=st.data())
+@given(config=configs(chunked_prefill=True), data=st.data())
 def test_a_burst_that_overflows_the_cache_preempts_and_still_completes(
-        scheduler_factory: SchedulerFactory, name: str, config: Config,
-        data: st.DataObject) -> None:
+        scheduler_factory: SchedulerFactory, config: Config, data: st.DataObject) -> None:
     """Several prompts that each fit alone but not together, all arriving at once:
     every profile finishes them all, with no MUST violation and no needless preemption."""
+    name = data.draw(profiles(torch=scheduler_factory.torch), label="profile")
     profile = get_profile(name)
     config = profile.configure(config)
     # What a lone request may fill: the cache, less a watermark that applies always.

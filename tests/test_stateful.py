@@ -21,7 +21,6 @@ from hypothesis.stateful import (
 )
 
 from kvsched.spec import Checker, Config, Decision, Request, Status, StepRecord
-from kvsched.spec.knobs import Knobs
 from kvsched.strategies import configs, output_lens, policies, prompt_lens, resolve
 from kvsched.testing.implementations import SchedulerFactory
 
@@ -41,11 +40,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         super().__init__()
         self.started = False
 
-    @initialize(target=ids, config=configs(), setup=policies(),
-                data=st.data())
-    def start(self, config: Config, setup: str | Knobs, data: st.DataObject) -> str:
+    @initialize(target=ids, config=configs(), data=st.data())
+    def start(self, config: Config, data: st.DataObject) -> str:
         """The config, the policy, and a first request (so that abort has an id)."""
-        config, setup = resolve(config, setup)
+        config, setup = resolve(config, data.draw(policies(self.build.torch), label="setup"))
         self.started = True
         self.config = config
         self.sched = self.build(config, setup)

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from kvsched.spec.knobs import VICTIMS, Knobs
+from kvsched.spec.knobs import FREE_ORDERS, OVER_BUDGET_PROMPTS, VICTIMS, Knobs
 from kvsched.spec.model import (
     ALLOCATIONS,
     POLICIES,
@@ -91,8 +91,12 @@ def configs(draw: st.DrawFn, *, max_gpu_blocks: int = 16, max_model_len: int = 6
     return config
 
 
-def knobs() -> st.SearchStrategy[Knobs]:
-    """Any combination of the reference scheduler's policy knobs (default cost model)."""
+def knobs(torch: bool = False) -> st.SearchStrategy[Knobs]:
+    """Any combination of the reference scheduler's policy knobs of vLLM v1's step
+    (default cost model); with `torch`, those the torch scheduler refuses
+    (kvsched.optimized.knobs.COMPILED_ONLY_KNOBS) stay at their defaults."""
+    older = {} if torch else dict(free_order=st.sampled_from(FREE_ORDERS),
+                                  over_budget_prompt=st.sampled_from(OVER_BUDGET_PROMPTS))
     return st.builds(
         Knobs,
         victim=st.sampled_from(VICTIMS),
@@ -100,20 +104,26 @@ def knobs() -> st.SearchStrategy[Knobs]:
         reserve_full_sequence=st.booleans(),
         lift_threshold_when_alone=st.booleans(),
         continue_after_self_preemption=st.booleans(),
+        **older,
     )
 
 
-def profiles(scheduler: SchedulerKind = "v1") -> st.SearchStrategy[str]:
+def profiles(scheduler: SchedulerKind = "v1", torch: bool = False) -> st.SearchStrategy[str]:
     """The name of a profile in kvsched.spec.profiles.PROFILES whose rules are this
     scheduler's (Profile.scheduler). vLLM V0's (vllm-v0) are drawn only when asked: they
-    reproduce V0's stalls and livelocks, and the fast schedulers refuse them."""
-    return st.sampled_from(sorted(name for name, p in PROFILES.items()
-                                  if p.scheduler == scheduler))
+    reproduce V0's stalls and livelocks, and the fast schedulers refuse them. With
+    `torch`, only those the torch scheduler runs."""
+    from kvsched.optimized.knobs import unsupported_knobs
+
+    return st.sampled_from(sorted(
+        name for name, p in PROFILES.items() if p.scheduler == scheduler
+        and not (torch and unsupported_knobs(p.knobs, "torch") is not None)))
 
 
-def policies() -> st.SearchStrategy[str | Knobs]:
-    """A profile name or a free combination of knobs; resolve it with `resolve`."""
-    return st.one_of(profiles(), knobs())
+def policies(torch: bool = False) -> st.SearchStrategy[str | Knobs]:
+    """A profile name or a free combination of knobs; resolve it with `resolve`. With
+    `torch`, only those the torch scheduler runs."""
+    return st.one_of(profiles(torch=torch), knobs(torch))
 
 
 def resolve(config: Config, policy: str | Knobs) -> tuple[Config, Knobs]:

@@ -6,8 +6,9 @@ reference's whole suite (PEP 399's pattern, as CPython's `_pydecimal` beside
 never naming an implementation; tests/conftest.py parametrizes the `scheduler_factory`
 fixture over IMPLEMENTATIONS (the torch ones are skipped without torch, and on cuda
 without a GPU). The factory builds through kvsched.implementations, as the
-commands do, and counts what it built, so that a test that never used it (and so tested
-nothing on that implementation) is caught.
+commands do, and counts what it was asked to build (a refusal is behaviour too), so
+that a test that never used it (and so tested nothing on that implementation) is
+caught.
 """
 
 from __future__ import annotations
@@ -39,15 +40,20 @@ class SchedulerFactory:
     def __repr__(self) -> str:
         return f"SchedulerFactory({self.implementation!r})"
 
+    @property
+    def torch(self) -> bool:
+        """Whether it builds the torch scheduler, which refuses the knobs of older vLLM
+        v1 releases (draw with kvsched.strategies' torch=True)."""
+        return BUILDS[self.implementation][0] == "torch"
+
     def __call__(self, config: Config, knobs: Knobs | None = None,
                  kind: SchedulerKind = "v1") -> InspectableScheduler:
         """A new scheduler on `config` with `knobs` (None: vLLM v1's) and the step of
         `kind` (a profile's `scheduler`; "v0", vLLM V0's, is the reference's alone:
         ValueError on the others)."""
         implementation, device = BUILDS[self.implementation]
-        scheduler = build_scheduler(implementation, config, knobs, kind, device)
-        self.built += 1
-        return scheduler
+        self.built += 1  # asked for: a refusal (ValueError) is tested behaviour too
+        return build_scheduler(implementation, config, knobs, kind, device)
 
     def profile(self, profile: Profile | str, config: Config) -> InspectableScheduler:
         """A new scheduler with `profile`'s knobs (a Profile or its name) on `config` as
