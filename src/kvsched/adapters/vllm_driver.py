@@ -8,6 +8,12 @@ installed in vLLM's environment). Its functions that read vLLM's objects
 kvsched's tracing plugin (kvsched.integrations.vllm), which runs inside vLLM with
 kvsched installed, imports them from here.
 
+It is written against vLLM 0.32 and drives every v1 release kvsched knows, 0.11.0 to
+0.34.0 (kvsched.spec.profiles.VLLM_V1_RELEASE_LIST; kvsched.adapters.vllm_releases
+builds their environments): what differs between releases is bridged in one section
+below ("What differs between releases"), each difference detected once from the
+release's own API, never from its version number, and named in the job's header.
+
 It reads one job per line of JOBS.jsonl and writes raw events, one JSON object per
 line, to its standard output; kvsched.adapters.vllm turns them into trace v1.
 Anything vLLM itself prints goes to standard error.
@@ -35,7 +41,8 @@ output j of request r, token P_r + j of r's content, so a next turn holds exactl
 tokens r was given and hashes as r's blocks did.
 
 Events:
-    {"job": name, "vllm": version, "null_block": id, "config": {...}, "free_blocks": n}
+    {"job": name, "vllm": version, "null_block": id, "config": {..., "shims": [names]},
+     "free_blocks": n}
     {"step": s, "arrivals": [ids], "refused": [{"id", "reason"}], "aborted": [ids],
      "preempted": [ids], "scheduled": [[id, n]], "new_block_ids": {id: [ids]},
      "prefix_hits": {id: [ids]}, "block_keys": {id: [base64]},
@@ -45,21 +52,29 @@ admitted request (new, or resumed after recompute) starts its table with; `block
 continue, per request, vLLM's hashes of its full blocks (Request.block_hashes, in
 base64: key_text): a prompt's when it arrives, a block of outputs when vLLM caches it
 (BlockKeys).
-    {"done": name, "complete": bool, "steps": n}
+    {"done": name, "complete": bool, "steps": n[, "stopped": "one line"]}
     {"error": "one line"}    (then exit status 3)
+A job "stopped" when vLLM did something in a step that trace v1 cannot say (a
+DriverError: 0.11.0 readmits a request with computed tokens that are not whole
+blocks): its trace holds the steps before, without an end line, and the other jobs run.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import dataclasses
+import functools
 import hashlib
 import importlib
+import inspect
 import json
 import os
 import sys
 import tempfile
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, Any
@@ -143,9 +158,297 @@ class Contents:
         return seq[at] if at < len(seq) else EOS_TOKEN_ID
 
 
+# == What differs between releases =====================================================
+#
+# The driver is written against vLLM 0.32. The other v1 releases, 0.11.0 to 0.34.0,
+# differ from it in the few places below; each difference is detected from the
+# release's own API (a signature, an attribute, a module, the source text of a method),
+# never from its version number, once per process or per scheduler (never per step),
+# and bridged by the smallest shim that keeps vLLM's decisions its own. Each shim that
+# fires is named in SHIMS, which the job's header event carries (config "shims"). On
+# 0.31.0-0.33.0 none fires. The releases each one fired on (docs/conformance/
+# vllm-releases.md has the recordings):
+#
+#   sched-config-watermark, no-watermark   0.11.0-0.23.0   no v1 watermark
+#   sched-config-is_encoder_decoder        0.11.0
+#   scheduler-block_size                   0.11.0
+#   scheduler-hash_block_size              0.11.0-0.19.1
+#   no-reserve-full-isl                    0.11.0-0.18.1   admission checks one chunk
+#   no-adaptive-threshold                  0.11.0-0.30.0
+#   no-max-num-active-reqs                 0.11.0-0.30.0
+#   request-eos                            0.11.0-0.16.0
+#   validate-model-input                   0.11.0-0.16.0
+#   length-check-valueerror                0.17.0-0.26.0
+#   engine-processor                       0.11.0-0.11.2
+#   runner-output-defaults                 0.11.0-0.13.0
+#   sampled-token-ids-ndarray              0.11.1-0.11.2
+#   inline-preemption, no-preempted-req-ids  0.11.0-0.11.2
+#   hash-fn-in-utils, resumed-from-preemption, cpu-block-size-16   0.11.0
+#   cpu-triton-check, resumed-as-new, runner-output-no-req_id_to_index   0.34.0
+
+SHIMS: list[str] = []  # the shims that fired in this process, in order
+
+
+def fired(name: str) -> None:
+    """Name a shim that fired, once."""
+    if name not in SHIMS:
+        SHIMS.append(name)
+
+
+def accepted(fn: Any, kwargs: dict[str, Any], tag: str) -> dict[str, Any]:
+    """`kwargs` less those `fn` does not take; each one left out fires `tag-name`.
+
+    SchedulerConfig (tag sched-config): `watermark` (0.11.0-0.23.0, which have no v1
+    watermark) and `is_encoder_decoder` (0.11.0). Scheduler() (tag scheduler):
+    `block_size` (0.11.0, which reads the cache config's) and `hash_block_size`
+    (0.11.0-0.19.1, which hash blocks of the KV block size)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    kept = {}
+    for key, value in kwargs.items():
+        if key in params:
+            kept[key] = value
+        else:
+            fired(f"{tag}-{key}")
+    return kept
+
+
+def attribute(obj: Any, name: str, default: Any, shim: str) -> Any:
+    """obj.name, or `default` where the release has no such attribute (fires `shim`):
+    no-watermark (KVCacheManager.watermark_blocks, 0.11.0-0.23.0: 0),
+    no-reserve-full-isl (Scheduler.scheduler_reserve_full_isl, 0.11.0-0.18.1: False, as
+    they admit on the first chunk's blocks), no-adaptive-threshold and
+    no-max-num-active-reqs (0.11.0-0.30.0: False, and max_num_running_reqs)."""
+    if hasattr(obj, name):
+        return getattr(obj, name)
+    fired(shim)
+    return default
+
+
+_platform_checked = False
+
+
+def relax_cpu_platform() -> None:
+    """Let vLLM's CPU platform accept the config when it refuses it for kernels the driver
+    never runs, during its config check only (once per process):
+    cpu-block-size-16 (0.11.0 refuses block sizes other than 16 without
+    intel_extension_for_pytorch: its probe finds it), cpu-triton-check (0.34.0 refuses
+    x86 without triton-cpu, which only its model runner needs: HAS_TRITON reads true)."""
+    global _platform_checked
+    if _platform_checked:
+        return
+    _platform_checked = True
+    cpu = _module("vllm.platforms.cpu")
+    source = inspect.getsource(cpu.CpuPlatform.check_and_update_config)
+    relaxed: list[Callable[[], contextlib.AbstractContextManager[None]]] = []
+    if "ipex_available and cache_config.block_size != 16" in source:
+        fired("cpu-block-size-16")
+        relaxed.append(lambda: _replaced(cpu, "find_spec", _finds_ipex(cpu.find_spec)))
+    if "requires Triton" in source:
+        fired("cpu-triton-check")
+        relaxed.append(lambda: _replaced(_module("vllm.triton_utils"), "HAS_TRITON", True))
+    if not relaxed:
+        return
+    check = cpu.CpuPlatform.check_and_update_config.__func__
+
+    def check_and_update_config(cls: Any, vllm_config: Any) -> Any:
+        with contextlib.ExitStack() as stack:
+            for relax in relaxed:
+                stack.enter_context(relax())
+            return check(cls, vllm_config)
+
+    cpu.CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+
+
+def _finds_ipex(find_spec: Callable[..., Any]) -> Callable[..., Any]:
+    def find(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "intel_extension_for_pytorch":
+            return ModuleSpec(name, None)
+        return find_spec(name, *args, **kwargs)
+
+    return find
+
+
+@contextlib.contextmanager
+def _replaced(obj: Any, name: str, value: Any) -> Iterator[None]:
+    saved = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, saved)
+
+
+def _fields(cls: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+
+
+def give_resumed_req_ids(cached_cls: Any) -> None:
+    """Give the scheduler output's CachedRequestData the set resumed_req_ids that
+    step_blocks reads, where the release has none (on vLLM's class, once):
+    resumed-from-preemption (0.11.0 has a list of bools, resumed_from_preemption, one per
+    request), resumed-as-new (0.34.0 reports a resumed request among the new ones, with
+    its whole table: no cached request is a resumed one)."""
+    if hasattr(cached_cls, "resumed_req_ids") or "resumed_req_ids" in _fields(cached_cls):
+        return
+    if "resumed_from_preemption" in _fields(cached_cls):
+        fired("resumed-from-preemption")
+        cached_cls.resumed_req_ids = property(lambda self: {
+            rid for rid, resumed in zip(self.req_ids, self.resumed_from_preemption,
+                                        strict=True) if resumed})
+    else:
+        fired("resumed-as-new")
+        cached_cls.resumed_req_ids = frozenset()
+
+
+def watch_preemptions(scheduler: Any, record: Callable[[Any], None]) -> None:
+    """Have record(request) called for each request the scheduler preempts, in order (the
+    scheduler output keeps them in a set): around Scheduler._preempt_request, or where
+    the release has none, inline-preemption (0.11.0-0.11.2 preempt inside schedule(),
+    which puts each victim back with self.waiting.prepend_request and calls it nowhere
+    else, as its source is checked to say): around that queue's method."""
+    preempt = getattr(scheduler, "_preempt_request", None)
+    if preempt is not None:
+        def record_preemption(request: Any, *args: Any, **kwargs: Any) -> Any:
+            record(request)
+            return preempt(request, *args, **kwargs)
+
+        scheduler._preempt_request = record_preemption
+        return
+    fired("inline-preemption")
+    cls: Any = vllm_class(scheduler)
+    call = "self.waiting.prepend_request("
+    if inspect.getsource(cls).count(call) != 1 or call not in inspect.getsource(cls.schedule):
+        raise DriverError("vLLM's scheduler has no _preempt_request, and its schedule() is "
+                          "not the only caller of self.waiting.prepend_request: the driver "
+                          "cannot see its victims")
+    waiting = scheduler.waiting
+    prepend = waiting.prepend_request
+
+    def prepend_request(request: Any) -> Any:
+        record(request)
+        return prepend(request)
+
+    waiting.prepend_request = prepend_request
+
+
+def names_victims(output_cls: Any) -> bool:
+    """Whether SchedulerOutput names the step's victims (preempted_req_ids). Where it does
+    not, no-preempted-req-ids (0.11.0-0.11.2): the driver takes the running requests that
+    schedule() left PREEMPTED."""
+    if hasattr(output_cls, "preempted_req_ids") or "preempted_req_ids" in _fields(output_cls):
+        return True
+    fired("no-preempted-req-ids")
+    return False
+
+
+def runner_output_maker(output_cls: Any) -> Callable[[list[str], list[list[int]]], Any]:
+    """What builds the fake model's ModelRunnerOutput for a step (the requests scheduled,
+    what each sampled): runner-output-defaults (0.11.0-0.13.0 require logprobs,
+    prompt_logprobs_dict and pooler_output: None, {}, []), sampled-token-ids-ndarray
+    (0.11.1-0.11.2 take each request's tokens as a numpy array, and call .tolist() on
+    it), runner-output-no-req_id_to_index (0.34.0 indexes req_ids itself)."""
+    params = inspect.signature(output_cls).parameters
+    required = {name for name, p in params.items() if p.default is p.empty}
+    defaults: dict[str, Callable[[], Any]] = {"logprobs": lambda: None,
+                                              "prompt_logprobs_dict": dict,
+                                              "pooler_output": list}
+    missing = [name for name in defaults if name in required]
+    if missing:
+        fired("runner-output-defaults")
+    unknown = required - {"req_ids", "req_id_to_index", "sampled_token_ids", *missing}
+    if unknown:
+        raise DriverError(f"vLLM's ModelRunnerOutput requires {sorted(unknown)}, which the "
+                          "driver cannot give")
+    indexed = "req_id_to_index" in params
+    if not indexed:
+        fired("runner-output-no-req_id_to_index")
+    as_array: Callable[[list[int]], Any] | None = None
+    if "ndarray" in str(next((f.type for f in dataclasses.fields(output_cls)
+                              if f.name == "sampled_token_ids"), "")):
+        fired("sampled-token-ids-ndarray")
+        np = _module("numpy")
+        as_array = functools.partial(np.array, dtype=np.int64)
+
+    def make(ids: list[str], sampled: list[list[int]]) -> Any:
+        kwargs: dict[str, Any] = {name: defaults[name]() for name in missing}
+        if indexed:
+            kwargs["req_id_to_index"] = {rid: i for i, rid in enumerate(ids)}
+        tokens = sampled if as_array is None else [as_array(t) for t in sampled]
+        return output_cls(req_ids=ids, sampled_token_ids=tokens, **kwargs)
+
+    return make
+
+
+@functools.cache
+def _request_takes_eos(request_cls: Any) -> bool:
+    """request-eos: Request() takes the model's eos_token_id (0.11.0-0.16.0)."""
+    takes = "eos_token_id" in inspect.signature(request_cls.__init__).parameters
+    if takes:
+        fired("request-eos")
+    return takes
+
+
+@functools.cache
+def _prompt_check() -> tuple[Callable[[Any, int], None], type[Exception]]:
+    """vLLM's input processor's prompt-length check, run on a stand-in for the processor,
+    and the exception it refuses with: InputProcessor._validate_prompt_len, which raises
+    VLLMValidationError, or length-check-valueerror (0.17.0-0.26.0: it raises
+    ValueError, as its source says), or validate-model-input (0.11.0-0.16.0 check
+    the length in _validate_model_input, given the prompt's tokens, and raise ValueError)
+    of the processor that engine-processor names (0.11.x: vllm.v1.engine.processor.
+    Processor)."""
+    try:
+        processor = _module("vllm.v1.engine.input_processor").InputProcessor
+    except ImportError:
+        fired("engine-processor")
+        processor = _module("vllm.v1.engine.processor").Processor
+    if hasattr(processor, "_validate_prompt_len"):
+        def check(stand_in: Any, prompt_len: int) -> None:
+            processor._validate_prompt_len(stand_in, prompt_len, "decoder")
+
+        if "VLLMValidationError" in inspect.getsource(processor._validate_prompt_len):
+            return check, _module("vllm.exceptions").VLLMValidationError
+        fired("length-check-valueerror")
+        return check, ValueError
+    fired("validate-model-input")
+
+    def check_input(stand_in: Any, prompt_len: int) -> None:
+        processor._validate_model_input(stand_in, {
+            "type": "token", "prompt_token_ids": [FIRST_TOKEN_ID] * prompt_len},
+            prompt_type="decoder")
+
+    return check_input, ValueError
+
+
+@functools.cache
+def _hash_fn_by_name() -> Callable[[str], Any]:
+    """vLLM's get_hash_fn_by_name: in vllm.utils.hashing, or hash-fn-in-utils (0.11.0:
+    in vllm.utils)."""
+    try:
+        return _module("vllm.utils.hashing").get_hash_fn_by_name  # type: ignore[no-any-return]
+    except (ImportError, AttributeError):
+        fired("hash-fn-in-utils")
+        return _module("vllm.utils").get_hash_fn_by_name  # type: ignore[no-any-return]
+
+
+def detect_release() -> None:
+    """Run the detections made on first use, so that SHIMS names them before a job's
+    header is written, whatever the job (its header names the release's shims, not the
+    ones its own config happened to need)."""
+    _request_takes_eos(_module("vllm.v1.request").Request)
+    _prompt_check()
+    _hash_fn_by_name()
+
+
+# == end of what differs between releases ==============================================
+
+
 def build_scheduler(cfg: dict[str, Any], model_dir: Path, scheduler_class: Any = None) -> Any:
     """vLLM's Scheduler (or `scheduler_class`, a subclass of it) for one job's config, as
     tests/v1/core/utils.py builds it."""
+    relax_cpu_platform()
     torch = _module("torch")
     vconfig = _module("vllm.config")
     kv = _module("vllm.v1.kv_cache_interface")
@@ -155,7 +458,7 @@ def build_scheduler(cfg: dict[str, Any], model_dir: Path, scheduler_class: Any =
     num_blocks = cfg["num_blocks"]
     config = dict(MODEL_CONFIG, max_position_embeddings=max(cfg["max_model_len"], 2048))
     (model_dir / "config.json").write_text(json.dumps(config))
-    scheduler_config = vconfig.SchedulerConfig(
+    settings = accepted(vconfig.SchedulerConfig, dict(
         max_num_seqs=cfg["max_num_seqs"],
         max_num_batched_tokens=cfg["max_num_batched_tokens"],
         max_model_len=cfg["max_model_len"],
@@ -165,7 +468,11 @@ def build_scheduler(cfg: dict[str, Any], model_dir: Path, scheduler_class: Any =
         watermark=cfg["watermark"],
         async_scheduling=False,
         is_encoder_decoder=False,
-    )
+    ), "sched-config")
+    if cfg["watermark"] and "watermark" not in settings:
+        raise DriverError("this vLLM release's v1 scheduler has no watermark (its "
+                          "SchedulerConfig takes none): use watermark_blocks 0")
+    scheduler_config = vconfig.SchedulerConfig(**settings)
     model_config = vconfig.ModelConfig(model=str(model_dir), skip_tokenizer_init=True,
                                        max_model_len=cfg["max_model_len"], dtype="float32",
                                        seed=0)
@@ -178,14 +485,17 @@ def build_scheduler(cfg: dict[str, Any], model_dir: Path, scheduler_class: Any =
     kv_cache_config = kv.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                                        kv_cache_groups=[kv.KVCacheGroupSpec(["layer"], spec)])
     cache_config.num_gpu_blocks = num_blocks
-    return (scheduler_class or sched_mod.Scheduler)(
+    cls = scheduler_class or sched_mod.Scheduler
+    base: Any = vllm_base(cls)  # a tracing subclass takes what vLLM's class takes
+    return cls(**accepted(base.__init__, dict(
         vllm_config=vllm_config, kv_cache_config=kv_cache_config,
         structured_output_manager=structured.StructuredOutputManager(vllm_config),
-        block_size=block_size, hash_block_size=block_size, log_stats=True)
+        block_size=block_size, hash_block_size=block_size, log_stats=True), "scheduler"))
 
 
 def effective_config(scheduler: Any) -> dict[str, Any]:
-    """What the built scheduler will really use, read back from vLLM's objects."""
+    """What the built scheduler will really use, read back from vLLM's objects (where a
+    release has no such setting, what it does instead: `attribute`)."""
     sc = scheduler.scheduler_config
     manager = scheduler.kv_cache_manager
     return {
@@ -194,14 +504,18 @@ def effective_config(scheduler: Any) -> dict[str, Any]:
         "max_num_scheduled_tokens": scheduler.max_num_scheduled_tokens,
         "max_num_batched_tokens": sc.max_num_batched_tokens,
         "max_num_running_reqs": scheduler.max_num_running_reqs,
-        "max_num_active_reqs": scheduler.max_num_active_reqs,
+        "max_num_active_reqs": attribute(scheduler, "max_num_active_reqs",
+                                         scheduler.max_num_running_reqs,
+                                         "no-max-num-active-reqs"),
         "max_model_len": scheduler.max_model_len,
         "enable_chunked_prefill": sc.enable_chunked_prefill,
         "long_prefill_token_threshold": sc.long_prefill_token_threshold,
-        "long_prefill_token_threshold_adaptive": scheduler.adaptive_long_prefill_threshold,
+        "long_prefill_token_threshold_adaptive": attribute(
+            scheduler, "adaptive_long_prefill_threshold", False, "no-adaptive-threshold"),
         "policy": scheduler.policy.value,
-        "watermark_blocks": manager.watermark_blocks,
-        "scheduler_reserve_full_isl": scheduler.scheduler_reserve_full_isl,
+        "watermark_blocks": attribute(manager, "watermark_blocks", 0, "no-watermark"),
+        "scheduler_reserve_full_isl": attribute(scheduler, "scheduler_reserve_full_isl",
+                                                False, "no-reserve-full-isl"),
         "enable_prefix_caching": manager.enable_caching,
         "async_scheduling": bool(sc.async_scheduling),
         "num_spec_tokens": scheduler.num_spec_tokens,
@@ -213,7 +527,12 @@ def effective_config(scheduler: Any) -> dict[str, Any]:
 def vllm_class(scheduler: Any) -> type:
     """The vLLM scheduler class whose decisions `scheduler` makes: its own class, or the
     nearest vLLM class it derives from (a tracing subclass adds no decisions)."""
-    return next(c for c in type(scheduler).__mro__ if c.__module__.startswith("vllm."))
+    return vllm_base(type(scheduler))
+
+
+def vllm_base(cls: type) -> type:
+    """`cls` if vLLM's own, else the nearest vLLM class it derives from."""
+    return next(c for c in cls.__mro__ if c.__module__.startswith("vllm."))
 
 
 # The pools whose caching BlockKeys watch, by id() (a plain dict's lookup is a few
@@ -328,13 +647,14 @@ def finishes(engine_outputs: Any) -> list[dict[str, str]]:
 
 def refusal(model_config: Any, prompt_len: int) -> str | None:
     """vLLM's input processor's own prompt-length check (InputProcessor.
-    _validate_prompt_len), run on a stand-in for the processor: its message, or None."""
-    processor = _module("vllm.v1.engine.input_processor").InputProcessor
-    invalid = _module("vllm.exceptions").VLLMValidationError
+    _validate_prompt_len, or what the release has: _prompt_check), run on a stand-in for
+    the processor: its message, or None."""
+    check, invalid = _prompt_check()
     stand_in = SimpleNamespace(skip_prompt_length_check=False, model_config=model_config,
-                               mm_encoder_cache_size=0, supports_mm_inputs=False)
+                               mm_encoder_cache_size=0, supports_mm_inputs=False,
+                               tokenizer=None, input_preprocessor=None)
     try:
-        processor._validate_prompt_len(stand_in, prompt_len, "decoder")
+        check(stand_in, prompt_len)
     except invalid as e:
         return str(e).splitlines()[0]
     return None
@@ -346,8 +666,7 @@ def block_hasher(scheduler: Any) -> Any:
     if not scheduler.kv_cache_manager.enable_caching:
         return None
     utils = _module("vllm.v1.core.kv_cache_utils")
-    hash_fn = _module("vllm.utils.hashing").get_hash_fn_by_name(
-        scheduler.cache_config.prefix_caching_hash_algo)
+    hash_fn = _hash_fn_by_name()(scheduler.cache_config.prefix_caching_hash_algo)
     utils.init_none_hash(hash_fn)
     return utils.get_request_block_hasher(scheduler.block_size, hash_fn)
 
@@ -355,13 +674,15 @@ def block_hasher(scheduler: Any) -> Any:
 def make_request(item: dict[str, Any], order: int, contents: Contents,
                  hasher: Any) -> Any:
     params_mod = _module("vllm.sampling_params")
-    request_mod = _module("vllm.v1.request")
+    request_cls = _module("vllm.v1.request").Request
     params = params_mod.SamplingParams(max_tokens=item["max_tokens"])
-    params.update_from_generation_config({}, eos_token_id=EOS_TOKEN_ID)
-    return request_mod.Request(
+    # Positional: the argument is eos_token_id, model_eos_token_id up to 0.16.
+    params.update_from_generation_config({}, EOS_TOKEN_ID)
+    eos = {"eos_token_id": EOS_TOKEN_ID} if _request_takes_eos(request_cls) else {}
+    return request_cls(
         request_id=item["id"], prompt_token_ids=contents.prompt(item["id"]),
         sampling_params=params, pooling_params=None, arrival_time=float(order),
-        priority=item.get("priority", 0), block_hasher=hasher)
+        priority=item.get("priority", 0), block_hasher=hasher, **eos)
 
 
 def step_blocks(output: Any, block_size: int) -> tuple[dict[str, list[int]],
@@ -420,25 +741,25 @@ def _split_table(rid: str, ids: list[int], computed: int, block_size: int,
 
 
 def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
-    outputs_mod = _module("vllm.v1.outputs")
+    sched_output = _module("vllm.v1.core.sched.output")
     status = _module("vllm.v1.request").RequestStatus
     vllm = _module("vllm")
     scheduler = build_scheduler(job["config"], model_dir)
     pool = scheduler.kv_cache_manager.block_pool
     hasher = block_hasher(scheduler)
     keys = BlockKeys(pool, scheduler.block_size) if hasher is not None else None
+    # The scheduler output keeps preemptions in a set; this keeps their order.
     preempted: list[str] = []
-    preempt = scheduler._preempt_request
-
-    def record_preemption(request: Any, *args: Any, **kwargs: Any) -> Any:
-        # The scheduler output keeps preemptions in a set; this keeps their order.
-        preempted.append(request.request_id)
-        return preempt(request, *args, **kwargs)
-
-    scheduler._preempt_request = record_preemption
+    watch_preemptions(scheduler, lambda request: preempted.append(request.request_id))
+    victims_named = names_victims(sched_output.SchedulerOutput)
+    give_resumed_req_ids(sched_output.CachedRequestData)
+    runner_output = runner_output_maker(_module("vllm.v1.outputs").ModelRunnerOutput)
+    detect_release()
     model_config = scheduler.vllm_config.model_config
+    config = effective_config(scheduler)
+    config["shims"] = list(SHIMS)
     emit({"job": job["name"], "vllm": vllm.__version__, "null_block": pool.null_block.block_id,
-          "config": effective_config(scheduler), "free_blocks": pool.get_num_free_blocks()})
+          "config": config, "free_blocks": pool.get_num_free_blocks()})
 
     contents = Contents(job["requests"])
     pending: list[dict[str, Any]] = sorted(job["requests"], key=lambda w: w["arrival"])
@@ -450,63 +771,71 @@ def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
     max_steps = job.get("max_steps")
     nxt = 0
     step = 0
-    while nxt < len(pending) or live:
-        if max_steps is not None and step >= max_steps:
-            emit({"done": job["name"], "complete": False, "steps": step})
-            return
-        arrivals: list[str] = []
-        refused: list[dict[str, str]] = []
-        while nxt < len(pending) and pending[nxt]["arrival"] <= step:
-            w = pending[nxt]
-            nxt += 1
-            arrivals.append(w["id"])
-            reason = refusal(model_config, w["prompt_len"])
-            if reason is not None:
-                refused.append({"id": w["id"], "reason": reason})
-                continue
-            live[w["id"]] = make_request(w, nxt, contents, hasher)
-            scheduler.add_request(live[w["id"]])
-            if keys is not None:
-                keys.arrived(live[w["id"]])
-        aborted: list[str] = []
-        for rid in aborts.pop(step, ()):
-            if rid in live:
-                scheduler.finish_requests(rid, status.FINISHED_ABORTED)
-                del live[rid]
-                aborted.append(rid)
+    try:
+        while nxt < len(pending) or live:
+            if max_steps is not None and step >= max_steps:
+                emit({"done": job["name"], "complete": False, "steps": step})
+                return
+            arrivals: list[str] = []
+            refused: list[dict[str, str]] = []
+            while nxt < len(pending) and pending[nxt]["arrival"] <= step:
+                w = pending[nxt]
+                nxt += 1
+                arrivals.append(w["id"])
+                reason = refusal(model_config, w["prompt_len"])
+                if reason is not None:
+                    refused.append({"id": w["id"], "reason": reason})
+                    continue
+                live[w["id"]] = make_request(w, nxt, contents, hasher)
+                scheduler.add_request(live[w["id"]])
                 if keys is not None:
-                    keys.forget(rid, unwritten=True)
-        preempted.clear()
-        output = scheduler.schedule()
-        if set(preempted) != set(output.preempted_req_ids):
-            raise DriverError(f"step {step}: preempted {sorted(preempted)} but the scheduler "
-                              f"output says {sorted(output.preempted_req_ids)}")
-        fresh, hits = step_blocks(output, scheduler.block_size)
-        scheduled = list(output.num_scheduled_tokens.items())
-        sampled: list[list[int]] = []
-        for rid, _ in scheduled:
-            request = live[rid]
-            if request.num_computed_tokens < request.num_tokens:
-                sampled.append([])  # a partial prefill chunk samples nothing
-            else:
-                sampled.append([contents.output(rid, request.num_output_tokens)])
-        ids = [rid for rid, _ in scheduled]
-        runner_output = outputs_mod.ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=sampled)
-        engine_outputs = scheduler.update_from_output(output, runner_output)
-        finished = finishes(engine_outputs)
-        for f in finished:
-            live.pop(f["id"], None)
-            if keys is not None:
-                keys.forget(f["id"])
-        emit({"step": step, "arrivals": arrivals, "refused": refused, "aborted": aborted,
-              "preempted": list(preempted), "scheduled": [[rid, n] for rid, n in scheduled],
-              "new_block_ids": fresh, "prefix_hits": hits,
-              "block_keys": {rid: list(map(key_text, ks)) for rid, ks in keys.take().items()}
-              if keys is not None else {},
-              "finished": finished, "free_blocks": pool.get_num_free_blocks()})
-        step += 1
+                    keys.arrived(live[w["id"]])
+            aborted: list[str] = []
+            for rid in aborts.pop(step, ()):
+                if rid in live:
+                    scheduler.finish_requests(rid, status.FINISHED_ABORTED)
+                    del live[rid]
+                    aborted.append(rid)
+                    if keys is not None:
+                        keys.forget(rid, unwritten=True)
+            preempted.clear()
+            running = () if victims_named else list(scheduler.running)
+            output = scheduler.schedule()
+            reported = output.preempted_req_ids if victims_named else {
+                r.request_id for r in running if r.status == status.PREEMPTED}
+            if set(preempted) != set(reported):
+                raise DriverError(f"preempted {sorted(preempted)} but the scheduler output "
+                                  f"says {sorted(reported)}")
+            fresh, hits = step_blocks(output, scheduler.block_size)
+            scheduled = list(output.num_scheduled_tokens.items())
+            sampled: list[list[int]] = []
+            for rid, _ in scheduled:
+                request = live[rid]
+                if request.num_computed_tokens < request.num_tokens:
+                    sampled.append([])  # a partial prefill chunk samples nothing
+                else:
+                    sampled.append([contents.output(rid, request.num_output_tokens)])
+            engine_outputs = scheduler.update_from_output(
+                output, runner_output([rid for rid, _ in scheduled], sampled))
+            finished = finishes(engine_outputs)
+            for f in finished:
+                live.pop(f["id"], None)
+                if keys is not None:
+                    keys.forget(f["id"])
+            emit({"step": step, "arrivals": arrivals, "refused": refused, "aborted": aborted,
+                  "preempted": list(preempted),
+                  "scheduled": [[rid, n] for rid, n in scheduled],
+                  "new_block_ids": fresh, "prefix_hits": hits,
+                  "block_keys": {rid: list(map(key_text, ks))
+                                 for rid, ks in keys.take().items()}
+                  if keys is not None else {},
+                  "finished": finished, "free_blocks": pool.get_num_free_blocks()})
+            step += 1
+    except DriverError as e:
+        # vLLM did something in this step that trace v1 cannot say: the trace keeps the
+        # steps before it, and the next job runs.
+        emit({"done": job["name"], "complete": False, "steps": step, "stopped": str(e)})
+        return
     emit({"done": job["name"], "complete": True, "steps": step})
 
 

