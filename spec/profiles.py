@@ -137,12 +137,13 @@ VLLM_V1_RELEASE_LIST: tuple[str, ...] = (
 class Epoch:
     """Releases of vLLM's v1 scheduler that decide alike: from `first` until the next
     epoch's first release, with these knobs; `change` says, in one sentence, the rule that
-    first decided differently in `first` (vLLM's source lines are in
-    docs/vllm-changelog.md)."""
+    first decided differently in `first`, and `source` where vLLM's code says it (paths in
+    the vllm package, `release:lines`)."""
 
     first: str
     knobs: Knobs
     change: str
+    source: str
 
 
 # The decision epochs, oldest first, each as the knobs its first release changed from the
@@ -151,33 +152,42 @@ class Epoch:
 # preemption leaves a victim in the batch (MUST one-state) and it admits prompts of
 # max_model_len tokens that never finish; kvsched reports those as violations.
 VLLM_V1_BASE = Knobs()
-_EPOCH_CHANGES: tuple[tuple[str, dict[str, Any], str], ...] = (
+_EPOCH_CHANGES: tuple[tuple[str, dict[str, Any], str, str], ...] = (
     ("0.11.1", dict(reserve_full_sequence=False, lift_threshold_when_alone=False,
                     free_order="as_freed", over_budget_prompt="skip"),
      "a priority victim already scheduled in the step gives its tokens back, and a prompt "
-     "of max_model_len tokens is refused on arrival"),
+     "of max_model_len tokens is refused on arrival",
+     "v1/core/sched/scheduler.py 0.11.1:296-308 (0.11.0:268-269); "
+     "v1/engine/processor.py 0.11.1:601-615 (0.11.0:512)"),
     ("0.12", dict(over_budget_prompt="stop"),
      "without chunked prefill a prompt above the token budget left stops the waiting "
-     "pass instead of being passed over"),
+     "pass instead of being passed over",
+     "v1/core/sched/scheduler.py 0.12.0:523-528 (0.11.2:503-508, and "
+     "v1/core/sched/request_queue.py 0.11.2:101-104)"),
     ("0.19", dict(reserve_full_sequence=True),
      "admission needs blocks for the whole prompt, not only its first chunk "
-     "(scheduler_reserve_full_isl)"),
+     "(scheduler_reserve_full_isl)",
+     "config/scheduler.py 0.19.0:139; v1/core/kv_cache_manager.py 0.19.0:218-255; "
+     "v1/core/sched/scheduler.py 0.19.0:732-745"),
     ("0.24", dict(free_order="uncached_first"),
      "freed blocks without content go to the head of the free queue and cached ones to "
-     "its tail, so cached content is evicted last"),
+     "its tail, so cached content is evicted last",
+     "v1/core/block_pool.py 0.24.0:614-635 (0.23.0:419-441)"),
     ("0.31", dict(lift_threshold_when_alone=True),
-     "the long-prefill threshold does not apply to a lone request"),
+     "the long-prefill threshold does not apply to a lone request",
+     "v1/core/sched/scheduler.py 0.31.0:612-626"),
     ("0.33", dict(continue_after_self_preemption=True),
-     "under priority, the running pass goes on after a request preempts itself"),
+     "under priority, the running pass goes on after a request preempts itself",
+     "v1/core/sched/scheduler.py 0.33.0:983-992 (0.32.0:842-848)"),
 )
 
 
 def _epochs() -> tuple[Epoch, ...]:
     out: list[Epoch] = []
     knobs = VLLM_V1_BASE
-    for first, changes, change in _EPOCH_CHANGES:
+    for first, changes, change, source in _EPOCH_CHANGES:
         knobs = replace(knobs, **changes)
-        out.append(Epoch(first, knobs, change))
+        out.append(Epoch(first, knobs, change, source))
     return tuple(out)
 
 

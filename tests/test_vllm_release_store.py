@@ -1,0 +1,115 @@
+"""Every vLLM v1 release's kept traces (tests/data/vllm-releases/store/, recorded by
+`make vllm-releases` with each release's own scheduler), checked again without vLLM:
+each is complete, MUST-clean and exact under the profile of its release's decision
+epoch; 0.11.0, in no epoch, breaks exactly the rules docs/vllm-changelog.md says; and
+each epoch's rule, set back to the epoch before's, makes a trace of its first release
+diverge. docs/vllm-changelog.md is what tools.vllm_changelog makes of the store."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conformance.vllm_releases import (
+    NO_EPOCH,
+    NO_EPOCH_STEPS,
+    STORE,
+    Stored,
+    check,
+    checked,
+    stored,
+)
+from kvsched.spec.profiles import VLLM_V1_EPOCHS, VLLM_V1_RELEASE_LIST, pinned_profile
+from tools.vllm_changelog import OUT, flipped_divergence, render
+
+KEPT = [r for r in VLLM_V1_RELEASE_LIST if (STORE / f"{r}.json").exists()]
+
+
+def traces(release: str) -> Iterator[Stored]:
+    return stored(STORE, [release])
+
+
+def test_every_release_is_kept() -> None:
+    missing = sorted(set(VLLM_V1_RELEASE_LIST) - set(KEPT))
+    assert not missing, (f"releases without kept traces: {missing}; record them with "
+                         "`make vllm-releases`")
+
+
+@pytest.mark.parametrize("release", [r for r in KEPT if r not in NO_EPOCH])
+def test_each_release_is_exact_under_its_epochs_profile(release: str) -> None:
+    verdicts = [v for _, v in checked(traces(release))]
+    assert len(verdicts) >= 50
+    bad = [(v.case, dict(v.must), v.complete,
+            None if v.divergence is None else v.divergence.step) for v in verdicts
+           if not v.ok]
+    assert not bad, f"vLLM {release}: {bad}"
+    assert {v.profile for v in verdicts} == {pinned_profile("vllm-v1", "vllm", release)}
+    # the suite reaches what the epochs differ in
+    assert sum(v.preemptions for v in verdicts) > 0 and sum(v.hits for v in verdicts) > 0
+
+
+def test_vllm_0_11_0_breaks_one_state_and_leaves_prompts_unfinished() -> None:
+    """Its priority victim stays in the batch (MUST one-state, and the driver stops at
+    the victim's misaligned readmission), and it admits prompts of max_model_len tokens
+    that never finish: those runs go on to the step bound, stalled (SHOULD progress) or
+    preempting others again and again."""
+    verdicts = [check(t) for t in stored(STORE, list(NO_EPOCH))]
+    broken = sum((v.must for v in verdicts), Counter[str]())
+    assert set(broken) == {"one-state"}, broken
+    stalled = [v for v in verdicts if v.should["progress"]]
+    assert stalled and all(v.steps == NO_EPOCH_STEPS and not v.complete for v in stalled)
+    for v in verdicts:
+        assert v.complete or v.must["one-state"] or v.steps == NO_EPOCH_STEPS, v.case
+    # the rest decide as the epoch after it
+    assert sum(v.exact for v in verdicts if v.complete and not v.must) > 0
+
+
+@pytest.mark.parametrize("epoch", VLLM_V1_EPOCHS[1:], ids=lambda e: e.first)
+def test_each_epochs_rule_set_back_makes_a_trace_diverge(epoch: object) -> None:
+    from kvsched.spec.profiles import Epoch
+
+    assert isinstance(epoch, Epoch)
+    before = VLLM_V1_EPOCHS[VLLM_V1_EPOCHS.index(epoch) - 1]
+    first = next(r for r in KEPT if pinned_profile("vllm-v1", "vllm", r) ==
+                 f"vllm-v1@{epoch.first}")
+    assert flipped_divergence(epoch, before, traces(first)) is not None
+
+
+def test_the_changelog_is_what_the_store_says() -> None:
+    assert Path(OUT).read_text() == render(STORE), (
+        "docs/vllm-changelog.md is stale: run `make vllm-changelog`")
+
+
+def test_the_store_keeps_each_body_once_and_gives_back_each_trace(tmp_path: Path) -> None:
+    from conformance.vllm_releases import keep
+
+    header = b'{"trace":"kvsched","version":1,"engine":{"name":"vllm","version":"%s"}}\n'
+    body = b'{"step":0}\n{"end":true}\n'
+    for release in ("0.12.0", "0.13.0"):
+        keep(tmp_path, release, {"case": (header % release.encode()) + body}, {}, 1.0)
+    assert len(list((tmp_path / "bodies").iterdir())) == 1  # one body, two releases
+    got = {(t.release, t.case): t.data for t in stored(tmp_path)}
+    assert got == {(r, "case"): (header % r.encode()) + body for r in ("0.12.0", "0.13.0")}
+    assert not list(tmp_path.glob("*.part")) and not list(tmp_path.glob("bodies/*.part"))
+
+
+def test_an_unknown_release_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]
+                                                   ) -> None:
+    from conformance.vllm_releases import main
+
+    assert main(["check", "0.10.9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown release '0.10.9'" in err
+
+
+def test_kvsched_diff_of_adjacent_epoch_profiles_finds_each_change_where_vllm_did() -> None:
+    """The page says, per epoch, on how many of the cases where two adjacent releases
+    part `kvsched diff` of their profiles parts at the same step: all of them."""
+    import re
+
+    found = re.findall(r"finds (\d+) of these (\d+) at the same step", Path(OUT).read_text())
+    assert len(found) == len(VLLM_V1_EPOCHS) - 1
+    assert all(a == b and int(b) > 0 for a, b in found), found
