@@ -45,7 +45,8 @@ def scheduled(s: InspectableScheduler) -> dict[str, int]:
 def test_a_prompt_above_the_budget_left_stops_the_pass_or_is_passed_over(
         scheduler_factory: SchedulerFactory, rule: str, policy: str) -> None:
     knobs = replace(Knobs(), over_budget_prompt=rule)  # type: ignore[arg-type]
-    s = built(scheduler_factory, replace(WHOLE, policy=policy), knobs)
+    s = built(scheduler_factory, replace(WHOLE, policy=policy),  # type: ignore[arg-type]
+              knobs)
     if s is None:
         return
     for rid, prompt in (("a", 6), ("b", 6), ("c", 6), ("d", 2)):
@@ -93,5 +94,5 @@ def test_freed_blocks_join_the_free_list_by_the_release_rule(
     else:
         # c took block 0 and evicted s/0: d starts from nothing
         assert dict(decision.prefix_hits) == {}
-        assert decision.new_blocks["d"] == (3, 2)
+        assert decision.new_blocks is not None and decision.new_blocks["d"] == (3, 2)
     assert dict(decision.scheduled)["c"] == 1
