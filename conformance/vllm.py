@@ -31,7 +31,9 @@ from typing import BinaryIO
 import orjson
 
 from kvsched.adapters.vllm import DEFAULT_VLLM_PYTHON, AdapterError, Job, record_jobs
+from kvsched.conformance import checker as new_checker
 from kvsched.generators import generate
+from kvsched.implementations import replay_refused
 from kvsched.optimized.checker import check_trace_vectorized
 from kvsched.reference import scheduler_for
 from kvsched.spec.blocks import blocks_for
@@ -439,13 +441,19 @@ def check_case(case: str, path: Path, profile: str | None = None) -> Verdict:
 
 def check_stream(case: str, stream: BinaryIO, profile: str | None = None) -> Verdict:
     """check_case on a trace read from `stream`, by the vectorized checker (the spec's
-    report, kvsched.optimized.checker); the counts of preemptions, rejections and hits
-    from its step lines."""
+    report, kvsched.optimized.checker) where the compiled scheduler replays the profile,
+    else by the spec's; the counts of preemptions, rejections and hits from its step
+    lines."""
     data = stream.read()
-    header = TraceReader(io.BytesIO(data)).header
+    reader = TraceReader(io.BytesIO(data))
+    header = reader.header
     if profile is None:
         profile = release_profile(header.engine)
-    report = check_trace_vectorized(io.BytesIO(data), profile=profile)
+    if replay_refused(profile) is None:
+        report = check_trace_vectorized(io.BytesIO(data), profile=profile)
+    else:  # vLLM V0's step: the reference replays it
+        report = new_checker(header.config, profile=profile,
+                             preempted_order=header.preempted_order).run_trace(reader)
     preemptions = rejected = hits = hit_blocks = 0
     for line in data.splitlines()[1:]:
         rec = orjson.loads(line)

@@ -117,14 +117,13 @@ def split(trace: bytes) -> tuple[bytes, bytes]:
     return trace[:end], trace[end:]
 
 
-def keep(store: Path, release: str, recorded: dict[str, bytes], skipped: dict[str, str],
-         wall: float) -> Path:
+def keep(store: Path, release: str, recorded: dict[str, bytes],
+         skipped: dict[str, str]) -> Path:
     """Write `release`'s traces into `store`: each body once under its digest, and the
     manifest of the release last (a half-written store has no manifest naming it)."""
     bodies = store / "bodies"
     bodies.mkdir(parents=True, exist_ok=True)
-    manifest: dict[str, object] = {"release": release, "wall_s": round(wall, 1),
-                                   "skipped": skipped, "cases": {}}
+    manifest: dict[str, object] = {"release": release, "skipped": skipped, "cases": {}}
     entries: dict[str, object] = {}
     for name, trace in recorded.items():
         header, body = split(trace)
@@ -141,6 +140,22 @@ def keep(store: Path, release: str, recorded: dict[str, bytes], skipped: dict[st
     part.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     part.replace(out)
     return out
+
+
+def unnamed(store: Path) -> list[Path]:
+    """The bodies no manifest names (left by a release recorded again)."""
+    named = {entry["body"] for path in store.glob("*.json")
+             for entry in json.loads(path.read_text())["cases"].values()}
+    return sorted(path for path in (store / "bodies").glob("*.jsonl.gz")
+                  if path.name.removesuffix(".jsonl.gz") not in named)
+
+
+def prune(store: Path) -> int:
+    """Delete the bodies no manifest names; how many."""
+    gone = unnamed(store)
+    for path in gone:
+        path.unlink()
+    return len(gone)
 
 
 def stored(store: Path = STORE, releases: Sequence[str] | None = None) -> Iterator[Stored]:
@@ -190,14 +205,13 @@ def record(release: str, chosen: Sequence[Case], store: Path = STORE) -> list[Ve
     skipped = {c.name: "no watermark in this release's v1 scheduler"
                for c in chosen if c.config.watermark_blocks and not watermark}
     runnable = [c for c in chosen if c.name not in skipped]
-    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kvsched-release-") as tmp:
         steps = NO_EPOCH_STEPS if release in NO_EPOCH else MAX_STEPS
         jobs = [Job(c.name, c.config, c.workload(), Path(tmp) / f"{c.name}.jsonl", steps)
                 for c in runnable]
         record_jobs(jobs, env.python)
         traces = {job.name: job.out.read_bytes() for job in jobs}
-    keep(store, release, traces, skipped, time.monotonic() - started)
+    keep(store, release, traces, skipped)
     return [check(s) for s in stored(store, [release])]
 
 
@@ -278,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             print(report(release, verdicts), flush=True)
             failed += sum(not v.ok for v in verdicts) if release not in NO_EPOCH else 0
+        prune(args.store)
         return 1 if failed else 0
     by_release: dict[str, list[Verdict]] = {}
     for trace, verdict in checked(stored(args.store, args.releases or None)):

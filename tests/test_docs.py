@@ -294,6 +294,12 @@ GAPS: dict[str, dict[str, Gap]] = {
             stand_in="cp tests/data/vllm-releases/vllm-0.32.jsonl trace.jsonl"),
         "VLLM_RELEASE=0.24.0 scripts/conformance_vllm.sh fcfs-tight priority-tight": Gap(
             VLLM_ENV + ", and .venv-vllm-releases/0.24.0 (make vllm-release V=0.24.0)"),
+        "make vllm-releases": Gap(VLLM_ENV + "; it builds every release's environment and "
+                                  "records them all, about 40 minutes"),
+        "make vllm-releases-sample": Gap(VLLM_ENV + "; .ci/run runs it"),
+        "make vllm-changelog": Gap("a minute, and it writes docs/vllm-changelog.md: "
+                                   "tests/test_vllm_release_store.py makes the page again "
+                                   "and compares"),
     },
     "docs/conformance/vllm-v0.md": {
         "kvsched record vllm-v0 --workload W.jsonl --out trace.jsonl [--preemption swap] "

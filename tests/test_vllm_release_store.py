@@ -32,6 +32,12 @@ def traces(release: str) -> Iterator[Stored]:
     return stored(STORE, [release])
 
 
+def test_the_store_holds_no_body_that_no_release_names() -> None:
+    from conformance.vllm_releases import unnamed
+
+    assert unnamed(STORE) == []
+
+
 def test_every_release_is_kept() -> None:
     missing = sorted(set(VLLM_V1_RELEASE_LIST) - set(KEPT))
     assert not missing, (f"releases without kept traces: {missing}; record them with "
@@ -89,7 +95,7 @@ def test_the_store_keeps_each_body_once_and_gives_back_each_trace(tmp_path: Path
     header = b'{"trace":"kvsched","version":1,"engine":{"name":"vllm","version":"%s"}}\n'
     body = b'{"step":0}\n{"end":true}\n'
     for release in ("0.12.0", "0.13.0"):
-        keep(tmp_path, release, {"case": (header % release.encode()) + body}, {}, 1.0)
+        keep(tmp_path, release, {"case": (header % release.encode()) + body}, {})
     assert len(list((tmp_path / "bodies").iterdir())) == 1  # one body, two releases
     got = {(t.release, t.case): t.data for t in stored(tmp_path)}
     assert got == {(r, "case"): (header % r.encode()) + body for r in ("0.12.0", "0.13.0")}

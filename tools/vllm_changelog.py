@@ -43,6 +43,7 @@ from kvsched.spec.trace import TraceReader
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "vllm-changelog.md"
+DETAILED = 4  # divergences shown with both versions, per epoch
 # The standard workloads whose metrics each epoch's change is shown on.
 STANDARD = ("fcfs-tight", "priority-tight", "no-chunked-priority-tight", "threshold",
             "prefix-conversations", "prefix-tight-readmit")
@@ -139,7 +140,8 @@ def metric_rows(case: str, a: Stored, b: Stored) -> list[str]:
              float(sum(mb.preemptions.values())), 0),
             ("recomputed tokens", float(ma.recomputed_tokens), float(mb.recomputed_tokens),
              0),
-            ("steps to finish", float(ma.steps), float(mb.steps), 0)):
+            ("steps to finish", float(ma.steps), float(mb.steps), 0),
+            ("tokens generated per step", ma.generated_per_step, mb.generated_per_step, 2)):
         out.append(f"| {case} | {label} | {row(va, vb, digits)} |")
     return out
 
@@ -226,7 +228,10 @@ def render(store: Path = STORE) -> str:
                 lines.append(f"- `kvsched diff vllm-v1@{before.first} vllm-v1@{epoch.first}` "
                              f"on the same cases finds {agree} of these {len(parted)} at the "
                              "same step.")
-            for p in parted[:6]:
+            lines.append("- First divergent step of each: " + ", ".join(
+                f"`{p.case}` {p.divergence.step}" for p in parted
+                if p.divergence is not None) + "; the first few, both versions:")
+            for p in parted[:DETAILED]:
                 assert p.divergence is not None
                 lines.append(f"  - `{p.case}`, step {p.divergence.step} "
                              f"({p.divergence.what}): {prev} {clip(p.divergence.a)} | "

@@ -185,6 +185,7 @@ class Contents:
 #   inline-preemption, no-preempted-req-ids  0.11.0-0.11.2
 #   hash-fn-in-utils, resumed-from-preemption, cpu-block-size-16   0.11.0
 #   cpu-triton-check, resumed-as-new, runner-output-no-req_id_to_index   0.34.0
+#   seeded-none-hash                       0.11.0-0.30.0   block keys made reproducible
 
 SHIMS: list[str] = []  # the shims that fired in this process, in order
 
@@ -433,6 +434,21 @@ def _hash_fn_by_name() -> Callable[[str], Any]:
         return _module("vllm.utils").get_hash_fn_by_name  # type: ignore[no-any-return]
 
 
+# The seed a release's first block hash is drawn from where it would otherwise be random
+# per process: any fixed value makes a release's block keys the same in every run.
+NONE_HASH_SEED = "0"
+
+
+def _seed_none_hash(utils: Any) -> None:
+    """(<= 0.30) init_none_hash draws the first block hash from os.urandom unless
+    PYTHONHASHSEED is set, so that block keys (not decisions) differ in every run: it
+    gets NONE_HASH_SEED, and a release's traces are the same bytes in every recording.
+    Releases that seed it from a fixed string (0.31 on) are left as they are."""
+    if "urandom" in inspect.getsource(utils.init_none_hash):
+        fired("seeded-none-hash")
+        os.environ["PYTHONHASHSEED"] = NONE_HASH_SEED
+
+
 def detect_release() -> None:
     """Run the detections made on first use, so that SHIMS names them before a job's
     header is written, whatever the job (its header names the release's shims, not the
@@ -440,6 +456,7 @@ def detect_release() -> None:
     _request_takes_eos(_module("vllm.v1.request").Request)
     _prompt_check()
     _hash_fn_by_name()
+    _seed_none_hash(_module("vllm.v1.core.kv_cache_utils"))
 
 
 # == end of what differs between releases ==============================================
@@ -667,6 +684,7 @@ def block_hasher(scheduler: Any) -> Any:
         return None
     utils = _module("vllm.v1.core.kv_cache_utils")
     hash_fn = _hash_fn_by_name()(scheduler.cache_config.prefix_caching_hash_algo)
+    _seed_none_hash(utils)
     utils.init_none_hash(hash_fn)
     return utils.get_request_block_hasher(scheduler.block_size, hash_fn)
 
@@ -881,7 +899,8 @@ def driver_main(argv: list[str], script: str,
 def main(argv: list[str]) -> int:
     def run_jobs(jobs: list[dict[str, Any]], emit: Emit) -> None:
         # vLLM seeds its first block hash from PYTHONHASHSEED when set, else from a
-        # fixed string (sha256): without it the block keys are the same in every run.
+        # fixed string (sha256, 0.31 on): without it the block keys are the same in
+        # every run (older releases draw it at random: _seed_none_hash).
         os.environ.pop("PYTHONHASHSEED", None)
         with tempfile.TemporaryDirectory(prefix="kvsched-vllm-") as tmp:
             for job in jobs:
