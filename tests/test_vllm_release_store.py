@@ -20,6 +20,7 @@ from conformance.vllm_releases import (
     Stored,
     check,
     checked,
+    epoch_firsts,
     stored,
 )
 from kvsched.spec.profiles import VLLM_V1_EPOCHS, VLLM_V1_RELEASE_LIST, pinned_profile
@@ -79,8 +80,7 @@ def test_each_epochs_rule_set_back_makes_a_trace_diverge(epoch: object) -> None:
 
     assert isinstance(epoch, Epoch)
     before = VLLM_V1_EPOCHS[VLLM_V1_EPOCHS.index(epoch) - 1]
-    first = next(r for r in KEPT if pinned_profile("vllm-v1", "vllm", r) ==
-                 f"vllm-v1@{epoch.first}")
+    first = epoch_firsts()[VLLM_V1_EPOCHS.index(epoch)]
     assert flipped_divergence(epoch, before, traces(first)) is not None
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from conformance.vllm import FLIPPABLE, Verdict, case_named
 from conformance.vllm_releases import NO_EPOCH, STORE, Stored, checked, stored
-from kvsched.diff import Divergence, Stream, diff_streams, lines_of_records, simulated
+from kvsched.diff import Divergence, Stream, diff_streams, simulated, trace_stream
 from kvsched.implementations import build_scheduler
 from kvsched.metrics import Metrics, metrics_of_trace
 from kvsched.reference import scheduler_for
@@ -35,8 +35,7 @@ from kvsched.spec.profiles import (
     VLLM_V1_EPOCHS,
     VLLM_V1_RELEASE_LIST,
     Epoch,
-    get_profile,
-    pinned_profile,
+    vllm_v1_epoch,
 )
 from kvsched.spec.replay import ProfileReplay
 from kvsched.spec.trace import TraceReader
@@ -58,11 +57,7 @@ class Pair:
 
 
 def stream(trace: Stored) -> Stream:
-    reader = TraceReader(io.BytesIO(trace.data))
-    return Stream(f"{trace.release}/{trace.case}", reader.header.config,
-                  reader.header.engine, lines_of_records(reader),
-                  lambda r=reader: r.complete,  # type: ignore[misc]
-                  preempted_order=reader.header.preempted_order)
+    return trace_stream(f"{trace.release}/{trace.case}", TraceReader(io.BytesIO(trace.data)))
 
 
 def body(trace: Stored) -> bytes:
@@ -83,6 +78,12 @@ def compare(a: dict[str, Stored], b: dict[str, Stored]) -> list[Pair]:
     return out
 
 
+def changed_knobs(before: Epoch, epoch: Epoch) -> dict[str, tuple[object, object]]:
+    """The knobs `epoch` changed from `before`'s: name -> (before's value, its own)."""
+    return {name: (getattr(before.knobs, name), getattr(epoch.knobs, name))
+            for name in FLIPPABLE if getattr(before.knobs, name) != getattr(epoch.knobs, name)}
+
+
 def flipped_divergence(epoch: Epoch, before: Epoch | None,
                        traces: Iterable[Stored]) -> tuple[str, int, int] | None:
     """Under the epoch's profile with its own change undone (the knobs it changed set
@@ -90,9 +91,8 @@ def flipped_divergence(epoch: Epoch, before: Epoch | None,
     diverges: (case, step, how many of them diverge); None if none does."""
     if before is None:
         return None
-    changed = {name: getattr(before.knobs, name) for name in FLIPPABLE
-               if getattr(before.knobs, name) != getattr(epoch.knobs, name)}
-    knobs = replace(epoch.knobs, **changed)
+    knobs = replace(epoch.knobs, **{name: old for name, (old, _) in  # type: ignore[arg-type]
+                                    changed_knobs(before, epoch).items()})
     profile = f"vllm-v1@{epoch.first}"
     first: tuple[str, int] | None = None
     count = 0
@@ -146,15 +146,6 @@ def metric_rows(case: str, a: Stored, b: Stored) -> list[str]:
     return out
 
 
-def epoch_of(release: str) -> Epoch | None:
-    profile = pinned_profile("vllm-v1", "vllm", release)
-    if profile is None:
-        return None
-    first = profile.split("@")[1]
-    return next((e for e in VLLM_V1_EPOCHS if e.first == first or
-                 get_profile(profile).knobs == e.knobs), None)
-
-
 def render(store: Path = STORE) -> str:
     by_release: dict[str, dict[str, Stored]] = {}
     for trace in stored(store):
@@ -205,13 +196,12 @@ def render(store: Path = STORE) -> str:
     lines += ["", "## The decision epochs", ""]
     for i, epoch in enumerate(VLLM_V1_EPOCHS):
         before = VLLM_V1_EPOCHS[i - 1] if i else None
-        first = next((r for r in releases if epoch_of(r) is epoch), None)
+        first = next((r for r in releases if vllm_v1_epoch(r) is epoch), None)
         lines += [f"### {epoch.first}: {epoch.change}", "",
                   f"- Profile: `vllm-v1@{epoch.first}`; vLLM's source: {epoch.source}."]
         if before is not None:
-            changed = [f"`{n}` {getattr(before.knobs, n)} -> {getattr(epoch.knobs, n)}"
-                       for n in FLIPPABLE
-                       if getattr(before.knobs, n) != getattr(epoch.knobs, n)]
+            changed = [f"`{n}` {old} -> {new}"
+                       for n, (old, new) in changed_knobs(before, epoch).items()]
             lines.append(f"- Knobs changed from `vllm-v1@{before.first}`: "
                          f"{', '.join(changed)}.")
         if first is None:

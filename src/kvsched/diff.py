@@ -44,7 +44,7 @@ from kvsched.spec.checker import Checker, Report
 from kvsched.spec.interface import Scheduler
 from kvsched.spec.model import Config, Decision, Request, Status, StepRecord
 from kvsched.spec.state import State
-from kvsched.spec.trace import Header, TraceError, parse_step, step_dict
+from kvsched.spec.trace import Header, TraceError, TraceReader, parse_step, step_dict
 from kvsched.spec.violation import INVARIANTS
 from kvsched.workload import WorkItem
 
@@ -108,6 +108,16 @@ def lines_of_records(records: Iterable[StepRecord]) -> Iterator[Lines]:
         raws.append(orjson.dumps(step_dict(rec)) + b"\n")
     if raws:
         yield first, raws
+
+
+def trace_stream(label: str, reader: TraceReader,
+                 records: Iterable[StepRecord] | None = None) -> Stream:
+    """A side read from a trace: its step records (`reader`'s, or `records` read from it
+    with a caller's error handling) as lines, its header's config, engine and preemption
+    order."""
+    return Stream(label, reader.header.config, reader.header.engine,
+                  lines_of_records(reader if records is None else records),
+                  lambda: reader.complete, preempted_order=reader.header.preempted_order)
 
 
 @dataclass(frozen=True)

@@ -142,10 +142,10 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
         SideFailed,
         Stream,
         diff_streams,
-        lines_of_records,
         plot_png,
         render_text,
         simulated,
+        trace_stream,
     )
     from kvsched.loading import FactoryError, build, load_factory
     from kvsched.plot import PlotUnavailable, require_matplotlib
@@ -194,10 +194,7 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
                     reader = TraceReader(stream)
                 except TraceError as e:
                     fail(f"{path}: {e}")
-                streams.append(Stream(text, reader.header.config, reader.header.engine,
-                                      lines_of_records(trace_records(path, reader)),
-                                      lambda r=reader: r.complete,  # type: ignore[misc]
-                                      preempted_order=reader.header.preempted_order))
+                streams.append(trace_stream(text, reader, trace_records(path, reader)))
             sa, sb = streams
         else:
             configs = [build_config(text if kind == "profile" else DEFAULT_PROFILE,
