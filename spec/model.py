@@ -20,14 +20,21 @@ Allocation = Literal["lazy", "prompt", "full"]
 # When the watermark applies to an admission or a swap-in: while some request runs
 # (vLLM v1), or always (vLLM V0).
 WatermarkScope = Literal["running", "always"]
+# What one step may combine: running requests' decodes and new prefill work together
+# (vLLM); prefill work or decodes, never both (SGLang: a step that admits prefill work
+# decodes nothing); or, with chunked prefill, decodes joining a prefill step
+# (SGLang's --enable-mixed-chunk).
+StepMix = Literal["any", "prefill_or_decode", "mixed_chunk"]
 POLICIES: tuple[Policy, ...] = ("fcfs", "priority")
 PREEMPTION_MODES: tuple[PreemptionMode, ...] = ("recompute", "swap", "auto")
 ALLOCATIONS: tuple[Allocation, ...] = ("lazy", "prompt", "full")
 WATERMARK_SCOPES: tuple[WatermarkScope, ...] = ("running", "always")
+STEP_MIXES: tuple[StepMix, ...] = ("any", "prefill_or_decode", "mixed_chunk")
 # The fields whose value is one of a few words, with the words.
 CHOICES: dict[str, tuple[str, ...]] = {"policy": POLICIES, "preemption": PREEMPTION_MODES,
                                        "allocation": ALLOCATIONS,
-                                       "watermark_scope": WATERMARK_SCOPES}
+                                       "watermark_scope": WATERMARK_SCOPES,
+                                       "step_mix": STEP_MIXES}
 # A preemption as it happened: auto resolves to one of these two per victim.
 VICTIM_MODES: tuple[str, ...] = ("recompute", "swap")
 
@@ -55,6 +62,7 @@ class Config:
     prefix_caching: bool = False  # full blocks are cached by content and may be hit
     allocation: Allocation = "lazy"  # when blocks are handed out: lazy, prompt or full
     watermark_scope: WatermarkScope = "running"  # when the watermark applies
+    step_mix: StepMix = "any"  # what one step may combine: decodes and prefills, or not
 
     def problems(self) -> list[str]:
         """Every way this config is malformed, one sentence each naming the field (a
@@ -90,6 +98,9 @@ class Config:
             out.append("config.max_num_batched_tokens must be at least max_model_len "
                        f"({self.max_model_len}) without chunked prefill, got "
                        f"{self.max_num_batched_tokens}")
+        if not out and self.step_mix == "mixed_chunk" and not self.chunked_prefill:
+            out.append("config.step_mix mixed_chunk adds decodes to chunked prefill steps, "
+                       "so it needs chunked_prefill: true")
         if not out and self.long_prefill_token_threshold > 0 and not self.chunked_prefill:
             out.append("config.long_prefill_token_threshold chunks prefills, so it needs "
                        "chunked_prefill: true")
@@ -98,7 +109,8 @@ class Config:
 
 # Config fields a trace header may leave out, with the value that then holds.
 OPTIONAL_CONFIG: dict[str, object] = {"first_block_id": 0, "prefix_caching": False,
-                                      "allocation": "lazy", "watermark_scope": "running"}
+                                      "allocation": "lazy", "watermark_scope": "running",
+                                      "step_mix": "any"}
 
 
 def config_field_names() -> tuple[str, ...]:

@@ -295,19 +295,21 @@ class _Writer:
         self.output.discard()
 
 
-def read_events(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+def read_events(lines: Iterable[bytes], name: str = "vLLM") -> Iterator[dict[str, Any]]:
+    """The events of `name`'s driver, one JSON object a line; its error event is an
+    AdapterError."""
     for raw in lines:
         if not raw.strip():
             continue
         try:
             event = json.loads(raw)
         except ValueError:
-            raise AdapterError(f"the vLLM driver wrote a line that is not JSON: "
+            raise AdapterError(f"the {name} driver wrote a line that is not JSON: "
                                f"{raw[:120]!r}") from None
         if not isinstance(event, dict):
-            raise AdapterError(f"the vLLM driver wrote {raw[:120]!r}, not an event object")
+            raise AdapterError(f"the {name} driver wrote {raw[:120]!r}, not an event object")
         if "error" in event:
-            raise AdapterError(f"vLLM: {event['error']}")
+            raise AdapterError(f"{name}: {event['error']}")
         yield event
 
 
@@ -380,7 +382,7 @@ def run_driver(driver: Path, python: Path, inputs: Sequence[dict[str, Any]], nam
                                    + setup_hint) from None
             assert proc.stdout is not None
             try:
-                results = consume(read_events(proc.stdout))
+                results = consume(read_events(proc.stdout, name))
             except AdapterError:
                 proc.kill()
                 proc.wait()

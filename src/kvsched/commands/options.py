@@ -47,6 +47,7 @@ from kvsched.spec.model import (
     ALLOCATIONS,
     POLICIES,
     PREEMPTION_MODES,
+    STEP_MIXES,
     WATERMARK_SCOPES,
     Config,
 )
@@ -217,6 +218,12 @@ def config_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Cache full KV blocks by content, so that a request starting with "
                           "the same tokens hits them (profile vllm-v1 turns it on, as vLLM "
                           "does)." + default("prefix_caching")),
+        click.option("--step-mix", type=click.Choice(STEP_MIXES),
+                     help="What one step may combine: running decodes and new prefills "
+                          "(any, vLLM), prefill work or decodes (prefill_or_decode, "
+                          "SGLang), or decodes joining a chunked prefill step "
+                          "(mixed_chunk, SGLang's --enable-mixed-chunk)."
+                          + default("step_mix")),
     ]
     for opt in reversed(opts):
         f = opt(f)

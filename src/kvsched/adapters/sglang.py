@@ -1,0 +1,269 @@
+"""Record SGLang 0.5.23's real scheduler on a kvsched workload as trace v1.
+
+SGLang runs in its own virtual environment (.venv-sglang, `make sglang-env`), driven by
+sglang_driver.py beside this file; this module maps the config both ways, runs the
+driver and assembles its events into trace v1 as they stream in (the protocol and the
+trace file handling are kvsched.adapters.vllm's).
+
+Mapping (SGLang source lines in docs/conformance/sglang.md):
+- a block is one of SGLang's pages: block_size = page_size, num_gpu_blocks =
+  max_total_tokens / page_size; page ids are SGLang's own, from 1 (its page 0 pads);
+- the token budget of a step is SGLang's chunked_prefill_size, and max_prefill_tokens
+  is set to the same (without chunked prefill it is the budget); max_num_seqs is
+  max_running_requests; max_model_len is the model's context length;
+- a step is prefill work or decodes (config step_mix prefill_or_decode), or with
+  --enable-mixed-chunk decodes may join a chunked prefill step (mixed_chunk);
+- SGLang retracts by recompute and has no swap space, no watermark and no long-prefill
+  threshold; priority scheduling is config policy priority (SGLang's priority values as
+  given: a higher value is more urgent, which profile sglang@0.5.23 says);
+- prefix caching is SGLang's radix cache; free_blocks counts SGLang's free pages plus
+  its evictable radix-cache pages (what the step invariant calls reclaimable), each
+  step line also carries both of SGLang's own counts, its mode and its new_token_ratio;
+- SGLang clips a request's max_new_tokens to what its context and its pool can hold,
+  and aborts a prompt of max_req_len - 5 tokens or more (max_req_len = min(context - 1,
+  pool - 1)): the adapter refuses a workload with such a request, naming it, since the
+  trace would not say what was served; it refuses aborts, which it does not drive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from kvsched.adapters.vllm import (
+    AdapterError,
+    Job,
+    Recorded,
+    assemble_with,
+    config_changes,
+    run_driver,
+)
+from kvsched.outputs import Output
+from kvsched.spec.blocks import blocks_for
+from kvsched.spec.model import Config, Preemption, StepRecord
+from kvsched.spec.trace import TraceWriter, json_line, step_dict
+from kvsched.workload import WorkItem, item_dict
+
+SGLANG_VERSION = "0.5.23"
+DEFAULT_SGLANG_PYTHON = Path(".venv-sglang/bin/python")
+DRIVER = Path(__file__).with_name("sglang_driver.py")
+SETUP_HINT = "create it with `make sglang-env` (scripts/sglang_env.sh)"
+
+
+def max_req_len(config: Config) -> int:
+    """SGLang's longest request: min(context_len - 1, pool tokens - 1)
+    (tp_worker.py:568)."""
+    return min(config.max_model_len - 1, config.num_gpu_blocks * config.block_size - 1)
+
+
+def sglang_settings(config: Config) -> dict[str, Any]:
+    """The driver's SGLang settings for a kvsched config.
+
+    Raises AdapterError for what SGLang's scheduler cannot express.
+    post: __return__["max_total_tokens"] == config.num_gpu_blocks * config.block_size
+    """
+    problems = config.problems()
+    if problems:
+        raise AdapterError(problems[0])
+    if config.preemption != "recompute" or config.num_cpu_blocks != 0:
+        raise AdapterError("SGLang retracts by recompute and has no swap space: use "
+                           "preemption recompute and num_cpu_blocks 0")
+    if config.allocation != "lazy" or config.watermark_blocks != 0:
+        raise AdapterError("SGLang hands out pages as tokens fill them and keeps no "
+                           "watermark: use allocation lazy and watermark_blocks 0")
+    if config.long_prefill_token_threshold != 0:
+        raise AdapterError("SGLang has no long-prefill threshold: use "
+                           "long_prefill_token_threshold 0")
+    if config.step_mix == "any":
+        raise AdapterError("SGLang's steps run prefill work or decodes: use step_mix "
+                           "prefill_or_decode, or mixed_chunk (--enable-mixed-chunk)")
+    if config.max_num_seqs > config.max_num_batched_tokens:
+        raise AdapterError(f"max_num_seqs ({config.max_num_seqs}) above "
+                           f"max_num_batched_tokens ({config.max_num_batched_tokens}): a "
+                           "decode step of SGLang's would exceed the token budget")
+    return {
+        "page_size": config.block_size,
+        "max_total_tokens": config.num_gpu_blocks * config.block_size,
+        "chunked_prefill_size": config.max_num_batched_tokens if config.chunked_prefill
+        else -1,
+        "max_prefill_tokens": config.max_num_batched_tokens,
+        "max_running_requests": config.max_num_seqs,
+        "context_len": config.max_model_len,
+        "schedule_policy": "fcfs",
+        "enable_priority_scheduling": config.policy == "priority",
+        "disable_radix_cache": not config.prefix_caching,
+        "enable_mixed_chunk": config.step_mix == "mixed_chunk",
+    }
+
+
+def served_as_asked(config: Config, item: WorkItem) -> str | None:
+    """Why SGLang would not serve `item` as the workload asks (it clips its output or
+    aborts its prompt: scheduler.py:2700-2730, utils.py:259), or None."""
+    longest = max_req_len(config)
+    page = config.block_size
+    paged_prompt = blocks_for(item.prompt_len, page) * page
+    memory = config.num_gpu_blocks * page - paged_prompt - page - 1
+    if item.prompt_len >= longest - 5:
+        return (f"request {item.id!r}: SGLang aborts a prompt of {item.prompt_len} tokens "
+                f"(its limit is {longest - 5} - 1)")
+    if item.max_tokens > min(longest - item.prompt_len - 1, memory):
+        return (f"request {item.id!r}: SGLang clips max_tokens {item.max_tokens} to "
+                f"{max(0, min(longest - item.prompt_len - 1, memory))} (its context and "
+                "pool hold no more)")
+    return None
+
+
+def config_from_sglang(effective: Mapping[str, Any]) -> Config:
+    """The kvsched config of a scheduler SGLang really built (the driver reads it back)."""
+    page = effective["page_size"]
+    total = effective["max_total_tokens"]
+    if total % page or effective["available_tokens"] != total:
+        raise AdapterError(f"SGLang built a pool of {effective['available_tokens']} free "
+                           f"tokens for {total} in pages of {page}")
+    if effective["enable_overlap"] or effective["schedule_policy"] != "fcfs" \
+            or effective["schedule_low_priority_values_first"]:
+        raise AdapterError("SGLang built its scheduler with overlap, another policy than "
+                           "fcfs, or low priority values first; the adapter needs none")
+    chunk = effective["chunked_prefill_size"]
+    chunked = chunk is not None and chunk > 0
+    return Config(
+        block_size=page,
+        num_gpu_blocks=total // page,
+        num_cpu_blocks=0,
+        max_num_batched_tokens=chunk if chunked else effective["max_prefill_tokens"],
+        max_num_seqs=effective["max_running_requests"],
+        max_model_len=effective["context_len"],
+        chunked_prefill=chunked,
+        long_prefill_token_threshold=0,
+        policy="priority" if effective["enable_priority_scheduling"] else "fcfs",
+        preemption="recompute",
+        watermark_blocks=0,
+        first_block_id=1,
+        prefix_caching=not effective["disable_radix_cache"],
+        step_mix="mixed_chunk" if effective["enable_mixed_chunk"] else "prefill_or_decode",
+    )
+
+
+def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem]) -> StepRecord:
+    """One driver step event as a trace step: SGLang's own page ids, victims in the order
+    SGLang released them, free pages counting the evictable radix-cache pages."""
+    step = event["step"]
+    return StepRecord(
+        step,
+        arrivals=tuple(workload[rid].request(step) for rid in event["arrivals"]),
+        preempted=tuple(Preemption(rid, "recompute") for rid in event["preempted"]),
+        scheduled=tuple((rid, n) for rid, n in event["scheduled"]),
+        finished=tuple(event["finished"]),
+        free_blocks=event["free_pages"] + event["evictable_pages"],
+        new_blocks={rid: tuple(ids) for rid, ids in event["new_block_ids"].items() if ids},
+        prefix_hits={rid: tuple(ids) for rid, ids in event["prefix_hits"].items() if ids},
+    )
+
+
+def step_line(rec: StepRecord, event: Mapping[str, Any]) -> dict[str, Any]:
+    """The trace line of a step: trace v1's keys, then SGLang's own (readers ignore
+    them): its step mode, its free and evictable page counts, the new-token ratio its
+    admission used."""
+    return {**step_dict(rec), "mode": event["mode"], "free_pages": event["free_pages"],
+            "evictable_pages": event["evictable_pages"],
+            "new_token_ratio": event["new_token_ratio"]}
+
+
+def header_extra(config: Config, effective: Mapping[str, Any]) -> dict[str, Any]:
+    return {"preempted_order": True, "adapter": {
+        "name": "kvsched.adapters.sglang",
+        "scheduler": "sglang.srt.managers.scheduler.Scheduler (event_loop_normal's step; "
+                     "the overlap loop is not recorded)",
+        "pages": "a block is one of SGLang's KV pages of page_size tokens; page ids are "
+                 "SGLang's own (slot // page_size), from 1",
+        "free_blocks": "SGLang's free pages plus its evictable radix-cache pages; each "
+                       "line's free_pages and evictable_pages give both",
+        "prefix_caching": ("SGLang's radix cache: hits found by its own tree on real token "
+                           "ids" if config.prefix_caching else False),
+        "preempted": "retracted (decode steps) or preempted for priority (prefill steps), "
+                     "in the order SGLang released them: the driver hooks "
+                     "ScheduleBatch.release_req",
+        "clock": "SGLang's time readings replaced by a logical clock (one tick per "
+                 "reading), so LRU eviction and priority ties are the same in every run",
+        "new_token_ratio": {k: effective[k] for k in (
+            "init_new_token_ratio", "min_new_token_ratio", "new_token_ratio_decay")},
+        "priority_scheduling_preemption_threshold":
+            effective["priority_scheduling_preemption_threshold"],
+    }}
+
+
+class _Writer:
+    """The trace file of one job, written as every output is (kvsched.outputs)."""
+
+    def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
+        built = config_from_sglang(header["config"])
+        changes = config_changes(job.config, built)
+        if changes:
+            raise AdapterError(f"{job.name}: SGLang changed the config: {changes[0]}")
+        self.result = Recorded(job, built, {"name": "sglang",
+                                            "version": str(header["sglang"])})
+        self.by_id = {w.id: w for w in job.workload}
+        self.output = Output(job.out)
+        self.stream: IO[bytes] = self.output.stream
+        TraceWriter(self.stream).header(built, self.result.engine,
+                                        header_extra(built, header["config"]))
+
+    def step(self, event: Mapping[str, Any]) -> StepRecord:
+        rec = step_record(event, self.by_id)
+        self.stream.write(json_line(step_line(rec, event)))
+        self.result.steps += 1
+        self.result.preemptions += len(rec.preempted)
+        return rec
+
+    def done(self, event: Mapping[str, Any]) -> Recorded:
+        complete = bool(event["complete"])
+        if complete:
+            TraceWriter(self.stream).end()
+        self.output.commit()
+        self.result.complete = complete
+        stopped = event.get("stopped")
+        self.result.stopped = None if stopped is None else str(stopped)
+        return self.result
+
+    def discard(self) -> None:
+        self.output.discard()
+
+
+def assemble(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
+             on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
+    """Write each job's trace from SGLang's driver's events (assemble_with)."""
+    return assemble_with(jobs, events, on_step, _Writer, "SGLang")
+
+
+def driver_input(job: Job) -> dict[str, Any]:
+    settings = sglang_settings(job.config)
+    for item in job.workload:
+        if item.abort is not None:
+            raise AdapterError(f"request {item.id!r} is aborted at step {item.abort}: the "
+                               "SGLang adapter does not drive aborts")
+        why = served_as_asked(job.config, item)
+        if why is not None:
+            raise AdapterError(why)
+    return {"name": job.name, "config": settings,
+            "requests": [item_dict(w) for w in job.workload], "max_steps": job.max_steps}
+
+
+def record_jobs(jobs: Sequence[Job], sglang_python: Path = DEFAULT_SGLANG_PYTHON,
+                on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
+    """Run SGLang's scheduler on every job in one driver process (SGLang takes seconds to
+    import) and write each job's trace to its `out` path."""
+    if not sglang_python.exists():
+        raise AdapterError(f"{sglang_python}: SGLang's Python environment is missing; "
+                           + SETUP_HINT)
+    inputs = [driver_input(job) for job in jobs]  # problems surface before SGLang runs
+    return run_driver(DRIVER, sglang_python, inputs, "SGLang", SETUP_HINT,
+                      lambda events: assemble(jobs, events, on_step), log_level="ERROR")
+
+
+def record(config: Config, workload: Sequence[WorkItem], out: Path,
+           sglang_python: Path = DEFAULT_SGLANG_PYTHON,
+           max_steps: int | None = None) -> Recorded:
+    """Record one workload; see record_jobs."""
+    job = Job(out.stem, config, workload, out, max_steps)
+    return record_jobs([job], sglang_python)[0]

@@ -1,0 +1,539 @@
+"""Drive SGLang 0.5.23's real scheduler on kvsched workloads; runs with SGLang's own Python.
+
+    <sglang-venv>/bin/python sglang_driver.py JOBS.jsonl
+
+This file imports only the standard library, SGLang and vllm_driver.py beside it (by its
+path, for the process around the jobs and the token contents; never kvsched, which need
+not be installed in SGLang's environment). It reads one job per line of JOBS.jsonl and
+writes raw events, one JSON object per line, to its standard output;
+kvsched.adapters.sglang turns them into trace v1.
+
+NOTE on what runs. SGLang's Scheduler cannot be constructed on a CPU (its __init__ loads
+a model and sizes CUDA pools), but its scheduling methods run unchanged on an object made
+with Scheduler.__new__, as SGLang's own unit tests make one, carrying SGLang's real
+objects: the KV allocator (TokenToKVPoolAllocator, or PagedTokenToKVPoolAllocator above
+page size 1, as kv_cache_configurator.py chooses), the ReqToTokenPool, the
+UnifiedRadixCache (SGLang's tree cache also with the radix cache disabled) and the policy
+objects its own init_chunked_prefill and init_schedule_policy build from the published
+ServerArgs. Each step is Scheduler.event_loop_normal's body (scheduler.py:2026) minus the
+ingest: get_next_batch_to_run (admission, chunked prefill, retraction, priority
+preemption), run_batch, process_batch_result (finishes, KV release, radix insertion), all
+SGLang's own. Only the model is fake (FakeWorker: one token per request in the batch), and
+the collaborators that decide nothing (metrics, output streaming, load publishing) are
+inert. on_idle is reduced to its one scheduling effect: the new-token ratio resets when
+the scheduler is fully idle (scheduler.py:5318).
+
+The loop is the non-overlap one (disable_overlap_schedule): SGLang's default overlap
+loop schedules the next batch before it has processed the last batch's results, so it
+sees a finish one step late; that loop is outside what is recorded
+(docs/conformance/sglang.md says why).
+
+NOTE on tokens: prompts and outputs are vllm_driver.Contents' token ids, so a request
+whose workload prefix names a shared text or an earlier request's whole sequence really
+shares those tokens, and SGLang's own radix tree decides the hits.
+
+NOTE on the clock: SGLang stamps radix nodes with time.monotonic() and priority ties with
+the request's queue entry time; both are in the decision path (LRU eviction, the order of
+equal priorities). The driver replaces SGLang's clock with a logical one that advances by
+one at every reading, so a recording's decisions are the same in every run.
+
+Events:
+    {"job": name, "sglang": version, "config": {...}}   the settings SGLang built with
+    {"step": s, "arrivals": [ids], "preempted": [ids], "mode": "EXTEND"|"DECODE"|"MIXED"|
+     null, "scheduled": [[id, n]], "new_block_ids": {id: [ids]}, "prefix_hits": {id: [ids]},
+     "finished": [ids], "free_pages": n, "evictable_pages": n, "new_token_ratio": x}
+    {"done": name, "complete": bool, "steps": n[, "stopped": "one line"]}
+    {"error": "one line"}    (then exit status 3)
+Page ids are SGLang's own (slot // page_size; id 0 is SGLang's padding page, never
+handed out). A request's pages are read from SGLang's req_to_token row: for a request
+scheduled with prefix length p and extend length e, its new pages are those of row[p:p+e]
+not already in row[:p], and, when it is (re)admitted with nothing computed, its prefix
+hit is the distinct pages of row[:p]. Victims are listed in the order SGLang releases
+them (ScheduleBatch.release_req, hooked: retract_decode and preempt_to_schedule both
+release through it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import itertools
+import os
+import sys
+import types
+from array import array
+from collections import deque
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+SGLANG_VERSION = "0.5.23"
+
+
+class DriverError(Exception):
+    """Something SGLang did that trace v1 cannot say, or SGLang not as expected; one line."""
+
+
+# -- importing SGLang on a CPU torch ------------------------------------------------------
+
+class _Inert:
+    """Any attribute, any call, any base class: what the torchvision stub hands out."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _Inert:
+        return _Inert()
+
+    def __getattr__(self, name: str) -> _Inert:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Inert()
+
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
+        return (object,)
+
+
+class _InertModule(types.ModuleType):
+    def __getattr__(self, name: str) -> _Inert:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Inert()
+
+
+class _Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves an inert `torchvision`: SGLang's config package imports a multimodal helper
+    that imports torchvision at module level (configs/nano_nemotron_vl.py:22 ->
+    multimodal/internvl_utils.py:5), and the registry's torchvision wheels are built for
+    another torch ("operator torchvision::nms does not exist"). The scheduler never
+    calls it."""
+
+    ROOTS = frozenset({"torchvision"})
+
+    def find_spec(self, fullname: str, path: Any = None,
+                  target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname.split(".")[0] in self.ROOTS:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = _InertModule(spec.name)
+        module.__path__ = []
+        module.__version__ = "0.0.0+stub"  # transformers compares torchvision's version
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+def _import_sglang() -> SimpleNamespace:
+    sys.meta_path.insert(0, _Stub())
+    m = importlib.import_module
+    torch = m("torch")
+    torch.set_num_threads(1)
+    g = SimpleNamespace(torch=torch)
+    g.ServerArgs = m("sglang.srt.server_args").ServerArgs
+    g.rc = m("sglang.srt.runtime_context")
+    sched = m("sglang.srt.managers.scheduler")
+    g.Scheduler = sched.Scheduler
+    g.sched_module = sched
+    batch = m("sglang.srt.managers.schedule_batch")
+    g.Req, g.ScheduleBatch = batch.Req, batch.ScheduleBatch
+    g.GenerationBatchResult = m("sglang.srt.managers.utils").GenerationBatchResult
+    g.SamplingParams = m("sglang.srt.sampling.sampling_params").SamplingParams
+    g.TokenAllocator = m("sglang.srt.mem_cache.allocator.token").TokenToKVPoolAllocator
+    g.PagedAllocator = m("sglang.srt.mem_cache.allocator.paged").PagedTokenToKVPoolAllocator
+    g.ReqToTokenPool = m("sglang.srt.mem_cache.memory_pool").ReqToTokenPool
+    g.CacheInitParams = m("sglang.srt.mem_cache.cache_init_params").CacheInitParams
+    g.UnifiedRadixCache = m("sglang.srt.mem_cache.unified_radix_cache").UnifiedRadixCache
+    g.ComponentType = m("sglang.srt.mem_cache.unified_cache.components").ComponentType
+    g.SpeculativeAlgorithm = m("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
+    g.DisaggregationMode = m("sglang.srt.disaggregation.utils").DisaggregationMode
+    g.ResultProcessor = m("sglang.srt.managers.scheduler_components.batch_result_processor"
+                          ).SchedulerBatchResultProcessor
+    g.ModelImpl = m("sglang.srt.model_loader.utils").ModelImpl
+    return g
+
+
+# -- the logical clock --------------------------------------------------------------------
+
+class LogicalClock:
+    """Stands in for time.monotonic/time.time/perf_counter in SGLang's modules: each
+    reading is one more than the last, so every order SGLang takes from the clock (LRU,
+    priority ties) is the order of its readings."""
+
+    def __init__(self) -> None:
+        self._ticks = itertools.count(1)
+
+    def __call__(self) -> float:
+        return float(next(self._ticks))
+
+    def ns(self) -> int:
+        return next(self._ticks)
+
+
+def patch_clock(clock: LogicalClock) -> None:
+    """Give every loaded SGLang module that holds the `time` module a logical one."""
+    fake = types.ModuleType("time")
+    fake.__dict__.update(vars(importlib.import_module("time")))
+    for name in ("monotonic", "time", "perf_counter"):
+        setattr(fake, name, clock)
+    for name in ("monotonic_ns", "time_ns", "perf_counter_ns"):
+        setattr(fake, name, clock.ns)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("sglang") and getattr(module, "time", None) is not None:
+            if isinstance(module.time, types.ModuleType) and module.time.__name__ == "time":
+                module.time = fake
+            for fn in ("monotonic", "perf_counter"):
+                if getattr(module, fn, None) is getattr(importlib.import_module("time"), fn):
+                    setattr(module, fn, clock)
+
+
+# -- building the scheduler ---------------------------------------------------------------
+
+class Inert:
+    """A collaborator that decides nothing (metrics, streaming, load publishing): any
+    method is a no-op. Plain attributes given at construction stay readable and writable
+    (the decode path counts into the metrics reporter; a MagicMock there grows without
+    bound)."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+
+class FakeWorker:
+    """Stands in for the TP worker: one token per request in the batch, chosen by the
+    workload (end-of-sequence at the request's hidden output length)."""
+
+    def __init__(self, g: SimpleNamespace, sample: Any) -> None:
+        self.g = g
+        self.sample = sample
+        self.model_runner = SimpleNamespace(attn_backend=SimpleNamespace(),
+                                            prefill_aware_swa=False,
+                                            ngram_embedding_manager=None,
+                                            canary_manager=None)
+        self.model_config = SimpleNamespace(use_ngram_embedding=False)
+
+    def forward_batch_generation(self, batch: Any, **kwargs: Any) -> Any:
+        ids = [self.sample(r) for r in batch.reqs]
+        return self.g.GenerationBatchResult(
+            next_token_ids=self.g.torch.tensor(ids, dtype=self.g.torch.int64),
+            can_run_cuda_graph=False)
+
+
+def build(g: SimpleNamespace, cfg: dict[str, Any], sample: Any) -> Any:
+    """SGLang's Scheduler on `cfg` (kvsched.adapters.sglang.sglang_settings), with its real
+    allocator, request pool, tree cache and policy objects."""
+    args = g.ServerArgs(
+        model_path="dummy", device="cpu", attention_backend="torch_native",
+        page_size=cfg["page_size"], chunked_prefill_size=cfg["chunked_prefill_size"],
+        max_prefill_tokens=cfg["max_prefill_tokens"],
+        max_running_requests=cfg["max_running_requests"],
+        schedule_policy=cfg["schedule_policy"], disable_overlap_schedule=True,
+        disable_radix_cache=cfg["disable_radix_cache"],
+        enable_mixed_chunk=cfg["enable_mixed_chunk"],
+        max_total_tokens=cfg["max_total_tokens"], skip_tokenizer_init=True,
+        enable_priority_scheduling=cfg["enable_priority_scheduling"])
+    g.rc.reset_context()
+    g.rc.publish(args, role="scheduler")
+    page, total = cfg["page_size"], cfg["max_total_tokens"]
+    torch = g.torch
+    if page == 1:  # kv_cache_configurator.py:2914-2936
+        alloc = g.TokenAllocator(total, dtype=torch.float16, device="cpu", kvcache=None,
+                                 need_sort=False)
+    else:
+        alloc = g.PagedAllocator(total, page_size=page, dtype=torch.float16, device="cpu",
+                                 kvcache=None, need_sort=False)
+    req_pool = g.ReqToTokenPool(size=cfg["max_running_requests"],
+                                max_context_len=cfg["context_len"] + 4, device="cpu",
+                                enable_memory_saver=False)
+    params = g.CacheInitParams(disable=cfg["disable_radix_cache"], req_to_token_pool=req_pool,
+                               token_to_kv_pool_allocator=alloc, page_size=page,
+                               chunked_prefill_size=cfg["chunked_prefill_size"])
+    params.tree_components = (g.ComponentType.FULL,)
+    tree = g.UnifiedRadixCache(params)
+
+    s = g.Scheduler.__new__(g.Scheduler)
+    sc = g.rc.get_schedule()
+    plain = dict(
+        server_args=args, forward_ct=0, processed_tokens_counter=0,
+        schedule_policy=sc.schedule_policy,
+        enable_priority_scheduling=sc.enable_priority_scheduling,
+        abort_on_priority_when_disabled=sc.abort_on_priority_when_disabled,
+        schedule_low_priority_values_first=sc.schedule_low_priority_values_first,
+        priority_scheduling_preemption_threshold=sc.priority_scheduling_preemption_threshold,
+        enable_lora=False, enable_overlap=False, enable_overlap_mlx=False,
+        spec_algorithm=g.SpeculativeAlgorithm.NONE, page_size=page,
+        enable_hierarchical_cache=False, enable_lmcache=False, enable_hicache_storage=False,
+        enable_unified_cache_external_linker=False, enable_hisparse=False,
+        attn_dp_enabled=False, enable_unified_memory=False, device="cpu",
+        model_config=SimpleNamespace(
+            vocab_size=1 << 20, is_encoder_decoder=False, is_multimodal=False,
+            context_len=cfg["context_len"], hf_text_config=SimpleNamespace(),
+            hf_config=SimpleNamespace(architectures=["LlamaForCausalLM"]),
+            _resolved_model_impl=g.ModelImpl.SGLANG, self_opened_think_start_ids=None,
+            think_end_ids=None, num_key_value_heads=1),
+        req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc, tree_cache=tree,
+        is_hybrid_swa=False, is_hybrid_ssm=False,
+        disable_radix_cache=cfg["disable_radix_cache"],
+        max_prefill_tokens=sc.max_prefill_tokens,
+        max_running_requests=cfg["max_running_requests"],
+        # what tp_worker.get_worker_info reports (tp_worker.py:568-572)
+        max_req_len=min(cfg["context_len"] - 1, total - 1),
+        max_new_tokens_limit=None, disaggregation_mode=g.DisaggregationMode.NULL,
+        dllm_config=None, require_mlp_sync=False, truncation_align_size=None,
+        hisparse_coordinator=None, decode_offload_manager=None, max_queued_requests=None,
+        max_total_num_tokens=total, kv_shard_widening=1, sliding_window_size=None)
+    for k, v in plain.items():
+        setattr(s, k, v)
+    s.max_req_input_len = s.max_req_len - 5
+    s.init_chunked_prefill()
+    s.dynamic_chunk_sizer = None
+    s.metrics_reporter = Inert(enable_metrics=False, forward_ct_decode=0,
+                               num_generated_tokens=0, num_retracted_reqs=0,
+                               scheduler_stage_metrics=None)
+    s.init_schedule_policy()
+    s.model_worker = s.tp_worker = FakeWorker(g, sample)
+    s.draft_worker = None
+    s.is_generation = True
+    s.enable_pdmux = False
+    s.forward_stream = torch.cpu.Stream()
+    s.init_overlap()
+    s.init_running_status()
+    s.init_beam_coordinator()
+    s.metrics_collector = None
+    s.load_inquirer = Inert(_get_num_pending_tokens=lambda chunk_deduct=0: 0)
+    s.output_streamer = Inert()
+    s.batch_result_processor = g.ResultProcessor(
+        is_generation=True, disaggregation_mode=s.disaggregation_mode, enable_overlap=False,
+        enable_overlap_mlx=False, model_config=s.model_config,
+        token_to_kv_pool_allocator=alloc, tree_cache=tree, hisparse_coordinator=None,
+        req_to_token_pool=req_pool, decode_offload_manager=None, metrics_collector=None,
+        metrics_reporter=s.metrics_reporter, draft_worker=None, model_worker=s.model_worker,
+        logprob_result_processor=Inert(), output_streamer=s.output_streamer,
+        beam_coordinator=s.beam_coordinator, abort_request=Inert())
+    s.grammar_manager = SimpleNamespace(has_waiting_grammars=lambda: False, grammar_queue=[])
+    for k, v in dict(
+            min_free_slots_delayer=None, lora_drainer=None, enable_fpm=False,
+            scripted_scheduler_hook=None, profiler_manager=Inert(), _sched_idled=False,
+            total_prefill_uncached_tokens=0, total_prefill_busy_us=0,
+            decode_moment_totals=[0.0] * 6, _prev_step=None, _prev_prefill_end_ts=None,
+            _pause_intervals=deque(maxlen=64), _pause_started_at=None,
+            load_snapshot_writer=None, load_publisher=Inert(), pool_stats_observer=Inert(),
+            scheduler_stage_metrics=None).items():
+        setattr(s, k, v)
+    s.ngram_embedding_manager = SimpleNamespace(
+        prepare_for_forward=lambda b, chunked_req=None: b)
+    s.dp_attn_adapter = SimpleNamespace(
+        maybe_prepare_mlp_sync_batch=lambda b, need_sync=False: b,
+        maybe_convert_decode_to_extend=lambda b: b)
+    s.dllm_manager = SimpleNamespace(any_staging_reqs=lambda: False)
+    # as Scheduler.init_model_worker does (scheduler.py:1237)
+    parallel = g.rc.get_parallel()
+    if not parallel.pp_max_micro_batch_size:
+        g.rc.get_context().override(
+            "scheduler.pp_max_micro_batch_size_default",
+            pp_max_micro_batch_size=max(s.max_running_requests // parallel.pp_size, 1))
+    return s
+
+
+def effective_config(s: Any) -> dict[str, Any]:
+    """The settings SGLang's scheduler really runs with, read back from its objects."""
+    tracker = s.new_token_ratio_tracker
+    alloc = s.token_to_kv_pool_allocator
+    return {
+        "page_size": s.page_size,
+        "max_total_tokens": s.max_total_num_tokens,
+        "available_tokens": int(alloc.available_size()),
+        "chunked_prefill_size": s.chunked_prefill_size,
+        "max_prefill_tokens": s.max_prefill_tokens,
+        "max_running_requests": s.max_running_requests,
+        "context_len": s.model_config.context_len,
+        "max_req_len": s.max_req_len,
+        "schedule_policy": str(s.schedule_policy),
+        "enable_priority_scheduling": bool(s.enable_priority_scheduling),
+        "schedule_low_priority_values_first": bool(s.schedule_low_priority_values_first),
+        "priority_scheduling_preemption_threshold":
+            s.priority_scheduling_preemption_threshold,
+        "disable_radix_cache": bool(s.tree_cache.disable),
+        "enable_mixed_chunk": bool(s.is_mixed_chunk),
+        "enable_overlap": bool(s.enable_overlap),
+        "init_new_token_ratio": tracker.init,
+        "min_new_token_ratio": tracker.min,
+        "new_token_ratio_decay": tracker.decay,
+    }
+
+
+# -- one job ------------------------------------------------------------------------------
+
+RELEASED: list[str] = []  # victims in the order SGLang released them, this step
+
+
+def watch_releases(g: SimpleNamespace) -> None:
+    """Hook ScheduleBatch.release_req, through which retract_decode and
+    preempt_to_schedule free a victim's KV, to list victims in true order."""
+    original = g.ScheduleBatch.release_req
+
+    def release_req(self: Any, idx: int, *args: Any, **kwargs: Any) -> Any:
+        RELEASED.append(self.reqs[idx].rid)
+        return original(self, idx, *args, **kwargs)
+
+    g.ScheduleBatch.release_req = release_req
+
+
+def batch_rows(s: Any, batch: Any) -> list[tuple[Any, int, int, list[int], list[int]]]:
+    """(request, prefix length, tokens this step, new page ids, prefix page ids) for each
+    request of a prepared batch, in batch order (the NOTE on page ids)."""
+    page = s.page_size
+    table = s.req_to_token_pool.req_to_token
+    decode = batch.forward_mode.is_decode()
+    rows = []
+    for i, q in enumerate(batch.reqs):
+        if decode:
+            p, e = int(batch.seq_lens_cpu[i]) - 1, 1
+        else:
+            p, e = int(batch.prefix_lens[i]), int(batch.extend_lens[i])
+        slots = table[q.kv.req_pool_idx, : p + e].tolist()
+        old = list(dict.fromkeys(x // page for x in slots[:p]))
+        seen = set(old)
+        new: list[int] = []
+        for x in slots[p:]:
+            pg = x // page
+            if pg not in seen:
+                seen.add(pg)
+                new.append(pg)
+        rows.append((q, p, e, new, old))
+    return rows
+
+
+def run_job(g: SimpleNamespace, v1: Any, job: dict[str, Any], emit: Any) -> None:
+    """Record one job: its header, a step event per step, its done event."""
+    cfg = job["config"]
+    contents = v1.Contents(job["requests"])
+    items = job["requests"]
+    by_arrival: dict[int, list[dict[str, Any]]] = {}
+    for w in items:
+        by_arrival.setdefault(w["arrival"], []).append(w)
+    eos = v1.EOS_TOKEN_ID
+
+    def sample(req: Any) -> int:
+        return int(contents.output(req.rid, len(req.output_ids)))
+
+    s = build(g, cfg, sample)
+    patch_clock(LogicalClock())
+    emit({"job": job["name"], "sglang": importlib.metadata.version("sglang"),
+          "config": effective_config(s)})
+    alloc, page, tree = s.token_to_kv_pool_allocator, s.page_size, s.tree_cache
+    computed: dict[str, int] = {}  # kvsched's C: what each live request has computed
+    live = 0
+    last = max(by_arrival) if by_arrival else 0
+    max_steps = job.get("max_steps")
+    step = 0
+    try:
+        while True:
+            if max_steps is not None and step >= max_steps:
+                emit({"done": job["name"], "complete": False, "steps": step})
+                return
+            if step > last and live == 0:
+                break
+            arrivals = []
+            for w in by_arrival.get(step, []):
+                sp = g.SamplingParams(max_new_tokens=w["max_tokens"])
+                sp.normalize(None)  # as the tokenizer manager does
+                sp.verify(1 << 20)
+                req = g.Req(rid=w["id"], origin_input_text="",
+                            origin_input_ids=array("q", contents.prompt(w["id"])),
+                            sampling_params=sp, eos_token_ids={eos}, vocab_size=1 << 20,
+                            priority=w["priority"] if cfg["enable_priority_scheduling"] else None)
+                s.init_req_max_new_tokens(req)  # SGLang's own clip (scheduler.py:2700)
+                if req.sampling_params.max_new_tokens != w["max_tokens"]:
+                    raise DriverError(f"SGLang clips max_new_tokens of {w['id']} from "
+                                      f"{w['max_tokens']} to {req.sampling_params.max_new_tokens}")
+                s._add_request_to_queue(req)
+                arrivals.append(w["id"])
+                computed[w["id"]] = 0
+                live += 1
+            RELEASED.clear()
+            ratio = float(s.new_token_ratio_tracker.current)
+            plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+            s.running_batch = plan.running_batch
+            batch = plan.batch_to_run
+            preempted = list(RELEASED)
+            for rid in preempted:
+                computed[rid] = 0
+            scheduled, new_pages, hits = [], {}, {}
+            if batch:
+                for q, p, e, new, old in batch_rows(s, batch):
+                    rid = q.rid
+                    if computed[rid] == 0 and p > 0:
+                        hits[rid] = old
+                    elif p != computed[rid]:
+                        raise DriverError(f"SGLang scheduled {rid} from token {p}, but it had "
+                                          f"computed {computed[rid]}")
+                    computed[rid] = p + e
+                    scheduled.append([rid, e])
+                    if new:
+                        new_pages[rid] = new
+                s.process_batch_result(batch, s.run_batch(batch))
+                finished = [q.rid for q in batch.reqs if q.finished()]
+            else:
+                s._sched_idled = True
+                if s.is_fully_idle():  # Scheduler.on_idle's one scheduling effect
+                    s.new_token_ratio_tracker.reset()
+                finished = []
+            s.last_batch = batch
+            for rid in finished:
+                computed.pop(rid, None)
+            live -= len(finished)
+            emit({"step": step, "arrivals": arrivals, "preempted": preempted,
+                  "mode": batch.forward_mode.name if batch else None, "scheduled": scheduled,
+                  "new_block_ids": new_pages, "prefix_hits": hits, "finished": finished,
+                  "free_pages": int(alloc.available_size()) // page,
+                  "evictable_pages": int(tree.evictable_size()) // page,
+                  "new_token_ratio": ratio})
+            step += 1
+    except DriverError as e:
+        emit({"done": job["name"], "complete": False, "steps": step, "stopped": str(e)})
+        return
+    emit({"done": job["name"], "complete": True, "steps": step})
+
+
+def _v1_driver() -> Any:
+    """kvsched.adapters.vllm_driver, the file beside this one: its driver_main is the
+    process around the jobs and its Contents the token ids; loaded by its path, since this
+    script runs in SGLang's Python, isolated, without kvsched installed."""
+    name = "kvsched_vllm_driver"
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().with_name("vllm_driver.py"))
+    if spec is None or spec.loader is None:
+        raise ImportError("vllm_driver.py is missing beside sglang_driver.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str]) -> int:
+    v1 = _v1_driver()
+
+    def run_jobs(jobs: list[dict[str, Any]], emit: Any) -> None:
+        g = _import_sglang()
+        watch_releases(g)
+        for job in jobs:
+            run_job(g, v1, job, emit)
+
+    return int(v1.driver_main(argv, "sglang_driver.py", run_jobs))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
