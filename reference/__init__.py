@@ -10,27 +10,36 @@ kvsched.reference.v0); `scheduler_for` and `reference_scheduler` pick it.
 from kvsched.reference.allocator import BlockAllocator
 from kvsched.reference.requests import LiveRequest, WaitingQueue
 from kvsched.reference.scheduler import ReferenceScheduler, StepPlan
+from kvsched.reference.sglang import SGLangScheduler
 from kvsched.reference.v0 import V0Scheduler
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import Profile, SchedulerKind, get_profile
 
-__all__ = ["BlockAllocator", "LiveRequest", "ReferenceScheduler", "StepPlan", "V0Scheduler",
+__all__ = ["BlockAllocator", "LiveRequest", "ReferenceScheduler", "SGLangScheduler", "StepPlan",
+           "V0Scheduler",
            "WaitingQueue", "reference_scheduler", "scheduler_for"]
 
 
 def scheduler_for(config: Config, knobs: Knobs | None = None,
-                  kind: SchedulerKind = "v1") -> ReferenceScheduler:
+                  kind: SchedulerKind = "v1") -> ReferenceScheduler | SGLangScheduler:
     """The reference scheduler of `kind` (a profile's `scheduler`: "v1", vLLM v1's step;
-    "v0", vLLM V0's) on `config` with `knobs`."""
+    "v0", vLLM V0's; "sglang", SGLang's) on `config` with `knobs`. ValueError for a config
+    whose step the kind's scheduler does not take (vLLM's steps always mix)."""
+    if kind == "sglang":
+        return SGLangScheduler(config, knobs)
+    if kind not in ("v1", "v0"):
+        raise ValueError(f"scheduler must be one of v1, v0, sglang, got {kind!r}")
+    if config.step_mix != "any":
+        raise ValueError(f"vLLM's steps run decodes and prefills together: config step_mix "
+                         f"{config.step_mix} is SGLang's; use an sglang profile")
     if kind == "v0":
         return V0Scheduler(config, knobs)
-    if kind != "v1":
-        raise ValueError(f"scheduler must be one of v1, v0, got {kind!r}")
     return ReferenceScheduler(config, knobs)
 
 
-def reference_scheduler(profile: Profile | str, config: Config) -> ReferenceScheduler:
+def reference_scheduler(profile: Profile | str, config: Config
+                        ) -> ReferenceScheduler | SGLangScheduler:
     """The reference with `profile`'s knobs and scheduler (a Profile or its name) on
     `config` as given: configure the config with `profile.configure` first for the
     profile's defaults."""

@@ -68,6 +68,58 @@ class CostModel:
         return self.swap_seconds(1) * self.prefill_tokens_per_s
 
 
+# SGLang's retraction victim: the request with the fewest outputs (ties: the longest
+# prompt), or the last one in the running batch.
+RetractVictim = Literal["fewest_outputs", "last"]
+RETRACT_VICTIMS: tuple[RetractVictim, ...] = ("fewest_outputs", "last")
+# Where a retracted or preempted request rejoins the waiting queue.
+Requeue = Literal["back", "front"]
+REQUEUES: tuple[Requeue, ...] = ("back", "front")
+
+
+@dataclass(frozen=True)
+class SGLangKnobs:
+    """The rules of SGLang's step (kvsched.reference.sglang; docs/spec.md, SGLang's
+    step), with SGLang 0.5.23's values as defaults. vLLM's steps ignore them.
+
+    new_token_ratio: the first value of the ratio that discounts running requests'
+        future output in admission (SGLANG_INIT_NEW_TOKEN_RATIO x conservativeness).
+    min_ratio_factor: the ratio's floor as a fraction of its first value.
+    decay_steps: decode steps the ratio takes to fall from its first value to its floor.
+    decay: whether the ratio decays at all (each decode step that retracts nothing).
+    retract_decode_steps: the outputs a retraction's new ratio assumes each survivor
+        still makes, and the tokens per remaining request evicted from the radix cache
+        after each victim (SGLANG_RETRACT_DECODE_STEPS).
+    clip_max_new_tokens: the most future output any request reserves
+        (CLIP_MAX_NEW_TOKENS).
+    reserve_output: whether admission reserves future output at all (new requests
+        their whole max_new_tokens, running ones ratio x what they have left).
+    page_budget: whether the prefill budgets are charged page-rounded extends.
+    misfit: a waiting request that does not fit "stop"s the prefill pass (SGLang's
+        head-of-line blocking) or is "skip"ped.
+    retract_victim: which decoding request a full cache retracts first.
+    requeue: where a victim rejoins the waiting queue.
+    higher_priority_first: under the priority policy a higher value is more urgent
+        (SGLang's default; --schedule-low-priority-values-first turns it round).
+    priority_preemption_threshold: a waiting request preempts running ones whose
+        priority is worse by more than this (priority_scheduling_preemption_threshold).
+    """
+
+    new_token_ratio: float = 0.7
+    min_ratio_factor: float = 0.14
+    decay_steps: int = 600
+    decay: bool = True
+    retract_decode_steps: int = 20
+    clip_max_new_tokens: int = 4096
+    reserve_output: bool = True
+    page_budget: bool = True
+    misfit: OverBudgetPrompt = "stop"
+    retract_victim: RetractVictim = "fewest_outputs"
+    requeue: Requeue = "back"
+    higher_priority_first: bool = True
+    priority_preemption_threshold: int = 10
+
+
 @dataclass(frozen=True)
 class Knobs:
     """A scheduler's choices where engines differ; the defaults are vLLM v1's.
@@ -115,6 +167,7 @@ class Knobs:
         the pass ends, under fcfs in the reverse of the order they were skipped
         (vLLM 0.11's skipped queue is built by prepending, then prepended reversed).
     cost: the cost model `auto` preemption decides by.
+    sglang: the rules of SGLang's step (SGLangKnobs), which only that step reads.
     """
 
     victim: Victim = "policy"
@@ -129,6 +182,7 @@ class Knobs:
     free_order: FreeOrder = "uncached_first"
     over_budget_prompt: OverBudgetPrompt = "stop"
     cost: CostModel = field(default_factory=CostModel)
+    sglang: SGLangKnobs = field(default_factory=SGLangKnobs)
 
     def problems(self) -> list[str]:
         """Every way these knobs are malformed (a rule read from text), one sentence each

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from kvsched.spec.knobs import Knobs
-from kvsched.spec.model import Allocation, Config, PreemptionMode, WatermarkScope
+from kvsched.spec.model import Allocation, Config, PreemptionMode, StepMix, WatermarkScope
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class ConfigDefaults:
     prefix_caching: bool | None = None
     allocation: Allocation | None = None
     watermark_scope: WatermarkScope | None = None
+    step_mix: StepMix | None = None
 
     def apply(self, config: Config, given: frozenset[str] = frozenset()) -> Config:
         """`config` with these defaults for every field not in `given`, each computed from
@@ -51,6 +52,8 @@ class ConfigDefaults:
             out = replace(out, allocation=self.allocation)
         if self.watermark_scope is not None and "watermark_scope" not in given:
             out = replace(out, watermark_scope=self.watermark_scope)
+        if self.step_mix is not None and "step_mix" not in given:
+            out = replace(out, step_mix=self.step_mix)
         return out
 
     def describe(self) -> str:
@@ -68,14 +71,18 @@ class ConfigDefaults:
             parts.append(f"allocation={self.allocation}")
         if self.watermark_scope is not None:
             parts.append(f"watermark_scope={self.watermark_scope}")
+        if self.step_mix is not None:
+            parts.append(f"step_mix={self.step_mix}")
         return ", ".join(parts) or "-"
 
 
 # Which scheduler's step a profile's rules are: vLLM v1's (running first, then swapped
 # and waiting, as the knobs say; kvsched.reference.ReferenceScheduler) or vLLM V0's
 # (prefill and decode stages; kvsched.reference.v0.V0Scheduler).
-SchedulerKind = Literal["v1", "v0"]
-SCHEDULER_KINDS: tuple[SchedulerKind, ...] = ("v1", "v0")
+# SGLang's (prefill or decode steps, reserved future output, retraction;
+# kvsched.reference.sglang.SGLangScheduler).
+SchedulerKind = Literal["v1", "v0", "sglang"]
+SCHEDULER_KINDS: tuple[SchedulerKind, ...] = ("v1", "v0", "sglang")
 
 
 @dataclass(frozen=True)
@@ -309,6 +316,16 @@ PROFILES: dict[str, Profile] = {
                        "swap (--profile vllm-v0 --preemption swap)",
             fixes=frozenset({"preemption"}),
             scheduler="v0",
+        ),
+        Profile(
+            "sglang@0.5.23",
+            "SGLang 0.5.23's scheduler: prefill or decode steps, admission that reserves "
+            "future output (new_token_ratio), one chunked request, retraction of the "
+            "fewest outputs, priority higher first (radix cache not modelled yet)",
+            Knobs(),
+            ConfigDefaults(preemption="recompute", prefix_caching=False,
+                           step_mix="prefill_or_decode"),
+            scheduler="sglang",
         ),
         Profile(
             "sarathi",

@@ -1,0 +1,419 @@
+"""SGLang's scheduler: the step of sglang/srt/managers/scheduler.py in SGLang 0.5.23,
+which profile sglang@0.5.23 reproduces (its `scheduler` is "sglang"). Source lines are
+that release's (docs/conformance/sglang.md).
+
+NOTE on the algorithm. Memory is counted in tokens held in pages of block_size tokens.
+A step is a prefill step or a decode step, never both (config step_mix
+prefill_or_decode; get_next_batch_to_run, scheduler.py:3894):
+
+1. the last prefill step's requests join the running batch, at its end, except the
+   request still being chunked (scheduler.py:3911-3961); finished requests leave it;
+   a batch that shrank is no longer "full";
+2. the prefill pass (_get_new_batch_prefill_raw, :4079), unless the running batch is
+   marked full or nothing waits, and no request is being chunked. Its budgets: the
+   input and chunk budgets (max_num_batched_tokens), charged each admission's extend
+   rounded up to whole pages, and the memory budget, free tokens less the reserved
+   future: each running request min(max_tokens - outputs, 4096) x ratio, each
+   admission this pass its pages, a page and (unless it is a cut chunk) its whole
+   min(max_tokens, 4096). The chunked request goes first with what the chunk budget
+   and memory leave (or the chunk budget, when memory leaves nothing). Then the waiting
+   queue in order: a request is admitted when extend + min(max_tokens - outputs, 4096)
+   + page < the memory budget; if its pages exceed the chunk budget it is cut to whole
+   pages and becomes the chunked request; the first one that does not fit ends the pass
+   (SGLang's head-of-line blocking), and marks the running batch full;
+3. a step with admissions runs them alone; with step_mix mixed_chunk the running
+   requests' decodes join it when all their next pages are free (:4375);
+4. otherwise the running batch decodes (update_running_batch, :4459): if its next
+   pages are not free it retracts, by recompute, the request with the fewest outputs
+   (ties: the longest prompt, then the later in the batch), then more until the rest
+   fit, always keeping one; the victims rejoin the waiting queue at its end and the
+   survivors decode in that order; the ratio becomes min(1, (outputs + 20 x n) /
+   (sum of max_tokens + 1)) over the n survivors. A decode step that retracts nothing
+   lowers the ratio by (0.7 - 0.098) / 600, down to 0.098; a fully idle step (nothing
+   running, waiting or chunked, and nothing run the step before) resets it to 0.7.
+
+Under the priority policy the waiting queue is sorted by priority, the higher value
+first, then by when each request (re)joined it; at the running-request limit a waiting
+request may preempt running ones whose priority is lower by more than 10, the lowest
+first (preempt_to_schedule, schedule_policy.py:1707).
+
+The rules are kvsched.spec.knobs.SGLangKnobs, so that each can be flipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from itertools import count
+
+from kvsched.spec.knobs import Knobs, SGLangKnobs
+from kvsched.spec.model import Config, Decision, Preemption, Request, RequestView, Status
+
+
+@dataclass(eq=False)
+class SGLangRequest:
+    """A live request as SGLang's Req holds it: its outputs, its committed KV (C) and
+    the pages it holds; `entry` orders queue entries (SGLang's wait_queue_entry_time)."""
+
+    request: Request
+    outputs: int = 0
+    computed: int = 0
+    pages: list[int] = field(default_factory=list)
+    entry: int = 0
+    preemptions: int = 0
+    status: Status = Status.WAITING
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def known(self) -> int:
+        """Prompt and outputs: SGLang's fill_ids."""
+        return self.request.prompt_len + self.outputs
+
+
+class SGLangScheduler:
+    """SGLang 0.5.23's step (the module's NOTE) on `config`, its rules `knobs.sglang`."""
+
+    def __init__(self, config: Config, knobs: Knobs | None = None) -> None:
+        if config.prefix_caching:
+            raise ValueError("the sglang step does not model SGLang's radix cache yet: "
+                             "replay traces recorded with prefix_caching off")
+        if config.step_mix == "any":
+            raise ValueError("SGLang's steps run prefill work or decodes: config step_mix "
+                             "must be prefill_or_decode or mixed_chunk")
+        self.config = config
+        self.rules: SGLangKnobs = (knobs or Knobs()).sglang
+        r = self.rules
+        self.init_ratio = min(r.new_token_ratio, 1.0)
+        self.min_ratio = min(self.init_ratio * r.min_ratio_factor, 1.0)
+        self.decay = (self.init_ratio - self.min_ratio) / r.decay_steps
+        self.ratio = self.init_ratio
+        self.page = config.block_size
+        self.free_pages = list(range(config.first_block_id,
+                                     config.first_block_id + config.num_gpu_blocks))
+        self.live: dict[str, SGLangRequest] = {}
+        self.waiting: list[SGLangRequest] = []
+        self.running: list[SGLangRequest] = []
+        self.chunked: SGLangRequest | None = None
+        self.last_batch: list[SGLangRequest] = []
+        self.last_was_prefill = False
+        self.batch_is_full = False
+        self.entries = count()
+        self.sampled: list[SGLangRequest] = []
+
+    # -- the Scheduler interface --------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.id in self.live:
+            raise ValueError(f"request {request.id!r} is already live")
+        self._queue(SGLangRequest(request))
+
+    def abort_request(self, request_id: str) -> None:
+        raise ValueError("the sglang step does not model aborts")
+
+    def free_blocks(self) -> int:
+        return len(self.free_pages)
+
+    def states(self) -> dict[str, RequestView]:
+        return {rid: RequestView(r.status, r.known, r.computed, len(r.pages), 0,
+                                 r.preemptions) for rid, r in self.live.items()}
+
+    def has_unfinished(self) -> bool:
+        return bool(self.live)
+
+    def block_table(self, request_id: str) -> tuple[int, ...]:
+        r = self.live.get(request_id)
+        return tuple(r.pages) if r is not None else ()
+
+    def host_table(self, request_id: str) -> tuple[int, ...]:
+        return ()
+
+    def free_gpu_ids(self) -> tuple[int, ...]:
+        return tuple(self.free_pages)
+
+    def free_host_ids(self) -> tuple[int, ...]:
+        return ()
+
+    def schedule(self) -> Decision:
+        self._merge_last_batch()
+        preempted: list[Preemption] = []
+        new_blocks: dict[str, tuple[int, ...]] = {}
+        batch = self._prefill_pass(preempted, new_blocks)
+        if batch is not None:
+            scheduled = batch
+            self.last_was_prefill = True
+        else:
+            self.last_was_prefill = False
+            scheduled = self._decode(preempted, new_blocks) if self.running else []
+            if not scheduled and self._fully_idle():
+                self.ratio = self.init_ratio
+        self.last_batch = [self.live[rid] for rid, _ in scheduled]
+        self.sampled = [r for r in self.last_batch if r.computed == r.known]
+        return Decision(preempted=tuple(preempted), scheduled=tuple(scheduled),
+                        sampled=tuple(r.id for r in self.sampled), new_blocks=new_blocks)
+
+    def update(self, stopped: Collection[str]) -> tuple[str, ...]:
+        done = []
+        for r in self.sampled:
+            r.outputs += 1
+            if r.id in stopped or r.outputs >= r.request.max_tokens:
+                self._release(r)
+                r.status = Status.FINISHED
+                del self.live[r.id]
+                done.append(r.id)
+        self.sampled = []
+        return tuple(done)
+
+    # -- pages ----------------------------------------------------------------------------
+
+    def _pages_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.page)
+
+    def _free_tokens(self) -> int:
+        return len(self.free_pages) * self.page
+
+    def _compute(self, r: SGLangRequest, n: int, new_blocks: dict[str, tuple[int, ...]]
+                 ) -> None:
+        """`n` more tokens of `r` computed: the pages they need, from the free list's
+        head."""
+        need = self._pages_for(r.computed + n) - len(r.pages)
+        if need > len(self.free_pages):
+            raise ValueError(f"{r.id} needs {need} pages, {len(self.free_pages)} are free")
+        taken, self.free_pages = self.free_pages[:need], self.free_pages[need:]
+        r.pages += taken
+        r.computed += n
+        if taken:
+            new_blocks[r.id] = tuple(taken)
+
+    def _release(self, r: SGLangRequest) -> None:
+        self.free_pages += r.pages
+        r.pages = []
+
+    def _queue(self, r: SGLangRequest, front: bool = False) -> None:
+        r.status = Status.WAITING
+        r.entry = next(self.entries)
+        self.live[r.id] = r
+        if front:
+            self.waiting.insert(0, r)
+        else:
+            self.waiting.append(r)
+
+    # -- the step -------------------------------------------------------------------------
+
+    def _merge_last_batch(self) -> None:
+        """The last prefill step's requests join the running batch (step 1)."""
+        if self.last_was_prefill:
+            joining = [r for r in self.last_batch
+                       if r.id in self.live and r is not self.chunked]
+            if len(joining) < len(self.last_batch):
+                self.batch_is_full = False
+            if joining and not self.running:
+                # The last batch becomes the running batch, with its own flag.
+                self.batch_is_full = False
+            self.running += [r for r in joining if r not in self.running]
+        before = len(self.running)
+        self.running = [r for r in self.running if r.id in self.live]
+        if len(self.running) < before:
+            self.batch_is_full = False
+
+    def _clip(self, tokens: int) -> int:
+        return min(tokens, self.rules.clip_max_new_tokens)
+
+    def _reserved(self, r: SGLangRequest) -> float:
+        """A running request's reserved future output."""
+        if not self.rules.reserve_output:
+            return 0.0
+        return self._clip(r.request.max_tokens - r.outputs) * self.ratio
+
+    def _charge(self, tokens: int) -> int:
+        """What an extend of `tokens` costs the budgets: its pages' tokens."""
+        return self._pages_for(tokens) * self.page if self.rules.page_budget else tokens
+
+    def _prefill_pass(self, preempted: list[Preemption],
+                      new_blocks: dict[str, tuple[int, ...]]) -> list[tuple[str, int]] | None:
+        config, page, rules = self.config, self.page, self.rules
+        priority = config.policy == "priority"
+        if priority or not self.running:
+            self.batch_is_full = False
+        if (self.batch_is_full or not self.waiting) and self.chunked is None:
+            return None
+        seats = config.max_num_seqs - len(self.running) - (self.chunked is not None)
+        if seats <= 0 and self.chunked is None and not priority:
+            self.batch_is_full = True
+            return None
+        if priority:
+            sign = -1 if rules.higher_priority_first else 1
+            self.waiting.sort(key=lambda r: (sign * r.request.priority, r.entry))
+        mixed = len(self.running) if config.step_mix == "mixed_chunk" else 0
+        rem_input = config.max_num_batched_tokens - mixed
+        rem_chunk: int | None = (config.max_num_batched_tokens - mixed
+                                 if config.chunked_prefill else None)
+        total_offset: float = mixed + sum(self._reserved(r) for r in self.running)
+        current_offset = mixed
+        admitted: list[tuple[SGLangRequest, int]] = []
+        victims: list[SGLangRequest] = []
+        new_chunked: SGLangRequest | None = None
+
+        def remaining_total() -> float:
+            return self._free_tokens() - total_offset
+
+        def reserve(extend: int, max_new: int) -> None:
+            nonlocal total_offset, current_offset, rem_input, rem_chunk
+            immediate = self._pages_for(extend) * page + page
+            total_offset += immediate + (max_new if rules.reserve_output else 0)
+            current_offset += immediate
+            rem_input -= self._charge(extend)
+            if rem_chunk is not None:
+                rem_chunk -= self._charge(extend)
+
+        def state() -> str:
+            if remaining_total() <= 0 or self._free_tokens() - current_offset <= 0:
+                return "no_token"
+            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+                return "other"
+            return "continue"
+
+        chunked = self.chunked
+        if chunked is not None:
+            assert rem_chunk is not None
+            extend = chunked.known - chunked.computed
+            left = min(rem_chunk, int(remaining_total()))
+            room = left if left > 0 else rem_chunk
+            cut = extend > room
+            n = min(extend, room)
+            admitted.append((chunked, n))
+            reserve(n, 0 if cut else self._clip(chunked.request.max_tokens))
+            self.chunked = chunked if cut else None
+        for r in self.waiting:
+            if state() == "other":
+                break
+            if len(self.running) + len(admitted) >= config.max_num_seqs:
+                self.batch_is_full = True
+            if self.batch_is_full:
+                freed = self._preempt_for(r, remaining_total(), victims) if priority \
+                    else None
+                if freed is None:
+                    break
+                total_offset -= freed
+            extend = r.known
+            max_new = self._clip(max(r.request.max_tokens - r.outputs, 0))
+            total = extend + (max_new if rules.reserve_output else 0) + page
+            if not total < remaining_total():
+                if rules.misfit == "skip":
+                    continue
+                self.batch_is_full = bool(admitted) or bool(self.running)
+                break
+            if rem_chunk is None and admitted and self._charge(extend) >= rem_input:
+                break
+            reserve_new = self._clip(r.request.max_tokens)
+            if rem_chunk is not None and self._charge(extend) > rem_chunk:
+                n = rem_chunk // page * page
+                if n <= 0:
+                    break
+                admitted.append((r, n))
+                new_chunked = r
+                reserve(n, 0)
+            else:
+                admitted.append((r, extend))
+                reserve(extend, reserve_new)
+            if state() != "continue":
+                if state() == "no_token":
+                    self.batch_is_full = bool(admitted) or bool(self.running)
+                break
+        chosen = {r.id for r, _ in admitted}
+        self.waiting = [r for r in self.waiting if r.id not in chosen]
+        for v in victims:  # requeued even when nobody was admitted
+            self._queue(v, front=rules.requeue == "front")
+            preempted.append(Preemption(v.id, "recompute"))
+        if not admitted:
+            return None
+        if new_chunked is not None:
+            self.chunked = new_chunked
+        scheduled: list[tuple[str, int]] = []
+        for r, n in admitted:
+            r.status = Status.RUNNING
+            self._compute(r, n, new_blocks)
+            scheduled.append((r.id, n))
+        if config.step_mix == "mixed_chunk" and self.running \
+                and self._decode_fits(self.running):
+            for r in self.running:  # they rejoin from the last batch, after the admitted
+                self._compute(r, 1, new_blocks)
+                scheduled.append((r.id, 1))
+            self.running = []
+        return scheduled
+
+    def _preempt_for(self, r: SGLangRequest, rem_total: float,
+                     victims: list[SGLangRequest]) -> float | None:
+        """Priority preemption at the running-request limit (preempt_to_schedule): the
+        future output the victims had reserved, or None when `r` preempts nobody."""
+        rules = self.rules
+        sign = -1 if rules.higher_priority_first else 1
+        ranked = sorted((x for x in self.running if x not in victims),
+                        key=lambda x: (-sign * x.request.priority, -x.entry))
+        need = (r.known + self._clip(r.request.max_tokens) - rem_total)
+        chosen: list[SGLangRequest] = []
+        for x in ranked:
+            if (r.request.priority - x.request.priority) * -sign \
+                    > rules.priority_preemption_threshold:
+                chosen.append(x)
+                need -= self._reserved(x)
+                if need <= 0:
+                    break
+            else:
+                break
+        if not chosen or need > 0:
+            return None
+        freed = 0.0
+        for x in [x for x in self.running if x in chosen]:  # in batch order
+            freed += self._reserved(x)
+            self._retract(x)
+            victims.append(x)
+        self.running = [x for x in self.running if x not in chosen]
+        return freed
+
+    def _retract(self, r: SGLangRequest) -> None:
+        self._release(r)
+        r.computed = 0
+        r.preemptions += 1
+
+    def _decode_fits(self, batch: list[SGLangRequest]) -> bool:
+        need = sum(1 for r in batch if r.computed % self.page == 0)
+        return need <= len(self.free_pages)
+
+    def _decode(self, preempted: list[Preemption],
+                new_blocks: dict[str, tuple[int, ...]]) -> list[tuple[str, int]]:
+        rules = self.rules
+        initial = len(self.running)
+        if not self._decode_fits(self.running):
+            if rules.retract_victim == "fewest_outputs":
+                order = sorted(self.running, key=lambda r: (r.outputs, -r.request.prompt_len),
+                               reverse=True)
+            else:
+                order = list(self.running)
+            first = True
+            while first or not self._decode_fits(order):
+                if len(order) == 1:
+                    break
+                first = False
+                victim = order.pop()
+                self._retract(victim)
+                preempted.append(Preemption(victim.id, "recompute"))
+                self._queue(victim, front=rules.requeue == "front")
+            self.running = order
+            n = len(order)
+            self.ratio = min(1.0, (sum(r.outputs for r in order) + rules.retract_decode_steps
+                                   * n) / (sum(r.request.max_tokens for r in order) + 1))
+        elif rules.decay:
+            self.ratio = max(self.ratio - self.decay, self.min_ratio)
+        if len(self.running) < initial:
+            self.batch_is_full = False
+        for r in self.running:
+            self._compute(r, 1, new_blocks)
+        return [(r.id, 1) for r in self.running]
+
+    def _fully_idle(self) -> bool:
+        return (not self.running and self.chunked is None and not self.last_batch
+                and not self.waiting)
