@@ -61,6 +61,11 @@ class SGLangRequest:
     computed: int = 0
     pages: list[int] = field(default_factory=list)
     entry: int = 0
+    # The known tokens when SGLang last refreshed the request's fill ids (trying it for
+    # admission, continuing its chunk, mixing its decode); 0 until it is first tried.
+    # Priority preemption sizes a waiting request's need by it (the fill ids of a fresh
+    # request are empty, and a victim's are those of its last admission).
+    fill: int = 0
     preemptions: int = 0
     status: Status = Status.WAITING
 
@@ -279,6 +284,7 @@ class SGLangScheduler:
         chunked = self.chunked
         if chunked is not None:
             assert rem_chunk is not None
+            chunked.fill = chunked.known
             extend = chunked.known - chunked.computed
             left = min(rem_chunk, int(remaining_total()))
             room = left if left > 0 else rem_chunk
@@ -298,6 +304,7 @@ class SGLangScheduler:
                 if freed is None:
                     break
                 total_offset -= freed
+            r.fill = r.known
             extend = r.known
             max_new = self._clip(max(r.request.max_tokens - r.outputs, 0))
             total = extend + (max_new if rules.reserve_output else 0) + page
@@ -340,6 +347,7 @@ class SGLangScheduler:
         if config.step_mix == "mixed_chunk" and self.running \
                 and self._decode_fits(self.running):
             for r in self.running:  # they rejoin from the last batch, after the admitted
+                r.fill = r.known
                 self._compute(r, 1, new_blocks)
                 scheduled.append((r.id, 1))
             self.running = []
@@ -353,7 +361,7 @@ class SGLangScheduler:
         sign = -1 if rules.higher_priority_first else 1
         ranked = sorted((x for x in self.running if x not in victims),
                         key=lambda x: (-sign * x.request.priority, -x.entry))
-        need = (r.known + self._clip(r.request.max_tokens) - rem_total)
+        need = r.fill + self._clip(r.request.max_tokens) - rem_total
         chosen: list[SGLangRequest] = []
         for x in ranked:
             if (r.request.priority - x.request.priority) * -sign \
