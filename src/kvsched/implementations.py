@@ -20,10 +20,10 @@ import sys
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
-from kvsched.reference import ReferenceScheduler, scheduler_for
+from kvsched.reference import ReferenceScheduler, SGLangScheduler, scheduler_for
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
-from kvsched.spec.profiles import Profile, SchedulerKind, get_profile
+from kvsched.spec.profiles import SCHEDULER_ENGINES, Profile, SchedulerKind, get_profile
 
 if TYPE_CHECKING:
     from kvsched.spec.checker import Report
@@ -57,7 +57,8 @@ def note(message: str) -> None:
 
 # -- schedulers ----------------------------------------------------------------------
 
-def profile_scheduler(profile: Profile | str, config: Config) -> ReferenceScheduler:
+def profile_scheduler(profile: Profile | str, config: Config
+                      ) -> ReferenceScheduler | SGLangScheduler:
     """The scheduler that replays `profile` (a Profile or its name) on `config` as given:
     the reference of the profile's step, with its knobs."""
     chosen = get_profile(profile) if isinstance(profile, str) else profile
@@ -76,8 +77,9 @@ def build_scheduler(implementation: str, config: Config, knobs: Knobs | None = N
         raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, "
                          f"got {implementation!r}")
     if kind != "v1":
-        raise ValueError(f"the {implementation} scheduler does not implement vLLM V0's "
-                         "scheduler: use the reference scheduler")
+        raise ValueError(f"the {implementation} scheduler does not implement "
+                         f"{SCHEDULER_ENGINES[kind]}'s scheduler: use the reference "
+                         "scheduler")
     if implementation == "compiled":
         from kvsched.optimized.compiled import CompiledScheduler
 
@@ -168,7 +170,9 @@ def replay_refused(profile: str) -> str | None:
     except ImportError:
         return "is not built here (kvsched was installed without a C++ compiler)"
     chosen = get_profile(profile)
-    if chosen.scheduler != "v1" or unsupported_knobs(chosen.knobs) is not None:
+    if chosen.scheduler != "v1":
+        return f"does not implement {SCHEDULER_ENGINES[chosen.scheduler]}'s rules"
+    if unsupported_knobs(chosen.knobs) is not None:
         return "does not implement vLLM V0's rules"
     return None
 

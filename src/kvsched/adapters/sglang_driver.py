@@ -124,7 +124,7 @@ class _Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         module = _InertModule(spec.name)
         module.__path__ = []
-        module.__version__ = "0.0.0+stub"  # transformers compares torchvision's version
+        module.__dict__["__version__"] = "0.0.0+stub"  # transformers compares its version
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -185,13 +185,17 @@ def patch_clock(clock: LogicalClock) -> None:
         setattr(fake, name, clock)
     for name in ("monotonic_ns", "time_ns", "perf_counter_ns"):
         setattr(fake, name, clock.ns)
+    real = importlib.import_module("time")
     for name, module in list(sys.modules.items()):
-        if name.startswith("sglang") and getattr(module, "time", None) is not None:
-            if isinstance(module.time, types.ModuleType) and module.time.__name__ == "time":
-                module.time = fake
-            for fn in ("monotonic", "perf_counter"):
-                if getattr(module, fn, None) is getattr(importlib.import_module("time"), fn):
-                    setattr(module, fn, clock)
+        if not name.startswith("sglang"):
+            continue
+        held = getattr(module, "time", None)
+        if isinstance(held, types.ModuleType) and held.__name__ == "time":
+            setattr(module, "time", fake)  # noqa: B010
+        for fn in ("monotonic", "perf_counter"):  # `from time import monotonic`
+            got = getattr(module, fn, None)
+            if got is getattr(real, fn) or isinstance(got, LogicalClock):
+                setattr(module, fn, clock)
 
 
 # -- building the scheduler ---------------------------------------------------------------

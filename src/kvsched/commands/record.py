@@ -1,4 +1,4 @@
-"""`kvsched record vllm|vllm-v0`: drive a real engine's scheduler on a workload
+"""`kvsched record vllm|vllm-v0|sglang`: drive a real engine's scheduler on a workload
 (`kvsched record vllm --release X`: vLLM release X's, from its own environment).
 
 Loaded when the command is named (kvsched.cli.Group).
@@ -155,4 +155,44 @@ def record_vllm_v0(workload_path: Path, out_path: Path, vllm_python: Path | None
         err.print(Text(f"kvsched: V0 stalled from step {result.stalled}: it decides nothing "
                        "more with requests left (the trace ends there; kvsched check names "
                        "them)"))
+        sys.exit(1)
+
+
+@record.command("sglang")
+@click.option("--workload", "workload_path", type=click.Path(path_type=Path), required=True,
+              help="Workload JSONL file.")
+@click.option("--out", "out_path", type=click.Path(path_type=Path), required=True,
+              help="Write the trace here (JSON Lines).")
+@click.option("--sglang-python", type=click.Path(path_type=Path), default=None,
+              help="Python of SGLang's own environment [default: .venv-sglang/bin/python; "
+                   "make sglang-env creates it].")
+@click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
+@config_options
+def record_sglang(workload_path: Path, out_path: Path, sglang_python: Path | None,
+                  max_steps: int | None, **config_given: Any) -> None:
+    """Record SGLang 0.5.23's real scheduler (in its own environment) on a workload.
+
+    Config defaults as profile sglang@0.5.23 sets them: step_mix prefill_or_decode
+    (--step-mix mixed_chunk is SGLang's --enable-mixed-chunk), preemption recompute,
+    prefix caching off (--prefix-caching turns SGLang's radix cache on); a block is one
+    of SGLang's pages. Check the trace with `kvsched check --profile sglang@0.5.23`."""
+    from kvsched.adapters.sglang import DEFAULT_SGLANG_PYTHON
+    from kvsched.adapters.sglang import record as record_with_sglang
+    from kvsched.adapters.vllm import AdapterError
+
+    config, workload = recording("sglang@0.5.23", workload_path, out_path, max_steps,
+                                 config_given)
+    try:
+        result = record_with_sglang(config, workload, out_path,
+                                    sglang_python or DEFAULT_SGLANG_PYTHON, max_steps)
+    except AdapterError as e:
+        fail(str(e))
+    out.print(f"trace written to {out_path}: SGLang {result.engine.get('version', '?')}, "
+              f"{result.steps} steps, {len(workload)} requests, {result.preemptions} "
+              "retractions and preemptions"
+              + ("" if result.complete else " (stopped early: no end line)"))
+    if result.stopped is not None:
+        err.print(Text(f"kvsched: SGLang did something in step {result.steps} that trace "
+                       f"v1 cannot say: {printable(result.stopped)} (the trace holds the "
+                       "steps before it)"))
         sys.exit(1)

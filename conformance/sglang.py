@@ -1,0 +1,324 @@
+"""`make conformance-sglang`: record SGLang 0.5.23's real scheduler on a suite of
+workloads and check every trace at the MUST level and against profile sglang@0.5.23.
+
+    python -m conformance.sglang [--out DIR] [--sglang-python PATH]
+        [--random N] [--seed S] [--keep] [--list] [NAME...]
+
+Named cases first, then N small random ones (seeds S..S+N-1; none when names are given),
+all recorded in one SGLang process. Exit 0 when every trace is complete, MUST-clean and
+equal to the profile step for step (hits included); when every rule of the profile,
+flipped, makes some named case diverge (sensitivity: agreement would prove less than it
+seems otherwise); and when every trace that the store (tests/data/sglang/) keeps for its
+case has the kept step lines, byte for byte (the store is what SGLang really does, and
+SGLang's decisions are the same in every run). Exit 1 otherwise, 2 on bad input or a
+missing SGLang environment. `--keep` writes the traces into the store instead of
+comparing them; `make test` checks the store again without SGLang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from conformance.vllm import Variant, Verdict, check_stream, line, print_sensitivity, summary
+from kvsched.adapters.sglang import DEFAULT_SGLANG_PYTHON, record_jobs, served_as_asked
+from kvsched.adapters.vllm import AdapterError, Job
+from kvsched.spec.model import Config
+from kvsched.spec.profiles import get_profile
+from kvsched.workload import WorkItem, validate
+
+PROFILE = "sglang@0.5.23"
+ROOT = Path(__file__).resolve().parent.parent
+STORE = ROOT / "tests" / "data" / "sglang"
+DEFAULT_OUT = Path("build/conformance-sglang")
+DEFAULT_RANDOM = 200
+MAX_STEPS = 20_000  # every case ends well before this; one that does not is not live
+
+
+@dataclass(frozen=True)
+class Case:
+    """One workload of the suite: what it exercises, its config, its requests."""
+
+    name: str
+    what: str
+    config: Config
+    workload: Callable[[Config], list[WorkItem]]  # the requests, given the config
+
+
+def cfg(**fields: object) -> Config:
+    """SGLang's config as the profile's defaults set it, with `fields`."""
+    base = get_profile(PROFILE).configure(Config(first_block_id=1, max_model_len=2048))
+    return replace(base, **fields)  # type: ignore[arg-type]
+
+
+def requests(seed: int, n: int, config: Config, *, prompt: tuple[int, int] = (8, 200),
+             output: tuple[int, int] = (1, 150), arrive_by: int = 20, eos: float = 0.5,
+             priorities: Sequence[int] = (0,), prefixes: Sequence[tuple[str, int]] = (),
+             share: float = 0.0) -> list[WorkItem]:
+    """`n` seeded requests that SGLang serves as asked (kvsched.adapters.sglang.
+    served_as_asked): prompts and max_tokens drawn from the ranges, half of them ending
+    early (end-of-sequence), a `share` of them starting with one of the shared
+    `prefixes` (content id, tokens)."""
+    rng = random.Random(f"kvsched/sglang/{seed}")
+    items: list[WorkItem] = []
+    while len(items) < n:
+        rid = f"r{len(items)}"
+        plen = rng.randint(*prompt)
+        max_tokens = rng.randint(*output)
+        out = rng.randint(1, max_tokens) if rng.random() < eos else max_tokens
+        prefix = None
+        if prefixes and rng.random() < share:
+            content, length = rng.choice(prefixes)
+            prefix = (content, length)
+            plen += length
+        w = WorkItem(rid, rng.randint(0, arrive_by), plen, out, max_tokens,
+                     priority=rng.choice(priorities), prefix=prefix)
+        if served_as_asked(config, w) is None:
+            items.append(w)
+    return validate(items)
+
+
+def bursts(seed: int, config: Config, gaps: int = 3) -> list[WorkItem]:
+    """Bursts of requests with idle stretches between them (the ratio resets when the
+    scheduler is fully idle)."""
+    out: list[WorkItem] = []
+    for b in range(gaps):
+        part = requests(seed * 10 + b, 6, config, output=(1, 60), arrive_by=2)
+        out += [replace(w, id=f"b{b}-{w.id}", arrival=w.arrival + 400 * b) for w in part]
+    return validate(out)
+
+
+SYSTEM = (("sys-a", 64), ("sys-b", 160))
+
+CASES: tuple[Case, ...] = (
+    Case("chunked", "prompts longer than the chunk budget: one chunked request at a time, "
+         "continued first, the next cut to whole pages",
+         cfg(num_gpu_blocks=4000, max_num_batched_tokens=64, max_num_seqs=16),
+         lambda c: requests(1, 24, c, prompt=(40, 400))),
+    Case("retraction", "a steady stream of requests that all run to max_tokens: as the "
+         "ratio decays admission overcommits, decode steps retract the fewest outputs, "
+         "the ratio jumps, the victims recompute at the queue's end",
+         cfg(num_gpu_blocks=1000, max_num_batched_tokens=128, max_num_seqs=16),
+         lambda c: requests(2, 60, c, prompt=(20, 100), output=(100, 200), eos=0.0,
+                              arrive_by=600)),
+    Case("retraction-page16", "retraction with pages of 16 tokens: a decode needs a page "
+         "only at a page boundary",
+         cfg(block_size=16, num_gpu_blocks=64, max_num_batched_tokens=128,
+                  max_num_seqs=16),
+         lambda c: requests(2, 60, c, prompt=(20, 100), output=(100, 200), eos=0.0,
+                              arrive_by=600)),
+    Case("priority-preemption", "priority scheduling at the running-request limit: a "
+         "request more urgent by more than 10 preempts the least urgent",
+         cfg(num_gpu_blocks=1500, max_num_batched_tokens=128, max_num_seqs=3,
+                  policy="priority"),
+         lambda c: requests(4, 30, c, priorities=(0, 5, 20, 40), arrive_by=60)),
+    Case("mixed-chunk", "--enable-mixed-chunk: decodes join prefill steps when their "
+         "pages fit, charged to the chunk budget",
+         cfg(num_gpu_blocks=900, max_num_batched_tokens=96, max_num_seqs=12,
+                  step_mix="mixed_chunk"),
+         lambda c: requests(5, 24, c, prompt=(20, 200), output=(20, 150))),
+    Case("no-chunked-prefill", "chunked prefill off: whole prompts, the first one over the "
+         "input budget admitted alone",
+         cfg(num_gpu_blocks=700, max_num_batched_tokens=2048, max_num_seqs=8,
+                  chunked_prefill=False),
+         lambda c: requests(6, 24, c, prompt=(20, 400), output=(20, 200))),
+    Case("head-of-line", "a request whose reserved output does not fit stops the pass: "
+         "smaller ones behind it wait",
+         cfg(num_gpu_blocks=800, max_num_batched_tokens=256, max_num_seqs=16),
+         lambda c: requests(7, 30, c, prompt=(8, 300), output=(1, 400), eos=0.8)),
+    Case("idle-reset", "bursts with idle stretches between them: the ratio decays while "
+         "decoding and resets when the scheduler is fully idle",
+         cfg(num_gpu_blocks=500, max_num_batched_tokens=64, max_num_seqs=8),
+         lambda c: bursts(8, c)),
+    Case("page16-mixed-priority", "pages of 16, mixed chunks and priorities together",
+         cfg(block_size=16, num_gpu_blocks=60, max_num_batched_tokens=128,
+                  max_num_seqs=4, policy="priority", step_mix="mixed_chunk"),
+         lambda c: requests(9, 30, c, priorities=(0, 20, 40), output=(10, 120))),
+    Case("radix-page1", "the radix cache with pages of 1 token: shared system prompts hit "
+         "to the token, up to the prompt's length - 1",
+         cfg(num_gpu_blocks=1200, max_num_batched_tokens=128, max_num_seqs=16,
+                  prefix_caching=True),
+         lambda c: requests(10, 30, c, prefixes=SYSTEM, share=0.7, output=(1, 80))),
+    Case("radix-page16", "the radix cache with pages of 16: hits of whole pages only",
+         cfg(block_size=16, num_gpu_blocks=80, max_num_batched_tokens=128,
+                  max_num_seqs=16, prefix_caching=True),
+         lambda c: requests(11, 30, c, prefixes=SYSTEM, share=0.7, output=(1, 80))),
+    Case("radix-eviction", "the radix cache under pressure: evictable pages count as free, "
+         "the least recently used leaves are evicted, retraction too",
+         cfg(num_gpu_blocks=500, max_num_batched_tokens=128, max_num_seqs=12,
+                  prefix_caching=True),
+         lambda c: requests(12, 36, c, prefixes=(*SYSTEM, ("sys-c", 100)), share=0.8,
+                              output=(20, 160), arrive_by=80)),
+)
+
+
+def random_case(seed: int) -> Case:
+    """A small random config and workload: page size, step mix, chunking, priority,
+    radix cache, pool and budgets all drawn from `seed`."""
+    rng = random.Random(f"kvsched/sglang-random/{seed}")
+    page = rng.choice((1, 1, 4, 16))
+    mixed = rng.random() < 0.3
+    chunked = mixed or rng.random() < 0.8
+    priority = rng.random() < 0.3
+    radix = rng.random() < 0.4
+    budget = rng.choice((32, 64, 128, 256)) if chunked else 2048
+    pool = rng.choice((300, 500, 800, 1200)) // page
+    c = cfg(block_size=page, num_gpu_blocks=pool, max_num_batched_tokens=budget,
+            max_num_seqs=min(rng.choice((2, 4, 8, 16)), budget), chunked_prefill=chunked,
+            step_mix="mixed_chunk" if mixed else "prefill_or_decode",
+            policy="priority" if priority else "fcfs", prefix_caching=radix)
+    n = rng.randint(5, 30)
+    prefixes = (("sys-a", rng.randint(8, 64)), ("sys-b", rng.randint(8, 100)))
+    return Case(f"random-{seed}", "random", c,
+                lambda c: requests(10_000 + seed, n, c, prompt=(1, 200), arrive_by=30,
+                                 priorities=(0, 5, 20, 40) if priority else (0,),
+                                 prefixes=prefixes if radix else (),
+                                 share=0.6 if radix else 0.0))
+
+
+def case_named(name: str) -> Case:
+    """The case of this name: a named one or random-N."""
+    for c in CASES:
+        if c.name == name:
+            return c
+    if name.startswith("random-") and name[len("random-"):].isdigit():
+        return random_case(int(name[len("random-"):]))
+    raise KeyError(f"no case {name!r}")
+
+
+# Each rule of SGLang's step, flipped (SGLangKnobs' other value): the suite must tell
+# every one from SGLang. A config rule (the step mix) is flipped in the trace's config.
+FLIPS: dict[str, dict[str, object]] = {
+    "reserve_output=False": {"reserve_output": False},
+    "decay=False": {"decay": False},
+    "new_token_ratio=1.0": {"new_token_ratio": 1.0},
+    "page_budget=False": {"page_budget": False},
+    "misfit=skip": {"misfit": "skip"},
+    "retract_victim=last": {"retract_victim": "last"},
+    "requeue=front": {"requeue": "front"},
+    "higher_priority_first=False": {"higher_priority_first": False},
+    "priority_preemption_threshold=100": {"priority_preemption_threshold": 100},
+    "retract_decode_steps=0": {"retract_decode_steps": 0},
+}
+
+
+def variants() -> dict[str, Variant]:
+    """The profile with one rule flipped, for the sensitivity check."""
+    base = get_profile(PROFILE).knobs
+    out: dict[str, Variant] = {
+        name: (replace(base, sglang=replace(base.sglang, **change)),  # type: ignore[arg-type]
+               {}, "sglang")
+        for name, change in FLIPS.items()}
+    out["step_mix=mixed_chunk"] = (base, {"step_mix": "mixed_chunk"}, "sglang")
+    return out
+
+
+def stored_trace(case: str, store: Path = STORE) -> Path:
+    return store / f"{case}.jsonl.gz"
+
+
+def stored() -> Iterator[tuple[str, bytes]]:
+    """The kept traces: (case, trace bytes)."""
+    for path in sorted(STORE.glob("*.jsonl.gz")):
+        yield path.name.removesuffix(".jsonl.gz"), gzip.decompress(path.read_bytes())
+
+
+def check(case: str, data: bytes) -> Verdict:
+    import io
+
+    return check_stream(case, io.BytesIO(data), PROFILE)
+
+
+def steps_of(data: bytes) -> bytes:
+    """A trace's step lines and end line (its header names the recording's settings)."""
+    return data.split(b"\n", 1)[1]
+
+
+def run(cases: Sequence[Case], out: Path, python: Path) -> dict[str, bytes]:
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [Job(c.name, c.config, c.workload(c.config), out / f"{c.name}.jsonl", MAX_STEPS)
+            for c in cases]
+    for r in record_jobs(jobs, python):
+        if r.stopped is not None:
+            print(f"STOP {r.job.name}: SGLang did something in step {r.steps} that trace "
+                  f"v1 cannot say: {r.stopped}")
+    return {c.name: (out / f"{c.name}.jsonl").read_bytes() for c in cases}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conformance.sglang",
+                                     description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("names", nargs="*", help="run only these cases")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the traces")
+    parser.add_argument("--sglang-python", type=Path, default=DEFAULT_SGLANG_PYTHON)
+    parser.add_argument("--random", type=int, default=DEFAULT_RANDOM, metavar="N",
+                        help=f"also N small random cases (default {DEFAULT_RANDOM})")
+    parser.add_argument("--seed", type=int, default=0, help="first random case's seed")
+    parser.add_argument("--keep", action="store_true",
+                        help="write the traces into the store (tests/data/sglang/)")
+    parser.add_argument("--list", action="store_true", help="list the cases and stop")
+    args = parser.parse_args(argv)
+    if args.random < 0:
+        print(f"conformance.sglang: error: --random must not be negative, got {args.random}",
+              file=sys.stderr)
+        return 2
+    if args.list:
+        for c in CASES:
+            print(f"{c.name}: {c.what}")
+        return 0
+    try:
+        named = [case_named(n) for n in args.names] if args.names else list(CASES)
+    except KeyError as e:
+        print(f"conformance.sglang: error: {e.args[0]}; see --list", file=sys.stderr)
+        return 2
+    randoms = [] if args.names else [random_case(args.seed + i) for i in range(args.random)]
+    started = time.monotonic()
+    try:
+        traces = run(named + randoms, args.out, args.sglang_python)
+    except AdapterError as e:
+        print(f"conformance.sglang: error: {e}", file=sys.stderr)
+        return 2
+    verdicts = [check(name, data) for name, data in traces.items()]
+    failed = 0
+    for i, v in enumerate(verdicts):
+        if i < len(named) or not v.ok:
+            print(line(v))
+            if v.divergence is not None:
+                print(f"     {v.divergence.message}")
+        failed += not v.ok
+    if randoms:
+        print(summary(f"random cases {args.seed}..{args.seed + len(randoms) - 1}",
+                      verdicts[len(named):]))
+    print(f"{len(verdicts) - failed} of {len(verdicts)} SGLang traces conform (complete, "
+          f"MUST clean, equal to {PROFILE}); traces in {args.out}")
+    changed = []
+    if args.keep:
+        STORE.mkdir(parents=True, exist_ok=True)
+        for name, data in traces.items():
+            stored_trace(name).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+        print(f"kept {len(traces)} traces in {STORE}")
+    else:
+        for name, data in traces.items():
+            kept = stored_trace(name)
+            if kept.exists() and steps_of(gzip.decompress(kept.read_bytes())) != steps_of(data):
+                changed.append(name)
+                print(f"FAIL {name}: its step lines differ from the kept trace {kept}")
+        compared = sum(stored_trace(n).exists() for n in traces)
+        print(f"{compared - len(changed)} of {compared} traces with a kept one equal it, "
+              "step line for step line")
+    blind = []
+    if not args.names:
+        blind = print_sensitivity([args.out / f"{c.name}.jsonl" for c in named], PROFILE,
+                                  "SGLang", variants())
+    print(f"{time.monotonic() - started:.0f} s")
+    return 1 if failed or blind or changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
