@@ -52,8 +52,10 @@ class Case:
 
 
 def cfg(**fields: object) -> Config:
-    """SGLang's config as the profile's defaults set it, with `fields`."""
-    base = get_profile(PROFILE).configure(Config(first_block_id=1, max_model_len=2048))
+    """SGLang's config as the profile's defaults set it (pages of 1 token, SGLang's
+    default), with `fields`."""
+    base = get_profile(PROFILE).configure(Config(block_size=1, first_block_id=1,
+                                                 max_model_len=2048))
     return replace(base, **fields)  # type: ignore[arg-type]
 
 
@@ -84,14 +86,21 @@ def requests(seed: int, n: int, config: Config, *, prompt: tuple[int, int] = (8,
     return validate(items)
 
 
-def bursts(seed: int, config: Config, gaps: int = 3) -> list[WorkItem]:
-    """Bursts of requests with idle stretches between them (the ratio resets when the
-    scheduler is fully idle)."""
+def bursts(seed: int, config: Config, count: int = 3, gap: int = 1500) -> list[WorkItem]:
+    """Bursts of requests that run to max_tokens, `gap` steps apart, with idle stretches
+    between them (the ratio decays through a burst and resets when the scheduler is
+    fully idle)."""
     out: list[WorkItem] = []
-    for b in range(gaps):
-        part = requests(seed * 10 + b, 6, config, output=(1, 60), arrive_by=2)
-        out += [replace(w, id=f"b{b}-{w.id}", arrival=w.arrival + 400 * b) for w in part]
+    for b in range(count):
+        part = requests(seed * 10 + b, 10, config, prompt=(8, 100), output=(100, 300),
+                        eos=0.0, arrive_by=2)
+        out += [replace(w, id=f"b{b}-{w.id}", arrival=w.arrival + gap * b) for w in part]
     return validate(out)
+
+
+def ending_early(items: list[WorkItem], most: int) -> list[WorkItem]:
+    """`items` with every output ended (end-of-sequence) after at most `most` tokens."""
+    return [replace(w, output_len=min(w.output_len, most)) for w in items]
 
 
 SYSTEM = (("sys-a", 64), ("sys-b", 160))
@@ -134,8 +143,14 @@ CASES: tuple[Case, ...] = (
          lambda c: requests(7, 30, c, prompt=(8, 300), output=(1, 400), eos=0.8)),
     Case("idle-reset", "bursts with idle stretches between them: the ratio decays while "
          "decoding and resets when the scheduler is fully idle",
-         cfg(num_gpu_blocks=500, max_num_batched_tokens=64, max_num_seqs=8),
+         cfg(num_gpu_blocks=1200, max_num_batched_tokens=128, max_num_seqs=16),
          lambda c: bursts(8, c)),
+    Case("long-outputs", "max_tokens above 4096: a request reserves at most 4096 future "
+         "tokens",
+         cfg(num_gpu_blocks=14000, max_model_len=8192, max_num_batched_tokens=512,
+             max_num_seqs=16),
+         lambda c: ending_early(requests(13, 24, c, prompt=(100, 2000),
+                                         output=(3000, 6000), arrive_by=10), 200)),
     Case("page16-mixed-priority", "pages of 16, mixed chunks and priorities together",
          cfg(block_size=16, num_gpu_blocks=60, max_num_batched_tokens=128,
                   max_num_seqs=4, policy="priority", step_mix="mixed_chunk"),
@@ -197,6 +212,9 @@ def case_named(name: str) -> Case:
 FLIPS: dict[str, dict[str, object]] = {
     "reserve_output=False": {"reserve_output": False},
     "decay=False": {"decay": False},
+    "idle_reset=False": {"idle_reset": False},
+    "min_ratio_factor=0.5": {"min_ratio_factor": 0.5},
+    "clip_max_new_tokens=1000000": {"clip_max_new_tokens": 1_000_000},
     "new_token_ratio=1.0": {"new_token_ratio": 1.0},
     "page_budget=False": {"page_budget": False},
     "misfit=skip": {"misfit": "skip"},

@@ -43,12 +43,20 @@ The rules are kvsched.spec.knobs.SGLangKnobs, so that each can be flipped.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
-from dataclasses import dataclass, field
+from collections.abc import Collection, Hashable, Sequence
+from dataclasses import dataclass
 from itertools import count
 
+from kvsched.reference.radix import Node, RadixTree
+from kvsched.spec.prefix import KeyBook
 from kvsched.spec.knobs import Knobs, SGLangKnobs
 from kvsched.spec.model import Config, Decision, Preemption, Request, RequestView, Status
+
+# SGLang's FCFS pass re-stamps the waiting requests' cached prefixes every this many
+# passes, for at most this many of them (WAITING_PREFIX_REFRESH_INTERVAL and
+# WAITING_QUEUE_PREFIX_MATCH_MAX, schedule_policy.py:280-302).
+TOUCH_INTERVAL = 32
+TOUCH_MOST = 128
 
 
 @dataclass(eq=False)
@@ -59,7 +67,11 @@ class SGLangRequest:
     request: Request
     outputs: int = 0
     computed: int = 0
-    pages: list[int] = field(default_factory=list)
+    # Its first `cached` tokens are radix-cache pages it holds locked (`lock`): a prefix
+    # hit, or what it inserted itself (SGLang's cache_protected_len); the pages of the
+    # rest of its computed tokens are its own.
+    cached: int = 0
+    lock: Node | None = None
     entry: int = 0
     # The known tokens when SGLang last refreshed the request's fill ids (trying it for
     # admission, continuing its chunk, mixing its decode); 0 until it is first tried.
@@ -79,13 +91,11 @@ class SGLangRequest:
         return self.request.prompt_len + self.outputs
 
 
+
 class SGLangScheduler:
     """SGLang 0.5.23's step (the module's NOTE) on `config`, its rules `knobs.sglang`."""
 
     def __init__(self, config: Config, knobs: Knobs | None = None) -> None:
-        if config.prefix_caching:
-            raise ValueError("the sglang step does not model SGLang's radix cache yet: "
-                             "replay traces recorded with prefix_caching off")
         if config.step_mix == "any":
             raise ValueError("SGLang's steps run prefill work or decodes: config step_mix "
                              "must be prefill_or_decode or mixed_chunk")
@@ -97,8 +107,11 @@ class SGLangScheduler:
         self.decay = (self.init_ratio - self.min_ratio) / r.decay_steps
         self.ratio = self.init_ratio
         self.page = config.block_size
-        self.free_pages = list(range(config.first_block_id,
-                                     config.first_block_id + config.num_gpu_blocks))
+        self.total = config.num_gpu_blocks * self.page
+        self.available = self.total  # free KV tokens (SGLang's allocator), whole pages
+        self.tree = RadixTree(self.page, disable=not config.prefix_caching)
+        self.book = KeyBook(self.page)  # the content keys of requests' pages
+        self.passes = 0  # calc_priority calls with something waiting (the FCFS touch)
         self.live: dict[str, SGLangRequest] = {}
         self.waiting: list[SGLangRequest] = []
         self.running: list[SGLangRequest] = []
@@ -108,6 +121,7 @@ class SGLangScheduler:
         self.batch_is_full = False
         self.entries = count()
         self.sampled: list[SGLangRequest] = []
+        self.decoding: list[SGLangRequest] = []  # a mixed step's decodes
 
     # -- the Scheduler interface --------------------------------------------------------
 
@@ -116,86 +130,106 @@ class SGLangScheduler:
             raise ValueError(f"request {request.id!r} is already live")
         self._queue(SGLangRequest(request))
 
+    def add_block_keys(self, request_id: str, keys: Sequence[str],
+                       start: int | None = None) -> None:
+        """The content keys of a request's pages, as a trace gives them
+        (kvsched.spec.interface.ContentKeys)."""
+        self.book.add(request_id, keys, start)
+
+    def _tokens(self, r: SGLangRequest) -> list[Hashable]:
+        """What the radix cache matches of `r`: its known tokens, token j as its page's
+        content key and its place in the page."""
+        rid, prefix, page = r.id, r.request.prefix, self.page
+        return [(self.book.key(rid, prefix, j // page), j % page) for j in range(r.known)]
+
     def abort_request(self, request_id: str) -> None:
         raise ValueError("the sglang step does not model aborts")
 
     def free_blocks(self) -> int:
-        return len(self.free_pages)
+        """Free pages and evictable radix-cache pages (the trace's free_blocks)."""
+        return (self.available + self.tree.evictable_size()) // self.page
 
     def states(self) -> dict[str, RequestView]:
-        return {rid: RequestView(r.status, r.known, r.computed, len(r.pages), 0,
-                                 r.preemptions) for rid, r in self.live.items()}
+        return {rid: RequestView(r.status, r.known, r.computed,
+                                 self._pages_for(r.computed), 0, r.preemptions)
+                for rid, r in self.live.items()}
 
     def has_unfinished(self) -> bool:
         return bool(self.live)
 
-    def block_table(self, request_id: str) -> tuple[int, ...]:
-        r = self.live.get(request_id)
-        return tuple(r.pages) if r is not None else ()
-
-    def host_table(self, request_id: str) -> tuple[int, ...]:
-        return ()
-
-    def free_gpu_ids(self) -> tuple[int, ...]:
-        return tuple(self.free_pages)
-
-    def free_host_ids(self) -> tuple[int, ...]:
-        return ()
-
     def schedule(self) -> Decision:
+        if self.chunked is not None:  # its middle chunk is cached (stash_chunked_request)
+            self._checkpoint(self.chunked)
         self._merge_last_batch()
         preempted: list[Preemption] = []
-        new_blocks: dict[str, tuple[int, ...]] = {}
-        batch = self._prefill_pass(preempted, new_blocks)
+        self.hits: dict[str, tuple[int, ...]] = {}
+        self.decoding = []
+        batch = self._prefill_pass(preempted)
         if batch is not None:
             scheduled = batch
             self.last_was_prefill = True
         else:
             self.last_was_prefill = False
-            scheduled = self._decode(preempted, new_blocks) if self.running else []
-            if not scheduled and self._fully_idle():
+            scheduled = self._decode(preempted) if self.running else []
+            if not scheduled and self.rules.idle_reset and self._fully_idle():
                 self.ratio = self.init_ratio
         self.last_batch = [self.live[rid] for rid, _ in scheduled]
         self.sampled = [r for r in self.last_batch if r.computed == r.known]
         return Decision(preempted=tuple(preempted), scheduled=tuple(scheduled),
-                        sampled=tuple(r.id for r in self.sampled), new_blocks=new_blocks)
+                        sampled=tuple(r.id for r in self.sampled), prefix_hits=self.hits)
 
     def update(self, stopped: Collection[str]) -> tuple[str, ...]:
+        """Each sampled request's token, in batch order: a finished request's KV is cached
+        and released; a prefill that goes on decoding is cached
+        (process_batch_result_prefill, batch_result_processor.py:360-395)."""
         done = []
         for r in self.sampled:
             r.outputs += 1
             if r.id in stopped or r.outputs >= r.request.max_tokens:
-                self._release(r)
+                self._checkpoint(r)
+                self._free_own(r)
+                self.tree.unlock(r.lock)
+                r.lock, r.cached = None, 0
                 r.status = Status.FINISHED
                 del self.live[r.id]
+                self.book.forget(r.id)
                 done.append(r.id)
+            elif self.last_was_prefill and r not in self.decoding:
+                self._checkpoint(r)
         self.sampled = []
         return tuple(done)
 
-    # -- pages ----------------------------------------------------------------------------
+    # -- memory ---------------------------------------------------------------------------
 
     def _pages_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.page)
 
-    def _free_tokens(self) -> int:
-        return len(self.free_pages) * self.page
+    def _own(self, r: SGLangRequest) -> int:
+        """The tokens of `r`'s own pages (those not in the radix cache)."""
+        return self._pages_for(r.computed) * self.page - r.cached
 
-    def _compute(self, r: SGLangRequest, n: int, new_blocks: dict[str, tuple[int, ...]]
-                 ) -> None:
-        """`n` more tokens of `r` computed: the pages they need, from the free list's
-        head."""
-        need = self._pages_for(r.computed + n) - len(r.pages)
-        if need > len(self.free_pages):
-            raise ValueError(f"{r.id} needs {need} pages, {len(self.free_pages)} are free")
-        taken, self.free_pages = self.free_pages[:need], self.free_pages[need:]
-        r.pages += taken
+    def _evict_for(self, tokens: int) -> None:
+        """Evict radix-cache leaves until `tokens` are free (evict_from_tree_cache)."""
+        self.available += self.tree.evict_to_free(tokens, self.available)
+
+    def _compute(self, r: SGLangRequest, n: int) -> None:
+        """`n` more tokens of `r` computed, in the pages they need."""
+        need = (self._pages_for(r.computed + n) - self._pages_for(r.computed)) * self.page
+        if need > self.available:
+            raise ValueError(f"{r.id} needs {need} tokens, {self.available} are free")
+        self.available -= need
         r.computed += n
-        if taken:
-            new_blocks[r.id] = tuple(taken)
 
-    def _release(self, r: SGLangRequest) -> None:
-        self.free_pages += r.pages
-        r.pages = []
+    def _checkpoint(self, r: SGLangRequest) -> None:
+        """Insert `r`'s computed pages into the radix cache (checkpoint_into_tree): the
+        ones already cached are freed, and `r` holds the cached path locked."""
+        done = self.tree.cache_req(self._tokens(r), r.computed, r.request.prompt_len,
+                                   r.cached, r.lock)
+        self.available += done.freed
+        r.cached, r.lock = done.protected_len, done.lock
+
+    def _free_own(self, r: SGLangRequest) -> None:
+        self.available += self._own(r)
 
     def _queue(self, r: SGLangRequest, front: bool = False) -> None:
         r.status = Status.WAITING
@@ -237,8 +271,20 @@ class SGLangScheduler:
         """What an extend of `tokens` costs the budgets: its pages' tokens."""
         return self._pages_for(tokens) * self.page if self.rules.page_budget else tokens
 
-    def _prefill_pass(self, preempted: list[Preemption],
-                      new_blocks: dict[str, tuple[int, ...]]) -> list[tuple[str, int]] | None:
+    def _order_waiting(self) -> None:
+        """calc_priority: sort by priority under the priority policy; every 32nd pass
+        with something waiting, re-stamp the cached prefixes of the first 128, the head
+        last (_touch_waiting_prefixes)."""
+        if self.config.policy == "priority":
+            sign = -1 if self.rules.higher_priority_first else 1
+            self.waiting.sort(key=lambda r: (sign * r.request.priority, r.entry))
+        if self.waiting and self.config.prefix_caching:
+            if self.passes % TOUCH_INTERVAL == 0:
+                for r in reversed(self.waiting[:TOUCH_MOST]):
+                    self.tree.touch(self._tokens(r))
+            self.passes += 1
+
+    def _prefill_pass(self, preempted: list[Preemption]) -> list[tuple[str, int]] | None:
         config, page, rules = self.config, self.page, self.rules
         priority = config.policy == "priority"
         if priority or not self.running:
@@ -249,9 +295,7 @@ class SGLangScheduler:
         if seats <= 0 and self.chunked is None and not priority:
             self.batch_is_full = True
             return None
-        if priority:
-            sign = -1 if rules.higher_priority_first else 1
-            self.waiting.sort(key=lambda r: (sign * r.request.priority, r.entry))
+        self._order_waiting()
         mixed = len(self.running) if config.step_mix == "mixed_chunk" else 0
         rem_input = config.max_num_batched_tokens - mixed
         rem_chunk: int | None = (config.max_num_batched_tokens - mixed
@@ -262,8 +306,8 @@ class SGLangScheduler:
         victims: list[SGLangRequest] = []
         new_chunked: SGLangRequest | None = None
 
-        def remaining_total() -> float:
-            return self._free_tokens() - total_offset
+        def free() -> int:
+            return self.available + self.tree.evictable_size()
 
         def reserve(extend: int, max_new: int) -> None:
             nonlocal total_offset, current_offset, rem_input, rem_chunk
@@ -275,7 +319,7 @@ class SGLangScheduler:
                 rem_chunk -= self._charge(extend)
 
         def state() -> str:
-            if remaining_total() <= 0 or self._free_tokens() - current_offset <= 0:
+            if free() - total_offset <= 0 or free() - current_offset <= 0:
                 return "no_token"
             if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
                 return "other"
@@ -284,9 +328,8 @@ class SGLangScheduler:
         chunked = self.chunked
         if chunked is not None:
             assert rem_chunk is not None
-            chunked.fill = chunked.known
             extend = chunked.known - chunked.computed
-            left = min(rem_chunk, int(remaining_total()))
+            left = min(rem_chunk, int(free() - total_offset))
             room = left if left > 0 else rem_chunk
             cut = extend > room
             n = min(extend, room)
@@ -299,33 +342,42 @@ class SGLangScheduler:
             if len(self.running) + len(admitted) >= config.max_num_seqs:
                 self.batch_is_full = True
             if self.batch_is_full:
-                freed = self._preempt_for(r, remaining_total(), victims) if priority \
+                freed = self._preempt_for(r, free() - total_offset, victims) if priority \
                     else None
                 if freed is None:
                     break
                 total_offset -= freed
             r.fill = r.known
-            extend = r.known
+            hit = self.tree.match(self._tokens(r), r.known - 1)
+            extend = r.known - hit.length
             max_new = self._clip(max(r.request.max_tokens - r.outputs, 0))
             total = extend + (max_new if rules.reserve_output else 0) + page
-            if not total < remaining_total():
+            held = self.tree.lock(hit.node)  # while it is checked (PrefillAdder._lock_node)
+            fits = total < free() - total_offset
+            self.tree.unlock(held)
+            if not fits:
                 if rules.misfit == "skip":
                     continue
                 self.batch_is_full = bool(admitted) or bool(self.running)
                 break
             if rem_chunk is None and admitted and self._charge(extend) >= rem_input:
                 break
-            reserve_new = self._clip(r.request.max_tokens)
             if rem_chunk is not None and self._charge(extend) > rem_chunk:
-                n = rem_chunk // page * page
+                end = (hit.length + rem_chunk // page * page) // page * page
+                n = end - hit.length
                 if n <= 0:
                     break
-                admitted.append((r, n))
                 new_chunked = r
-                reserve(n, 0)
+                max_reserved = 0
             else:
-                admitted.append((r, extend))
-                reserve(extend, reserve_new)
+                n = extend
+                max_reserved = self._clip(r.request.max_tokens)
+            r.cached, r.computed = hit.length, hit.length
+            r.lock = self.tree.lock(hit.node)
+            if hit.length:
+                self.hits[r.id] = tuple(range(self._pages_for(hit.length)))
+            admitted.append((r, n))
+            reserve(n, max_reserved)
             if state() != "continue":
                 if state() == "no_token":
                     self.batch_is_full = bool(admitted) or bool(self.running)
@@ -339,17 +391,22 @@ class SGLangScheduler:
             return None
         if new_chunked is not None:
             self.chunked = new_chunked
+        # prepare_for_extend: evict for the whole batch, then allocate (allocation.py)
+        extend_tokens = sum(n for _, n in admitted)
+        self._evict_for(extend_tokens + (len(admitted) * page if page > 1 else 0))
         scheduled: list[tuple[str, int]] = []
         for r, n in admitted:
             r.status = Status.RUNNING
-            self._compute(r, n, new_blocks)
+            self._compute(r, n)
             scheduled.append((r.id, n))
         if config.step_mix == "mixed_chunk" and self.running \
                 and self._decode_fits(self.running):
+            self._evict_for(len(self.running) * page)
             for r in self.running:  # they rejoin from the last batch, after the admitted
                 r.fill = r.known
-                self._compute(r, 1, new_blocks)
+                self._compute(r, 1)
                 scheduled.append((r.id, 1))
+            self.decoding = self.running
             self.running = []
         return scheduled
 
@@ -375,24 +432,32 @@ class SGLangScheduler:
         if not chosen or need > 0:
             return None
         freed = 0.0
-        for x in [x for x in self.running if x in chosen]:  # in batch order
+        batch = [x for x in self.running if x in chosen]  # released in batch order
+        for i, x in enumerate(batch):
             freed += self._reserved(x)
-            self._retract(x)
+            self._retract(x, len(self.running) - i - 1)
             victims.append(x)
         self.running = [x for x in self.running if x not in chosen]
         return freed
 
-    def _retract(self, r: SGLangRequest) -> None:
-        self._release(r)
-        r.computed = 0
+    def _retract(self, r: SGLangRequest, remaining: int) -> None:
+        """Free `r`'s own pages without caching them, release its lock, then evict until
+        20 tokens for each of the `remaining` requests are free (release_req,
+        schedule_batch.py:2360); `r` recomputes from nothing."""
+        self._free_own(r)
+        self.tree.unlock(r.lock)
+        r.lock, r.cached, r.computed = None, 0, 0
         r.preemptions += 1
+        self._evict_for(remaining * self.rules.retract_decode_steps)
 
     def _decode_fits(self, batch: list[SGLangRequest]) -> bool:
-        need = sum(1 for r in batch if r.computed % self.page == 0)
-        return need <= len(self.free_pages)
+        """Whether the next decode of `batch` finds its new pages free, after evicting
+        (check_decode_mem)."""
+        need = sum(1 for r in batch if r.computed % self.page == 0) * self.page
+        self._evict_for(need)
+        return need <= self.available
 
-    def _decode(self, preempted: list[Preemption],
-                new_blocks: dict[str, tuple[int, ...]]) -> list[tuple[str, int]]:
+    def _decode(self, preempted: list[Preemption]) -> list[tuple[str, int]]:
         rules = self.rules
         initial = len(self.running)
         if not self._decode_fits(self.running):
@@ -407,7 +472,7 @@ class SGLangScheduler:
                     break
                 first = False
                 victim = order.pop()
-                self._retract(victim)
+                self._retract(victim, len(order))
                 preempted.append(Preemption(victim.id, "recompute"))
                 self._queue(victim, front=rules.requeue == "front")
             self.running = order
@@ -418,8 +483,9 @@ class SGLangScheduler:
             self.ratio = max(self.ratio - self.decay, self.min_ratio)
         if len(self.running) < initial:
             self.batch_is_full = False
+        self._evict_for(len(self.running) * self.page)  # alloc_for_decode's demand
         for r in self.running:
-            self._compute(r, 1, new_blocks)
+            self._compute(r, 1)
         return [(r.id, 1) for r in self.running]
 
     def _fully_idle(self) -> bool:

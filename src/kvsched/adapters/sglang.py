@@ -42,6 +42,7 @@ from kvsched.adapters.vllm import (
 from kvsched.outputs import Output
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, StepRecord
+from kvsched.spec.prefix import keys
 from kvsched.spec.trace import TraceWriter, json_line, step_dict
 from kvsched.workload import WorkItem, item_dict
 
@@ -145,10 +146,17 @@ def config_from_sglang(effective: Mapping[str, Any]) -> Config:
     )
 
 
-def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem]) -> StepRecord:
+def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem],
+                config: Config) -> StepRecord:
     """One driver step event as a trace step: SGLang's own page ids, victims in the order
-    SGLang released them, free pages counting the evictable radix-cache pages."""
+    SGLang released them, free pages counting the evictable radix-cache pages; with the
+    radix cache on, each arrival's content keys of its prompt's full pages (the tokens
+    the driver gave it: kvsched.spec.prefix)."""
     step = event["step"]
+    page = config.block_size
+    block_keys = {rid: tuple(keys(rid, workload[rid].shared,
+                                  workload[rid].prompt_len // page, page))
+                  for rid in event["arrivals"]} if config.prefix_caching else {}
     return StepRecord(
         step,
         arrivals=tuple(workload[rid].request(step) for rid in event["arrivals"]),
@@ -158,6 +166,7 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem]) -> S
         free_blocks=event["free_pages"] + event["evictable_pages"],
         new_blocks={rid: tuple(ids) for rid, ids in event["new_block_ids"].items() if ids},
         prefix_hits={rid: tuple(ids) for rid, ids in event["prefix_hits"].items() if ids},
+        block_keys={rid: ks for rid, ks in block_keys.items() if ks},
     )
 
 
@@ -210,7 +219,7 @@ class _Writer:
                                         header_extra(built, header["config"]))
 
     def step(self, event: Mapping[str, Any]) -> StepRecord:
-        rec = step_record(event, self.by_id)
+        rec = step_record(event, self.by_id, self.result.config)
         self.stream.write(json_line(step_line(rec, event)))
         self.result.steps += 1
         self.result.preemptions += len(rec.preempted)

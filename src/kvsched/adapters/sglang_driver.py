@@ -30,7 +30,10 @@ sees a finish one step late; that loop is outside what is recorded
 
 NOTE on tokens: prompts and outputs are vllm_driver.Contents' token ids, so a request
 whose workload prefix names a shared text or an earlier request's whole sequence really
-shares those tokens, and SGLang's own radix tree decides the hits.
+shares those tokens, and SGLang's own radix tree decides the hits. They are drawn from
+2**31 - 1 ids (VOCAB; SGLang keeps them in int32), not a model's vocabulary: SGLang's
+radix tree matches single tokens at page size 1, and two contents must never share a
+token by chance.
 
 NOTE on the clock: SGLang stamps radix nodes with time.monotonic() and priority ties with
 the request's queue entry time; both are in the decision path (LRU eviction, the order of
@@ -73,6 +76,7 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SGLANG_VERSION = "0.5.23"
+VOCAB = 2**31 - 1  # the token ids' range (NOTE on tokens): SGLang keeps them in int32
 
 
 class DriverError(Exception):
@@ -282,7 +286,7 @@ def build(g: SimpleNamespace, cfg: dict[str, Any], sample: Any) -> Any:
         enable_unified_cache_external_linker=False, enable_hisparse=False,
         attn_dp_enabled=False, enable_unified_memory=False, device="cpu",
         model_config=SimpleNamespace(
-            vocab_size=1 << 20, is_encoder_decoder=False, is_multimodal=False,
+            vocab_size=VOCAB, is_encoder_decoder=False, is_multimodal=False,
             context_len=cfg["context_len"], hf_text_config=SimpleNamespace(),
             hf_config=SimpleNamespace(architectures=["LlamaForCausalLM"]),
             _resolved_model_impl=g.ModelImpl.SGLANG, self_opened_think_start_ids=None,
@@ -423,7 +427,7 @@ def batch_rows(s: Any, batch: Any) -> list[tuple[Any, int, int, list[int], list[
 def run_job(g: SimpleNamespace, v1: Any, job: dict[str, Any], emit: Any) -> None:
     """Record one job: its header, a step event per step, its done event."""
     cfg = job["config"]
-    contents = v1.Contents(job["requests"])
+    contents = v1.Contents(job["requests"], VOCAB)
     items = job["requests"]
     by_arrival: dict[int, list[dict[str, Any]]] = {}
     for w in items:
@@ -454,10 +458,10 @@ def run_job(g: SimpleNamespace, v1: Any, job: dict[str, Any], emit: Any) -> None
             for w in by_arrival.get(step, []):
                 sp = g.SamplingParams(max_new_tokens=w["max_tokens"])
                 sp.normalize(None)  # as the tokenizer manager does
-                sp.verify(1 << 20)
+                sp.verify(VOCAB)
                 req = g.Req(rid=w["id"], origin_input_text="",
                             origin_input_ids=array("q", contents.prompt(w["id"])),
-                            sampling_params=sp, eos_token_ids={eos}, vocab_size=1 << 20,
+                            sampling_params=sp, eos_token_ids={eos}, vocab_size=VOCAB,
                             priority=w["priority"] if cfg["enable_priority_scheduling"] else None)
                 s.init_req_max_new_tokens(req)  # SGLang's own clip (scheduler.py:2700)
                 if req.sampling_params.max_new_tokens != w["max_tokens"]:

@@ -110,28 +110,29 @@ def _module(name: str) -> Any:
     return importlib.import_module(name)
 
 
-def token_id(content: str, position: int) -> int:
+def token_id(content: str, position: int, vocab: int = VOCAB_SIZE) -> int:
     """Token `position` of a content of its own: pseudo-random, the same in every run.
 
-    post: FIRST_TOKEN_ID <= __return__ < VOCAB_SIZE
+    post: FIRST_TOKEN_ID <= __return__ < vocab
     """
     digest = hashlib.blake2b(f"{content}\0{position}".encode(), digest_size=8).digest()
-    return FIRST_TOKEN_ID + int.from_bytes(digest, "big") % (VOCAB_SIZE - FIRST_TOKEN_ID)
+    return FIRST_TOKEN_ID + int.from_bytes(digest, "big") % (vocab - FIRST_TOKEN_ID)
 
 
 class Contents:
     """The token ids of a job's requests: each one's whole sequence, prompt then
     outputs, built from the contents its prefix names (see NOTE on tokens)."""
 
-    def __init__(self, items: list[dict[str, Any]]) -> None:
+    def __init__(self, items: list[dict[str, Any]], vocab: int = VOCAB_SIZE) -> None:
         self.items = {w["id"]: w for w in items}
         self.sequences: dict[str, list[int]] = {}
+        self.vocab = vocab
 
     def tokens(self, content: str, length: int) -> list[int]:
         """The first `length` tokens of `content`: a request's, or a named shared text."""
         if content in self.items:
             return self.sequence(content)[:length]
-        return [token_id(content, p) for p in range(length)]
+        return [token_id(content, p, self.vocab) for p in range(length)]
 
     def sequence(self, rid: str) -> list[int]:
         """Request `rid`'s whole sequence: prompt_len + output_len tokens, the last one
@@ -141,8 +142,8 @@ class Contents:
             w = self.items[rid]
             prefix = w.get("prefix")
             seq = self.tokens(prefix["id"], prefix["len"]) if prefix else []
-            seq += [token_id(rid, p) for p in range(len(seq),
-                                                     w["prompt_len"] + w["output_len"])]
+            seq += [token_id(rid, p, self.vocab)
+                    for p in range(len(seq), w["prompt_len"] + w["output_len"])]
             seq[-1] = EOS_TOKEN_ID
             self.sequences[rid] = seq
         return seq
