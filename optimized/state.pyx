@@ -841,6 +841,8 @@ cdef class FastState:
         for key, v in d.items():
             code = KEYS.get(key)
             if code is None:
+                if key == "dedup":
+                    return 0  # deduplication: the spec's state moves it (State._dedups)
                 if key not in self.unknown:
                     self.unknown[key] = line
                 continue

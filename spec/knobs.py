@@ -87,6 +87,8 @@ class SGLangKnobs:
     min_ratio_factor: the ratio's floor as a fraction of its first value.
     decay_steps: decode steps the ratio takes to fall from its first value to its floor.
     decay: whether the ratio decays at all (each decode step that retracts nothing).
+    idle_reset: whether the ratio goes back to its first value when the scheduler is
+        fully idle (nothing running, chunked or waiting, and nothing run the step before).
     retract_decode_steps: the outputs a retraction's new ratio assumes each survivor
         still makes, and the tokens per remaining request evicted from the radix cache
         after each victim (SGLANG_RETRACT_DECODE_STEPS).
@@ -109,6 +111,7 @@ class SGLangKnobs:
     min_ratio_factor: float = 0.14
     decay_steps: int = 600
     decay: bool = True
+    idle_reset: bool = True
     retract_decode_steps: int = 20
     clip_max_new_tokens: int = 4096
     reserve_output: bool = True

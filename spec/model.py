@@ -247,6 +247,10 @@ class StepRecord:
     # requests' full blocks, each list continuing what earlier steps gave for its request.
     prefix_hits: dict[str, tuple[int, ...]] = field(default_factory=dict)
     block_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Deduplication (prefix caching), after the finishes: a running request's table now
+    # starts with these cached blocks, which hold the content of the blocks they
+    # replace; the replaced ones are released (SGLang's radix cache keeps one copy).
+    dedup: dict[str, tuple[int, ...]] = field(default_factory=dict)
     line: int = field(default=0, compare=False)
 
     @property

@@ -80,6 +80,17 @@ def token_range(f: StepFacts, config: Config) -> list[Violation]:
                                  f"{rid}'s prefix hit of {len(h.blocks)} blocks covers {size} "
                                  f"tokens of its {h.known}; at most N - 1 may be hit",
                                  request=rid, lhs=size, relation="<=", rhs=h.known - 1))
+    for d in f.dedups:
+        rid = d.action.request
+        if d.refused == "off":
+            out.append(Violation("token-range", f.step, f"{rid} deduplicates blocks but the "
+                                 "trace's config has prefix_caching false", request=rid))
+        elif d.refused == "uncomputed":
+            out.append(Violation("token-range", f.step,
+                                 f"{rid} deduplicates {len(d.blocks)} blocks but has "
+                                 f"{d.computed // bs} full computed ones (C={d.computed})",
+                                 request=rid, lhs=len(d.blocks) * bs, relation="<=",
+                                 rhs=d.computed))
     for c in f.chunks:
         if not c.action.applied:
             continue
@@ -218,27 +229,32 @@ def block_ids(f: StepFacts, config: Config) -> list[Violation]:
     for hit in f.hits:
         if hit.refused is None and hit.tracked:
             out += _hit_blocks(f.step, hit.action.request, hit.blocks, first, last)
+    for d in f.dedups:
+        if d.refused is None and d.tracked and d.action.applied:
+            replaced = tuple(b for b, kept in zip(d.blocks, d.kept, strict=True) if not kept)
+            out += _hit_blocks(f.step, d.action.request, replaced, first, last,
+                               "deduplication")
     return out
 
 
 def _hit_blocks(step: int, rid: str, blocks: tuple[HitBlock, ...], first: int,
-                last: int) -> list[Violation]:
-    """A prefix hit takes, at each table index j, a block cached at index j (full there
-    in some request's table and not handed out since), of the same content when the
-    trace gives content keys."""
+                last: int, what: str = "prefix hit") -> list[Violation]:
+    """A prefix hit (or a deduplication) takes, at each table index j, a block cached
+    at index j (full there in some request's table and not handed out since), of the
+    same content when the trace gives content keys."""
     out = []
     for b in blocks:
         if not first <= b.block < last:
-            out.append(Violation("block-ids", step, f"{rid}'s prefix hit takes block "
+            out.append(Violation("block-ids", step, f"{rid}'s {what} takes block "
                                  f"{b.block}, outside {first}..{last - 1}", request=rid))
         elif b.cached_at != b.index:
             where = ("it is not cached (never full, or handed out since)"
                      if b.cached_at is None else f"it is cached at index {b.cached_at}")
-            out.append(Violation("block-ids", step, f"{rid}'s prefix hit takes block "
+            out.append(Violation("block-ids", step, f"{rid}'s {what} takes block "
                                  f"{b.block} at table index {b.index}, but {where}",
                                  request=rid, lhs=b.cached_at, relation="==", rhs=b.index))
         elif b.key is not None and b.cached_key is not None and b.key != b.cached_key:
-            out.append(Violation("block-ids", step, f"{rid}'s prefix hit takes block "
+            out.append(Violation("block-ids", step, f"{rid}'s {what} takes block "
                                  f"{b.block} at table index {b.index}, cached with content "
                                  f"{b.cached_key!r}, where its own content is {b.key!r}",
                                  request=rid))

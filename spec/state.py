@@ -58,6 +58,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "finished": frozenset({"waiting", "running", "swapped"}),
     # A hit is taken at admission, by a request that computes nothing yet (C = 0).
     "prefix hit": frozenset({"waiting"}),
+    # Deduplication, after the finishes: a request that runs, scheduled or not.
+    "dedup": frozenset({"running", "already scheduled this step"}),
 }
 
 
@@ -166,6 +168,25 @@ class Hit:
 
 
 @dataclass(frozen=True, slots=True)
+class Dedup:
+    """A deduplication as the trace gives it: `blocks` are what the request's table now
+    starts with, each either the block it held at that index (`kept`) or a cached one.
+
+    `refused` says why the state could not take it: "off" (prefix caching is off),
+    "uncomputed" (more blocks than the request has full and computed: C // block_size),
+    or None. `released` and `evictable` are what it did to the free count."""
+
+    action: Action
+    computed: int
+    blocks: tuple[HitBlock, ...]
+    kept: tuple[bool, ...]
+    released: int
+    evictable: int
+    refused: str | None = None
+    tracked: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Finish:
     action: Action
     sampled: bool  # it sampled a token in this step
@@ -190,6 +211,7 @@ class StepFacts:
     hits: list[Hit] = field(default_factory=list)
     evicted: int = 0  # cached blocks handed out again, which drops their content
     finishes: list[Finish] = field(default_factory=list)
+    dedups: list[Dedup] = field(default_factory=list)
     due: list[LiveRequest] = field(default_factory=list)  # sampled and not finished
     free_before: int = 0  # B_free: after arrivals and aborts
     reclaim: int = 0  # B_reclaim: what the victims released
@@ -209,7 +231,8 @@ class StepFacts:
         """Every action of the step, in the order it applied."""
         return [*self.arrivals, *self.aborts, *(a for a, _ in self.rejections),
                 *(v.action for v in self.victims), *(a for a, _ in self.swap_ins),
-                *(c.action for c in self.chunks), *(f.action for f in self.finishes)]
+                *(c.action for c in self.chunks), *(f.action for f in self.finishes),
+                *(d.action for d in self.dedups)]
 
     @property
     def valid_victims(self) -> list[Victim]:
@@ -365,6 +388,8 @@ class State:
         self._swap_ins(st)
         self._schedule(st)
         self._finishes(st)
+        self._dedups(st)
+        st.f.free = self.free
         st.f.idle = not rec.scheduled and not rec.preempted and not rec.swapped_in
         return st.f
 
@@ -517,7 +542,50 @@ class State:
             f.finishes.append(Finish(a, rid in sampled_ids, released, outputs))
             f.released_by_finish += released
         f.due = [t for t in st.sampled if t.request.id not in finished]
-        f.free = self.free
+
+    def _dedups(self, st: _Step) -> None:
+        """Phase 7 (prefix caching): a running request's table now starts with the given
+        blocks, each its own block at that index or a cached one (full at that index,
+        of the same content when keys are given) that replaces its own: the replaced
+        blocks are released, and the cached ones no one held (E) leave the free count."""
+        bs = self.config.block_size
+        for rid, blocks in st.rec.dedup.items():
+            a = Action(rid, "dedup", st.state(rid))
+            t = self.live.get(rid) if a.applied else None
+            computed = t.num_computed if t is not None else 0
+            refused = None
+            if not self.config.prefix_caching:
+                refused = "off"
+            elif t is not None and (len(blocks) > computed // bs
+                                    or len(t.block_ids) != t.gpu_blocks):
+                refused = "uncomputed"
+            facts, kept = [], []
+            for j, b in enumerate(blocks):
+                own = t is not None and j < len(t.block_ids) and t.block_ids[j] == b
+                at, key = self.cached.get(b, (None, None))
+                facts.append(HitBlock(b, j, j if own else at, key,
+                                      t.keys[j] if t is not None and j < len(t.keys) else None,
+                                      self.holder(b)))
+                kept.append(own)
+            released = evictable = 0
+            if t is not None and refused is None:
+                for j, b in enumerate(blocks):
+                    if kept[j]:
+                        continue
+                    old = t.block_ids[j]
+                    held = self.holders.get(old, [])
+                    if rid in held:
+                        held.remove(rid)
+                    if not held:
+                        self.holders.pop(old, None)
+                        released += 1
+                    if self.holder(b) is None:
+                        evictable += 1
+                    self._hold(b, rid)
+                    t.block_ids[j] = b
+                self.free += released - evictable
+            st.f.dedups.append(Dedup(a, computed, tuple(facts), tuple(kept), released,
+                                     evictable, refused, self.ids_missing_from is None))
 
     def _inputs(self, rec: StepRecord, f: StepFacts, tags: dict[str, str]) -> None:
         """Phase 1: arrivals become waiting, then aborts end their requests."""

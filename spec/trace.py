@@ -32,7 +32,7 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 UTF8_BOM = b"\xef\xbb\xbf"
 STEP_KEYS = frozenset({"step", "arrivals", "aborted", "rejected", "preempted", "swapped_in",
                        "scheduled", "finished", "free_blocks", "new_blocks", "time_ms",
-                       "prefix_hits", "block_keys"})
+                       "prefix_hits", "block_keys", "dedup"})
 HEADER_KEYS = frozenset({"kvsched", "version", "engine", "config", "preempted_order"})
 
 
@@ -247,6 +247,7 @@ def parse_step(obj: Any, line: int) -> StepRecord:
         free_blocks = _int(free_blocks, line, '"free_blocks"')
     new_blocks = _block_map(obj, "new_blocks", line) if "new_blocks" in obj else None
     hits = _block_map(obj, "prefix_hits", line) if "prefix_hits" in obj else {}
+    dedup = _block_map(obj, "dedup", line) if "dedup" in obj else {}
     keys = {}
     if "block_keys" in obj:
         raw = obj["block_keys"]
@@ -263,11 +264,12 @@ def parse_step(obj: Any, line: int) -> StepRecord:
     return StepRecord(step, arrivals, _ids(obj, "aborted", line), tuple(rejected),
                       tuple(preempted), _ids(obj, "swapped_in", line), tuple(scheduled),
                       _ids(obj, "finished", line), free_blocks, new_blocks,
-                      None if time_ms is None else float(time_ms), hits, keys, line=line)
+                      None if time_ms is None else float(time_ms), hits, keys, dedup,
+                      line=line)
 
 
 def _block_map(obj: dict[str, Any], key: str, line: int) -> dict[str, tuple[int, ...]]:
-    """A step's {id: [block ids]} field (new_blocks, prefix_hits)."""
+    """A step's {id: [block ids]} field (new_blocks, prefix_hits, dedup)."""
     raw = obj[key]
     if not isinstance(raw, dict):
         raise TraceError(line, f'"{key}" must be an object {{id: [block ids]}}')
@@ -346,7 +348,8 @@ def step_dict(rec: StepRecord) -> dict[str, Any]:
                        swapped_in=rec.swapped_in, scheduled=rec.scheduled,
                        finished=rec.finished, free_blocks=rec.free_blocks,
                        new_blocks=rec.new_blocks, time_ms=rec.time_ms,
-                       prefix_hits=rec.prefix_hits, block_keys=rec.block_keys)
+                       prefix_hits=rec.prefix_hits, block_keys=rec.block_keys,
+                       dedup=rec.dedup)
 
 
 def step_fields(step: int, *, arrivals: Sequence[Request] = (), aborted: Sequence[str] = (),
@@ -358,6 +361,7 @@ def step_fields(step: int, *, arrivals: Sequence[Request] = (), aborted: Sequenc
                 time_ms: float | None = None,
                 prefix_hits: Mapping[str, Sequence[int]] | None = None,
                 block_keys: Mapping[str, Sequence[str] | Sequence[bytes]] | None = None,
+                dedup: Mapping[str, Sequence[int]] | None = None,
                 ) -> dict[str, Any]:
     """The JSON object of one step from its parts (StepRecord's fields): the one place
     the step line's shape is written. The parts go in as they are (JSON writes a tuple
@@ -389,6 +393,8 @@ def step_fields(step: int, *, arrivals: Sequence[Request] = (), aborted: Sequenc
         out["prefix_hits"] = prefix_hits
     if block_keys:
         out["block_keys"] = block_keys
+    if dedup:
+        out["dedup"] = dedup
     if time_ms is not None:
         out["time_ms"] = time_ms
     return out

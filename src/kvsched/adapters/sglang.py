@@ -167,6 +167,7 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem],
         new_blocks={rid: tuple(ids) for rid, ids in event["new_block_ids"].items() if ids},
         prefix_hits={rid: tuple(ids) for rid, ids in event["prefix_hits"].items() if ids},
         block_keys={rid: ks for rid, ks in block_keys.items() if ks},
+        dedup={rid: tuple(ids) for rid, ids in event["dedup"].items()},
     )
 
 

@@ -385,6 +385,7 @@ def effective_config(s: Any) -> dict[str, Any]:
 # -- one job ------------------------------------------------------------------------------
 
 RELEASED: list[str] = []  # victims in the order SGLang released them, this step
+PRIORITY_VICTIMS: list[str] = []  # those of them preempted for priority, in that order
 
 
 def watch_releases(g: SimpleNamespace) -> None:
@@ -397,6 +398,36 @@ def watch_releases(g: SimpleNamespace) -> None:
         return original(self, idx, *args, **kwargs)
 
     g.ScheduleBatch.release_req = release_req
+    adder = importlib.import_module("sglang.srt.managers.schedule_policy").PrefillAdder
+    preempt = adder.preempt_to_schedule
+
+    def preempt_to_schedule(self: Any, req: Any) -> Any:
+        before = len(RELEASED)
+        done = preempt(self, req)
+        PRIORITY_VICTIMS.extend(RELEASED[before:])
+        return done
+
+    adder.preempt_to_schedule = preempt_to_schedule
+
+
+def requeue_in_release_order(s: Any) -> None:
+    """Put this step's victims of priority preemption back into the waiting queue in the
+    order SGLang released them (the running batch's), with their queue entry times in
+    that order. SGLang requeues them in the iteration order of a Python set of request
+    objects (preempt_to_schedule, schedule_policy.py:1767-1777), which follows their
+    memory addresses: no rule decides it, and a recording should not depend on the
+    allocator. Any order is one SGLang could have taken."""
+    if len(PRIORITY_VICTIMS) < 2:
+        return
+    queue = s.waiting_queue
+    places = [i for i, q in enumerate(queue) if q.rid in PRIORITY_VICTIMS]
+    if len(places) != len(PRIORITY_VICTIMS):
+        raise DriverError("the victims of a priority preemption are not all waiting")
+    victims = sorted((queue[i] for i in places), key=lambda q: PRIORITY_VICTIMS.index(q.rid))
+    times = sorted(q.time_stats.wait_queue_entry_time for q in victims)
+    for i, q, t in zip(places, victims, times, strict=True):
+        queue[i] = q
+        q.time_stats.wait_queue_entry_time = t
 
 
 def batch_rows(s: Any, batch: Any) -> list[tuple[Any, int, int, list[int], list[int]]]:
@@ -424,6 +455,31 @@ def batch_rows(s: Any, batch: Any) -> list[tuple[Any, int, int, list[int], list[
     return rows
 
 
+def deduplicated(s: Any, reqs: dict[str, Any], computed: dict[str, int],
+                 tables: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The requests whose pages SGLang's radix cache swapped for its own copies of the
+    same content this step (cache_req frees a request's duplicate pages and points its
+    row at the cached ones), each with the pages its table now starts with; `tables`
+    are brought up to date."""
+    out: dict[str, list[int]] = {}
+    page, table = s.page_size, s.req_to_token_pool.req_to_token
+    for rid, pages in tables.items():
+        q = reqs[rid]
+        if q.kv.req_pool_idx is None or not pages:
+            continue
+        slots = table[q.kv.req_pool_idx, : computed[rid]].tolist()
+        now = list(dict.fromkeys(x // page for x in slots))
+        if now == pages:
+            continue
+        if len(now) != len(pages):
+            raise DriverError(f"{rid}'s pages changed from {len(pages)} to {len(now)} "
+                              "without being scheduled")
+        changed = max(i for i, (a, b) in enumerate(zip(now, pages, strict=True)) if a != b)
+        out[rid] = now[: changed + 1]
+        tables[rid] = now
+    return out
+
+
 def run_job(g: SimpleNamespace, v1: Any, job: dict[str, Any], emit: Any) -> None:
     """Record one job: its header, a step event per step, its done event."""
     cfg = job["config"]
@@ -443,6 +499,8 @@ def run_job(g: SimpleNamespace, v1: Any, job: dict[str, Any], emit: Any) -> None
           "config": effective_config(s)})
     alloc, page, tree = s.token_to_kv_pool_allocator, s.page_size, s.tree_cache
     computed: dict[str, int] = {}  # kvsched's C: what each live request has computed
+    tables: dict[str, list[int]] = {}  # each request's pages, as the trace has said them
+    reqs: dict[str, Any] = {}
     live = 0
     last = max(by_arrival) if by_arrival else 0
     max_steps = job.get("max_steps")
@@ -468,31 +526,44 @@ def run_job(g: SimpleNamespace, v1: Any, job: dict[str, Any], emit: Any) -> None
                     raise DriverError(f"SGLang clips max_new_tokens of {w['id']} from "
                                       f"{w['max_tokens']} to {req.sampling_params.max_new_tokens}")
                 s._add_request_to_queue(req)
+                reqs[w["id"]] = req
                 arrivals.append(w["id"])
                 computed[w["id"]] = 0
                 live += 1
             RELEASED.clear()
+            PRIORITY_VICTIMS.clear()
             ratio = float(s.new_token_ratio_tracker.current)
             plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+            requeue_in_release_order(s)
             s.running_batch = plan.running_batch
             batch = plan.batch_to_run
             preempted = list(RELEASED)
             for rid in preempted:
                 computed[rid] = 0
+                tables.pop(rid, None)
             scheduled, new_pages, hits = [], {}, {}
             if batch:
                 for q, p, e, new, old in batch_rows(s, batch):
                     rid = q.rid
-                    if computed[rid] == 0 and p > 0:
-                        hits[rid] = old
+                    if computed[rid] == 0:
+                        tables[rid] = list(old)
+                        if p > 0:
+                            hits[rid] = old
                     elif p != computed[rid]:
                         raise DriverError(f"SGLang scheduled {rid} from token {p}, but it had "
                                           f"computed {computed[rid]}")
                     computed[rid] = p + e
+                    tables[rid] += new
                     scheduled.append([rid, e])
                     if new:
                         new_pages[rid] = new
                 s.process_batch_result(batch, s.run_batch(batch))
+                chunked = s.chunked_req
+                if chunked is not None and chunked.extend_end > chunked.prefix_len:
+                    # The next step's get_next_batch_to_run caches the middle chunk first
+                    # thing (scheduler.py:3918); done here, the step that computed it says
+                    # what it deduplicated (nothing touches the cache in between).
+                    s.stash_chunked_request(chunked)
                 finished = [q.rid for q in batch.reqs if q.finished()]
             else:
                 s._sched_idled = True
@@ -502,10 +573,14 @@ def run_job(g: SimpleNamespace, v1: Any, job: dict[str, Any], emit: Any) -> None
             s.last_batch = batch
             for rid in finished:
                 computed.pop(rid, None)
+                tables.pop(rid, None)
+                reqs.pop(rid, None)
             live -= len(finished)
+            dedup = deduplicated(s, reqs, computed, tables)
             emit({"step": step, "arrivals": arrivals, "preempted": preempted,
                   "mode": batch.forward_mode.name if batch else None, "scheduled": scheduled,
                   "new_block_ids": new_pages, "prefix_hits": hits, "finished": finished,
+                  "dedup": dedup,
                   "free_pages": int(alloc.available_size()) // page,
                   "evictable_pages": int(tree.evictable_size()) // page,
                   "new_token_ratio": ratio})
