@@ -106,8 +106,8 @@ def served_as_asked(config: Config, item: WorkItem) -> str | None:
     paged_prompt = blocks_for(item.prompt_len, page) * page
     memory = config.num_gpu_blocks * page - paged_prompt - page - 1
     if item.prompt_len >= longest - 5:
-        return (f"request {item.id!r}: SGLang aborts a prompt of {item.prompt_len} tokens "
-                f"(its limit is {longest - 5} - 1)")
+        return (f"request {item.id!r}: SGLang aborts a prompt of {item.prompt_len} tokens; "
+                f"its prompts must be shorter than {longest - 5} (max_req_len - 5)")
     if item.max_tokens > min(longest - item.prompt_len - 1, memory):
         return (f"request {item.id!r}: SGLang clips max_tokens {item.max_tokens} to "
                 f"{max(0, min(longest - item.prompt_len - 1, memory))} (its context and "
