@@ -10,12 +10,14 @@ from __future__ import annotations
 import gzip
 import json
 from functools import cache
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conformance.sglang import CASES, FLIPS, PROFILE, STORE, Verdict, check, variants
-from conformance.vllm import first_divergence
+from conformance.sglang import CASES, FLIPS, PROFILE, STORE, check, variants
+from conformance.vllm import Verdict, first_divergence
 
 NAMED = [c.name for c in CASES]
 
@@ -31,7 +33,7 @@ def verdicts() -> dict[str, Verdict]:
     return {name: check(name, data) for name, data in kept().items()}
 
 
-def steps(name: str) -> list[dict[str, object]]:
+def steps(name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in kept()[name].splitlines()[1:]
             if b'"step"' in line]
 
@@ -67,7 +69,7 @@ def test_the_cases_reach_what_the_rules_are_about() -> None:
     # a chunk continues alone, or with what the chunk budget leaves, never beside decodes
     for s in steps("chunked"):
         if s.get("mode") == "EXTEND":
-            assert sum(n for _, n in s["scheduled"]) <= 64  # type: ignore[index, misc]
+            assert sum(n for _, n in s["scheduled"]) <= 64
 
 
 def test_the_ratio_in_the_trace_is_sglangs_schedule() -> None:
@@ -75,15 +77,15 @@ def test_the_ratio_in_the_trace_is_sglangs_schedule() -> None:
     back to 0.7 when fully idle (the engine's own value, read from each step line)."""
     lines = steps("idle-reset")
     assert lines[0]["new_token_ratio"] == pytest.approx(0.7)
-    for a, b in zip(lines, lines[1:], strict=False):
-        ra, rb = float(a["new_token_ratio"]), float(b["new_token_ratio"])  # type: ignore[arg-type]
+    for a, b in pairwise(lines):
+        ra, rb = float(a["new_token_ratio"]), float(b["new_token_ratio"])
         if a.get("mode") == "DECODE" and not a.get("preempted"):
             assert rb == pytest.approx(max(ra - (0.7 - 0.098) / 600, 0.098))
         elif a.get("mode") in ("EXTEND", "MIXED"):
             assert rb == ra
-    assert min(float(s["new_token_ratio"]) for s in lines) < 0.5  # type: ignore[arg-type]
+    assert min(float(s["new_token_ratio"]) for s in lines) < 0.5
     resets = [i for i, s in enumerate(lines[1:], 1) if s["new_token_ratio"] == 0.7
-              and float(lines[i - 1]["new_token_ratio"]) < 0.7]  # type: ignore[arg-type]
+              and float(lines[i - 1]["new_token_ratio"]) < 0.7]
     assert len(resets) >= 2  # once after each idle stretch
 
 
