@@ -29,15 +29,18 @@ Stamp = tuple[int, int]
 
 
 class Node:
-    """A tree node: the edge `key` from its parent, a lock count, an LRU stamp.
-    The object is the handle a request keeps (SGLang's NodeId): a split keeps the object
-    as the lower part and makes a new node for the upper part (UTC:1467)."""
+    """A tree node: the edge `key` from its parent, the ids of the pages holding it
+    (`value`, one per page of the key: SGLang's node value, in pages), a lock count, an
+    LRU stamp. The object is the handle a request keeps (SGLang's NodeId): a split keeps
+    the object as the lower part and makes a new node for the upper part (UTC:1467)."""
 
-    __slots__ = ("children", "key", "last_access", "lock_ref", "parent")
+    __slots__ = ("children", "key", "last_access", "lock_ref", "parent", "value")
 
-    def __init__(self, parent: Node | None, key: tuple[Hashable, ...], stamp: Stamp) -> None:
+    def __init__(self, parent: Node | None, key: tuple[Hashable, ...], value: list[int],
+                 stamp: Stamp) -> None:
         self.parent = parent
         self.key = key
+        self.value = value
         self.children: dict[tuple[Hashable, ...], Node] = {}
         self.lock_ref = 0
         self.last_access = stamp
@@ -45,10 +48,12 @@ class Node:
 
 @dataclass(frozen=True)
 class Match:
-    """A match: `length` tokens hit (SGLang's `device_prefix_len`) ending at `node`."""
+    """A match: `length` tokens hit (SGLang's `device_prefix_len`) ending at `node`, held
+    in `pages` (the path's page ids)."""
 
     length: int
     node: Node
+    pages: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,11 +64,15 @@ class Cached:
       allocator during the insert (FreeDeviceKV, UTC:1352) and the request adopts the
       tree's copies (URC:1290).
     protected_len: the request's new `cache_protected_len` (the page-aligned inserted length).
-    lock: the node the request now holds locked (its old lock was released)."""
+    lock: the node the request now holds locked (its old lock was released).
+    freed_pages: the ids of the freed pages; table: the ids of the request's first
+      protected_len // page_size pages now (the tree's copies where it had duplicates)."""
 
     freed: int
     protected_len: int
     lock: Node | None
+    freed_pages: tuple[int, ...] = ()
+    table: tuple[int, ...] = ()
 
 
 class RadixTree:
@@ -75,7 +84,7 @@ class RadixTree:
         self.page_size = page_size
         self.disable = disable
         self._clock = 0
-        self.root = self._new_node(None, ())
+        self.root = self._new_node(None, (), [])
         self.root.lock_ref = 1  # UTC:497: the root is always locked
         self._evictable = 0
         self._protected = 0
@@ -86,8 +95,9 @@ class RadixTree:
         self._clock += 1
         return self._clock - 1
 
-    def _new_node(self, parent: Node | None, key: tuple[Hashable, ...]) -> Node:
-        node = Node(parent, key, (self._tick(), 0))  # last_access_time (UTC:126)
+    def _new_node(self, parent: Node | None, key: tuple[Hashable, ...],
+                  value: list[int]) -> Node:
+        node = Node(parent, key, value, (self._tick(), 0))  # last_access_time (UTC:126)
         self._tick()  # creation_time (UTC:127)
         return node
 
@@ -121,9 +131,11 @@ class RadixTree:
         count; `child` keeps the rest and is re-stamped (UTC:1524)."""
         parent = child.parent
         assert parent is not None
-        upper = self._new_node(parent, child.key[:at])
+        cut = at // self.page_size
+        upper = self._new_node(parent, child.key[:at], child.value[:cut])
         upper.lock_ref = child.lock_ref  # FULL:141
         child.key = child.key[at:]
+        child.value = child.value[cut:]
         child.parent = upper
         upper.children[child.key[: self.page_size]] = child
         parent.children[upper.key[: self.page_size]] = upper
@@ -155,11 +167,13 @@ class RadixTree:
             node = child
         t, depth = self._tick(), 0
         cur: Node | None = node
+        path: list[list[int]] = []
         while cur is not None:
             cur.last_access = (t, -depth)
+            path.append(cur.value)
             depth += 1
             cur = cur.parent
-        return Match(off, node)
+        return Match(off, node, tuple(p for v in reversed(path) for p in v))
 
     def touch(self, key: Sequence[Hashable]) -> None:
         """`touch_prefix` (URC:647): a match without limit, result unused. The FCFS
@@ -201,22 +215,28 @@ class RadixTree:
             cur = cur.parent
 
     # ---- insertion ----
-    def _insert(self, key: tuple[Hashable, ...], prev_prefix_len: int) -> tuple[Node, int]:
+    def _insert(self, key: tuple[Hashable, ...], prev_prefix_len: int, value: list[int]
+                ) -> tuple[Node, list[int]]:
         """`insert` (URC:661; UTC:1129-1465): touch the root, then walk: touch each edge
         met, split it where the key leaves it, count the overlap past `prev_prefix_len` as
-        duplicates (UTC:1350-1363); hang the rest under a new unlocked leaf (UTC:1532)."""
+        duplicates (UTC:1350-1363); hang the rest under a new unlocked leaf (UTC:1532).
+        `value` holds the pages of `key`: a duplicate's page is returned (to be freed)
+        and replaced in `value` by the tree's."""
         self.root.last_access = (self._tick(), 0)  # UTC:1146
-        node, off, freed, ps = self.root, 0, 0, self.page_size
+        node, off, ps = self.root, 0, self.page_size
+        freed: list[int] = []
         while off < len(key) and key[off : off + ps] in node.children:
             child = node.children[key[off : off + ps]]
             child.last_access = (self._tick(), 0)  # _touch_node (UTC:1291)
             m = self._common(child.key, key, off)
             if m < len(child.key):
                 child = self._split(child, m)
-            freed += max(0, m - max(0, prev_prefix_len - off))
+            for j in range(max(off, prev_prefix_len) // ps, (off + m) // ps):
+                freed.append(value[j])
+                value[j] = child.value[j - off // ps]
             node, off = child, off + m
         if off < len(key):
-            leaf = self._new_node(node, key[off:])
+            leaf = self._new_node(node, key[off:], value[off // ps :])
             node.children[leaf.key[:ps]] = leaf
             self._evictable += len(leaf.key)
             node = leaf
@@ -229,6 +249,7 @@ class RadixTree:
         prompt_len: int,
         protected_len: int,
         lock: Node | None,
+        pages: Sequence[int] = (),
     ) -> Cached:
         """`checkpoint_into_tree` (URC:1164): cache `key[:up_to]` of a request whose
         `cache_protected_len` is `protected_len` and which holds `lock`.
@@ -251,22 +272,26 @@ class RadixTree:
         if self.disable or up_to <= 0:
             return Cached(0, protected_len, lock)
         k = self._aligned(key, up_to)
-        node, freed = self._insert(k, protected_len)
+        value = list(pages[: len(k) // self.page_size])
+        if len(value) < len(k) // self.page_size:  # a caller that keeps no page ids
+            value += [-1] * (len(k) // self.page_size - len(value))
+        node, freed = self._insert(k, protected_len, value)
         p = prompt_len // self.page_size * self.page_size
         if 0 < p < len(k):
-            self._insert(k[:p], p)
+            self._insert(k[:p], p, value[: p // self.page_size])
         assert protected_len <= len(k) + self.page_size - 1
         self.unlock(lock)
-        return Cached(freed, len(k), self.lock(node))
+        return Cached(len(freed) * self.page_size, len(k), self.lock(node), tuple(freed),
+                      tuple(value))
 
     # ---- eviction ----
-    def evict(self, num_tokens: int) -> int:
+    def evict(self, num_tokens: int) -> list[int]:
         """`evict(EvictParams(num_tokens))` (URC:690, :952-1058; FULL:224-256): delete
         whole unlocked leaves, least recent stamp first (a parent left an unlocked leaf
         joins the candidates), until at least `num_tokens` are freed or none is left.
-        Returns the tokens freed to the allocator."""
+        Returns the ids of the pages freed to the allocator, in the order freed."""
         if self.disable or num_tokens <= 0:
-            return 0
+            return []
         heap: list[tuple[Stamp, int, Node]] = []
         stack = [self.root]
         while stack:
@@ -275,7 +300,7 @@ class RadixTree:
             if not n.children and n.lock_ref == 0 and n is not self.root:
                 heap.append((n.last_access, id(n), n))
         heapq.heapify(heap)
-        freed = 0
+        freed, pages = 0, []
         while freed < num_tokens and heap:
             _, _, x = heapq.heappop(heap)
             parent = x.parent
@@ -284,18 +309,20 @@ class RadixTree:
             x.parent = None
             self._evictable -= len(x.key)
             freed += len(x.key)
+            pages += x.value
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
-        return freed
+        return pages
 
-    def evict_to_free(self, num_tokens: int, available: int) -> int:
+    def evict_to_free(self, num_tokens: int, available: int) -> list[int]:
         """`evict_from_tree_cache(tree, num_tokens)` (mem_cache/common.py:283 ->
         allocator/base.py:155): evict until the allocator has `num_tokens` available,
         i.e. `evict(num_tokens - available)` (URC:697: walks to the target, checked
         after every node). Called before every KV allocation with the allocation's size
         (extend: `extend_num_tokens`, paged `+ page_size` per request,
         mem_cache/allocation.py:157, :192; decode, :642) and after each retraction with
-        `20 * remaining requests` (managers/schedule_batch.py:2391). Returns tokens freed."""
+        `20 * remaining requests` (managers/schedule_batch.py:2391). Returns the pages
+        freed."""
         return self.evict(num_tokens - available)
 
     def nodes(self) -> list[Node]:

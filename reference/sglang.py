@@ -44,13 +44,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import count
 
 from kvsched.reference.radix import Node, RadixTree
-from kvsched.spec.prefix import KeyBook
 from kvsched.spec.knobs import Knobs, SGLangKnobs
 from kvsched.spec.model import Config, Decision, Preemption, Request, RequestView, Status
+from kvsched.spec.prefix import KeyBook
 
 # SGLang's FCFS pass re-stamps the waiting requests' cached prefixes every this many
 # passes, for at most this many of them (WAITING_PREFIX_REFRESH_INTERVAL and
@@ -72,6 +72,7 @@ class SGLangRequest:
     # rest of its computed tokens are its own.
     cached: int = 0
     lock: Node | None = None
+    pages: list[int] = field(default_factory=list)  # its table: page ids, in order
     entry: int = 0
     # The known tokens when SGLang last refreshed the request's fill ids (trying it for
     # admission, continuing its chunk, mixing its decode); 0 until it is first tried.
@@ -108,7 +109,11 @@ class SGLangScheduler:
         self.ratio = self.init_ratio
         self.page = config.block_size
         self.total = config.num_gpu_blocks * self.page
-        self.available = self.total  # free KV tokens (SGLang's allocator), whole pages
+        # The allocator's free pages, handed out from the head; freed ones join the tail
+        # (pages of one token: TokenToKVPoolAllocator.free) or the head in id order
+        # (PagedTokenToKVPoolAllocator.free).
+        self.free_pages = list(range(config.first_block_id,
+                                     config.first_block_id + config.num_gpu_blocks))
         self.tree = RadixTree(self.page, disable=not config.prefix_caching)
         self.book = KeyBook(self.page)  # the content keys of requests' pages
         self.passes = 0  # calc_priority calls with something waiting (the FCFS touch)
@@ -122,6 +127,9 @@ class SGLangScheduler:
         self.entries = count()
         self.sampled: list[SGLangRequest] = []
         self.decoding: list[SGLangRequest] = []  # a mixed step's decodes
+        self.hits: dict[str, tuple[int, ...]] = {}  # this step's prefix hits
+        self.new_blocks: dict[str, tuple[int, ...]] = {}  # this step's new pages
+        self.deduplicated: dict[str, tuple[int, ...]] = {}  # the last update's
 
     # -- the Scheduler interface --------------------------------------------------------
 
@@ -149,20 +157,34 @@ class SGLangScheduler:
         """Free pages and evictable radix-cache pages (the trace's free_blocks)."""
         return (self.available + self.tree.evictable_size()) // self.page
 
+    def block_table(self, request_id: str) -> tuple[int, ...]:
+        r = self.live.get(request_id)
+        return tuple(r.pages) if r is not None else ()
+
+    def host_table(self, request_id: str) -> tuple[int, ...]:
+        return ()
+
+    def free_gpu_ids(self) -> tuple[int, ...]:
+        """The allocator's free pages, in the order they are handed out (evictable
+        radix-cache pages are not among them until evicted)."""
+        return tuple(self.free_pages)
+
+    def free_host_ids(self) -> tuple[int, ...]:
+        return ()
+
     def states(self) -> dict[str, RequestView]:
-        return {rid: RequestView(r.status, r.known, r.computed,
-                                 self._pages_for(r.computed), 0, r.preemptions)
+        return {rid: RequestView(r.status, r.known, r.computed, len(r.pages), 0,
+                                 r.preemptions)
                 for rid, r in self.live.items()}
 
     def has_unfinished(self) -> bool:
         return bool(self.live)
 
     def schedule(self) -> Decision:
-        if self.chunked is not None:  # its middle chunk is cached (stash_chunked_request)
-            self._checkpoint(self.chunked)
         self._merge_last_batch()
         preempted: list[Preemption] = []
-        self.hits: dict[str, tuple[int, ...]] = {}
+        self.hits = {}
+        self.new_blocks = {}
         self.decoding = []
         batch = self._prefill_pass(preempted)
         if batch is not None:
@@ -176,13 +198,18 @@ class SGLangScheduler:
         self.last_batch = [self.live[rid] for rid, _ in scheduled]
         self.sampled = [r for r in self.last_batch if r.computed == r.known]
         return Decision(preempted=tuple(preempted), scheduled=tuple(scheduled),
-                        sampled=tuple(r.id for r in self.sampled), prefix_hits=self.hits)
+                        sampled=tuple(r.id for r in self.sampled),
+                        new_blocks=dict(self.new_blocks), prefix_hits=dict(self.hits))
 
     def update(self, stopped: Collection[str]) -> tuple[str, ...]:
         """Each sampled request's token, in batch order: a finished request's KV is cached
         and released; a prefill that goes on decoding is cached
-        (process_batch_result_prefill, batch_result_processor.py:360-395)."""
+        (process_batch_result_prefill, batch_result_processor.py:360-395). Then the
+        chunked request's middle chunk is cached: SGLang does it first thing in the next
+        step (stash_chunked_request, scheduler.py:3918), and nothing touches the cache
+        in between."""
         done = []
+        self.deduplicated = {}
         for r in self.sampled:
             r.outputs += 1
             if r.id in stopped or r.outputs >= r.request.max_tokens:
@@ -193,43 +220,67 @@ class SGLangScheduler:
                 r.status = Status.FINISHED
                 del self.live[r.id]
                 self.book.forget(r.id)
+                self.deduplicated.pop(r.id, None)
                 done.append(r.id)
             elif self.last_was_prefill and r not in self.decoding:
                 self._checkpoint(r)
+        if self.chunked is not None and self.last_was_prefill:
+            self._checkpoint(self.chunked)
         self.sampled = []
         return tuple(done)
+
+    def dedups(self) -> dict[str, tuple[int, ...]]:
+        """The requests whose tables the last update deduplicated, each with the pages
+        its table now starts with (trace v1's `dedup`)."""
+        return dict(self.deduplicated)
 
     # -- memory ---------------------------------------------------------------------------
 
     def _pages_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.page)
 
-    def _own(self, r: SGLangRequest) -> int:
-        """The tokens of `r`'s own pages (those not in the radix cache)."""
-        return self._pages_for(r.computed) * self.page - r.cached
+    @property
+    def available(self) -> int:
+        """Free KV tokens (SGLang's allocator's available_size)."""
+        return len(self.free_pages) * self.page
+
+    def _free(self, pages: Sequence[int]) -> None:
+        if self.page == 1:
+            self.free_pages += pages
+        else:
+            self.free_pages[:0] = sorted(set(pages))
 
     def _evict_for(self, tokens: int) -> None:
         """Evict radix-cache leaves until `tokens` are free (evict_from_tree_cache)."""
-        self.available += self.tree.evict_to_free(tokens, self.available)
+        self._free(self.tree.evict_to_free(tokens, self.available))
 
     def _compute(self, r: SGLangRequest, n: int) -> None:
         """`n` more tokens of `r` computed, in the pages they need."""
-        need = (self._pages_for(r.computed + n) - self._pages_for(r.computed)) * self.page
-        if need > self.available:
-            raise ValueError(f"{r.id} needs {need} tokens, {self.available} are free")
-        self.available -= need
+        need = self._pages_for(r.computed + n) - len(r.pages)
+        if need > len(self.free_pages):
+            raise ValueError(f"{r.id} needs {need} pages, {len(self.free_pages)} are free")
+        taken, self.free_pages = self.free_pages[:need], self.free_pages[need:]
+        r.pages += taken
         r.computed += n
+        if taken:
+            self.new_blocks[r.id] = self.new_blocks.get(r.id, ()) + tuple(taken)
 
     def _checkpoint(self, r: SGLangRequest) -> None:
         """Insert `r`'s computed pages into the radix cache (checkpoint_into_tree): the
-        ones already cached are freed, and `r` holds the cached path locked."""
+        ones already cached are freed, `r`'s table takes the cache's copies
+        (deduplication), and `r` holds the cached path locked."""
         done = self.tree.cache_req(self._tokens(r), r.computed, r.request.prompt_len,
-                                   r.cached, r.lock)
-        self.available += done.freed
+                                   r.cached, r.lock, r.pages)
+        if done.freed_pages:
+            self._free(done.freed_pages)
+            r.pages[: len(done.table)] = done.table
+            self.deduplicated[r.id] = done.table
         r.cached, r.lock = done.protected_len, done.lock
 
     def _free_own(self, r: SGLangRequest) -> None:
-        self.available += self._own(r)
+        """Free `r`'s own pages: those past its cached prefix."""
+        self._free(r.pages[r.cached // self.page :])
+        r.pages = r.pages[: r.cached // self.page]
 
     def _queue(self, r: SGLangRequest, front: bool = False) -> None:
         r.status = Status.WAITING
@@ -372,10 +423,10 @@ class SGLangScheduler:
             else:
                 n = extend
                 max_reserved = self._clip(r.request.max_tokens)
-            r.cached, r.computed = hit.length, hit.length
+            r.cached, r.computed, r.pages = hit.length, hit.length, list(hit.pages)
             r.lock = self.tree.lock(hit.node)
             if hit.length:
-                self.hits[r.id] = tuple(range(self._pages_for(hit.length)))
+                self.hits[r.id] = hit.pages
             admitted.append((r, n))
             reserve(n, max_reserved)
             if state() != "continue":
@@ -446,7 +497,7 @@ class SGLangScheduler:
         schedule_batch.py:2360); `r` recomputes from nothing."""
         self._free_own(r)
         self.tree.unlock(r.lock)
-        r.lock, r.cached, r.computed = None, 0, 0
+        r.lock, r.cached, r.computed, r.pages = None, 0, 0, []
         r.preemptions += 1
         self._evict_for(remaining * self.rules.retract_decode_steps)
 

@@ -9,7 +9,7 @@ that offers them (the reference, the compiled and the torch schedulers do:
 `InspectableScheduler`) can be compared with another block by block, and tested without
 reading its private state. `ContentKeys` is optional too: a scheduler with prefix
 caching that takes its blocks' content keys from a trace, as a profile's replay gives
-them.
+them; and `Deduplicating`: one whose cache deduplicates running requests' blocks.
 """
 
 from __future__ import annotations
@@ -79,6 +79,18 @@ class ContentKeys(Protocol):
                        start: int | None = None) -> None:
         """The keys of the request's blocks from table index `start` on, replacing every
         key given from there; by default the next ones, continuing those given before."""
+        ...
+
+
+@runtime_checkable
+class Deduplicating(Protocol):
+    """Optional, for prefix caching: a scheduler whose cache swaps a request's blocks for
+    cached copies of the same content (SGLang's radix cache), as trace v1's `dedup`
+    says it."""
+
+    def dedups(self) -> dict[str, tuple[int, ...]]:
+        """The requests whose tables the last update() deduplicated, each with the block
+        ids its table now starts with."""
         ...
 
 

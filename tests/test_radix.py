@@ -29,9 +29,9 @@ def test_a_lock_protects_the_path_and_an_unlock_frees_it_for_eviction() -> None:
     tree = RadixTree(page_size=1)
     done = tree.cache_req(seq("s", 5), 5, 5, 0, None)
     assert tree.protected_size() == 5 and tree.evictable_size() == 0
-    assert tree.evict(5) == 0  # locked: nothing to evict
+    assert tree.evict(5) == []  # locked: nothing to evict
     tree.unlock(done.lock)
-    assert tree.evict(5) == 5 and tree.evictable_size() == 0
+    assert len(tree.evict(5)) == 5 and tree.evictable_size() == 0
 
 
 def test_insertion_frees_what_another_request_cached_first() -> None:
@@ -49,7 +49,7 @@ def test_eviction_takes_the_least_recently_used_leaf_first() -> None:
     for name in ("a", "b"):
         tree.unlock(tree.cache_req(seq(name, 4), 4, 4, 0, None).lock)
     tree.match(seq("a", 4), limit=3)  # a is used again: b is the older leaf
-    assert tree.evict(1) == 4
+    assert len(tree.evict(1)) == 4
     assert tree.match(seq("b", 4), limit=3).length == 0
     assert tree.match(seq("a", 4), limit=3).length == 3
 
@@ -58,4 +58,4 @@ def test_a_disabled_cache_holds_nothing() -> None:
     tree = RadixTree(page_size=1, disable=True)
     done = tree.cache_req(seq("s", 5), 5, 5, 0, None)
     assert done.freed == 0 and done.protected_len == 0
-    assert tree.match(seq("s", 5), limit=4).length == 0 and tree.evict(10) == 0
+    assert tree.match(seq("s", 5), limit=4).length == 0 and tree.evict(10) == []

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from kvsched.spec.interface import Scheduler
+from kvsched.spec.interface import Deduplicating, Scheduler
 from kvsched.spec.model import Config, StepRecord
 from kvsched.spec.prefix import block_key
 from kvsched.spec.should import DEFAULT_STALL_STEPS, Stall, moves, stalled_run
@@ -121,11 +121,13 @@ def run(scheduler: Scheduler, workload: Sequence[WorkItem], *, block_ids: bool =
         for rid in finished:
             del outputs[rid]
             keyed.pop(rid, None)
+        dedup = scheduler.dedups() if isinstance(scheduler, Deduplicating) else {}
         rec = StepRecord(step, tuple(arrivals), tuple(aborted), decision.rejected,
                          decision.preempted, decision.swapped_in, decision.scheduled,
                          finished, scheduler.free_blocks(),
                          decision.new_blocks if block_ids else None,
-                         prefix_hits=decision.prefix_hits, block_keys=keys)
+                         prefix_hits=decision.prefix_hits, block_keys=keys,
+                         dedup=dedup if block_ids else {})
         yield rec
         if stall.observe(moves(rec), bool(outputs)):
             raise stalled_run(scheduler, lambda rid: by_id[rid].request(by_id[rid].arrival),
