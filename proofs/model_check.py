@@ -3,7 +3,8 @@
 NOTE on the method. A scope fixes a config, the knobs and up to a few request shapes
 (prompt_len, max_tokens, priority). From the empty scheduler, each step branches on
 every input the environment may give: any subset of the requests not yet arrived
-arrives, at most one live request is aborted, the scheduler decides (deterministic),
+arrives, at most one live request is aborted (where the scope's step takes aborts: not
+SGLang's, whose adapter drives none), the scheduler decides (deterministic),
 and any subset of the requests that sampled a token stops at end-of-sequence (those
 that reached max_tokens or max_model_len stop anyway). Breadth-first search over
 canonical states (state_key.py) visits each reachable state once.
@@ -39,8 +40,10 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
 
+from kvsched.reference import SGLangScheduler, scheduler_for
 from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.spec.checker import Checker, Report
+from kvsched.spec.interface import Deduplicating
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Decision, Request, StepRecord
 from kvsched.spec.prefix import block_key
@@ -102,9 +105,9 @@ class World:
     """One state: the scheduler under test, the spec's checker replaying its trace, the
     twin (the reference in lockstep, or None), and the requests not yet arrived."""
 
-    scheduler: ReferenceScheduler
+    scheduler: ReferenceScheduler | SGLangScheduler
     checker: Checker
-    twin: ReferenceScheduler | None
+    twin: ReferenceScheduler | SGLangScheduler | None
     unarrived: tuple[str, ...]
     should: tuple[str, ...] = ()  # SHOULD ids that are findings too (PER_STEP_SHOULD)
 
@@ -238,10 +241,12 @@ def record(world: World, scope: Scope, step: Step, number: int,
             got = tuple(block_key(rid, prefix, i, bs) for i in range(done, known // bs))
             if got:
                 keys[rid] = got
+    dedup = (world.scheduler.dedups() if isinstance(world.scheduler, Deduplicating)
+             else {})
     return StepRecord(number, step.requests, (step.abort,) if step.abort else (),
                       d.rejected, d.preempted, d.swapped_in, d.scheduled, finished,
                       world.scheduler.free_blocks(), d.new_blocks,
-                      prefix_hits=d.prefix_hits, block_keys=keys)
+                      prefix_hits=d.prefix_hits, block_keys=keys, dedup=dedup)
 
 
 def new_world(scope: Scope, factory: Factory, twin: bool, should: tuple[str, ...] = ()
@@ -250,6 +255,9 @@ def new_world(scope: Scope, factory: Factory, twin: bool, should: tuple[str, ...
     if unknown:
         raise ValueError(f"only {', '.join(PER_STEP_SHOULD)} can be a finding, not "
                          f"{', '.join(sorted(unknown))}")
+    if scope.scheduler != "v1":  # another engine's step: the reference's own
+        return World(scheduler_for(scope.config, scope.knobs, scope.scheduler),
+                     Checker(scope.config), None, scope.ids, should)
     return World(factory(scope.config, scope.knobs), Checker(scope.config),
                  ReferenceScheduler(scope.config, scope.knobs) if twin else None, scope.ids,
                  should)
@@ -289,7 +297,7 @@ class Graph:
 def successors(world: World, scope: Scope, number: int) -> Iterator[tuple[Inputs, World]]:
     """Every transition out of `world`; a broken invariant raises, naming its inputs."""
     for arrivals in subsets(world.unarrived):
-        live = world.live() + arrivals
+        live = world.live() + arrivals if scope.aborts else ()
         for abort in (None, *live):
             with blame(Inputs(arrivals, abort)):
                 step = begin_step(world.clone(), scope, number, arrivals, abort)

@@ -38,7 +38,14 @@ from kvsched.spec.model import (
     WATERMARK_SCOPES,
     Config,
 )
-from kvsched.spec.profiles import PROFILES, VLLM_V1, ConfigDefaults, Profile
+from kvsched.spec.profiles import (
+    PROFILES,
+    VLLM_V1,
+    ConfigDefaults,
+    Profile,
+    SchedulerKind,
+    get_profile,
+)
 
 T = TypeVar("T")
 
@@ -59,6 +66,8 @@ class Scope:
     config: Config
     knobs: Knobs
     shapes: tuple[Shape, ...]
+    scheduler: SchedulerKind = "v1"  # whose step: the reference of vLLM v1's, or SGLang's
+    aborts: bool = True  # whether the environment may abort requests
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -360,7 +369,23 @@ def quick_scopes() -> list[Scope]:
             out.append(profile_scope(
                 "vllm-v1@0.11.1", alternate(reqs, 1) if policy == "priority" else reqs,
                 "quick", chunked_prefill=False, max_model_len=4, policy=policy))
-    return out + mode_scopes("quick", list(request_sets(FOUR_SHAPES, (3,))))
+    return (out + mode_scopes("quick", list(request_sets(FOUR_SHAPES, (3,))))
+            + quick_sglang_scopes())
+
+
+def quick_sglang_scopes() -> list[Scope]:
+    """SGLang's step for `make test`: in each cache its own rules and the unreserved ones
+    (which overcommit, so that decodes retract) on two sets of three requests, and the
+    eager ones under priority at one seat."""
+    out = []
+    for cache in SGLANG_CACHES:
+        pool = SGLANG_PREFIX if cache.get("prefix_caching") else SGLANG_SHAPES
+        sets = list(request_sets(pool, (3,)))[:2]
+        for rules in ("", "unreserved"):
+            out += [sglang_scope(reqs, "quick", rules, **cache) for reqs in sets]
+        out.append(sglang_scope(urgent(alternate(sets[0], 1)), "quick", "eager",
+                                policy="priority", max_num_seqs=1, **cache))
+    return out
 
 
 # Allocations that reserve ahead: vLLM V0's whole-prompt allocation with a watermark of
@@ -399,13 +424,75 @@ QUICK_PREFIX = ((PREFIX_CACHES[1], (PREFIX_SHAPES[0], PREFIX_SHAPES[0], PREFIX_S
                 (PREFIX_CACHES[0], (*TURNS, PREFIX_SHAPES[1])))
 
 
+# SGLang's step (profile sglang@0.5.23) in caches of 12 tokens, max_model_len 32, on
+# shapes SGLang serves as asked (kvsched.adapters.sglang.served_as_asked: a prompt below
+# max_req_len - 5 and P + O within what the pool holds beside a page, so nothing is
+# clipped), under its own rules and under rules that admit more eagerly, so that
+# decodes run short and retract (a ratio of 0, no reserved output) and priority
+# preemption is reached at one seat.
+SGLANG = "sglang@0.5.23"
+SGLANG_BASE = replace(BASE, num_gpu_blocks=12, max_num_batched_tokens=4, max_num_seqs=3,
+                      max_model_len=32, first_block_id=1)
+SGLANG_SHAPES = shapes((3, 3), (5, 2), (2, 5), (4, 4))
+SGLANG_PREFIX = (Shape(3, 3, 0, (("s", 2),)), Shape(4, 2, 0, (("s", 2),)),
+                 Shape(2, 4, 0, (("s", 2),)))
+SGLANG_CACHES: tuple[dict[str, object], ...] = (
+    {}, {"block_size": 2, "num_gpu_blocks": 6}, {"chunked_prefill": False,
+                                                  "max_num_batched_tokens": 32},
+    {"step_mix": "mixed_chunk"}, {"prefix_caching": True},
+    {"prefix_caching": True, "block_size": 2, "num_gpu_blocks": 6})
+SGLANG_RULES: tuple[tuple[str, dict[str, object]], ...] = (
+    ("", {}), ("eager", {"new_token_ratio": 0.0, "min_ratio_factor": 0.0}),
+    ("unreserved", {"reserve_output": False}))
+
+
+def sglang_scope(requests: tuple[Shape, ...], family: str, rules: str = "",
+                 **fields: object) -> Scope:
+    """A scope of SGLang's step: profile sglang@0.5.23's knobs (with SGLANG_RULES'
+    `rules`), its config defaults where not given."""
+    p = get_profile(SGLANG)
+    config = p.configure(replace(SGLANG_BASE, **fields),  # type: ignore[arg-type]
+                         frozenset(fields))
+    knobs = replace(p.knobs, sglang=replace(p.knobs.sglang,
+                                            **dict(SGLANG_RULES)[rules]))  # type: ignore[arg-type]
+    name = name_of(SGLANG + (f"+{rules}" if rules else ""), config, requests)
+    if config.step_mix != "prefill_or_decode":
+        name += f" {config.step_mix}"
+    return Scope(name, family, config, knobs, requests, "sglang", aborts=False)
+
+
+def sglang_scopes(family: str = "sglang", sizes: tuple[int, ...] = (3, 2)) -> list[Scope]:
+    """Every cache and rule set of SGLang's step on the request sets of `sizes` (fcfs, and
+    under priority both alternating patterns at one seat)."""
+    out = []
+    for cache in SGLANG_CACHES:
+        sets = (list(request_sets(SGLANG_PREFIX, sizes)) if cache.get("prefix_caching")
+                else list(request_sets(SGLANG_SHAPES, sizes)))
+        for rules, _ in SGLANG_RULES:
+            for reqs in sets:
+                out.append(sglang_scope(reqs, family, rules, **cache))
+            for reqs in sets[:4]:
+                for first in (0, 1):
+                    out.append(sglang_scope(urgent(alternate(reqs, first)), family, rules,
+                                            policy="priority", max_num_seqs=1, **cache))
+    return out
+
+
+def urgent(reqs: tuple[Shape, ...]) -> tuple[Shape, ...]:
+    """Priority 1 made 20: more urgent than 0 by more than SGLang's preemption threshold
+    (10), so that the urgent request preempts at the seat limit."""
+    return tuple(replace(s, priority=20 * s.priority) for s in reqs)
+
+
 def full_scopes() -> list[Scope]:
-    return profile_scopes() + grid_scopes() + prefix_scopes() + mode_scopes()
+    return (profile_scopes() + grid_scopes() + prefix_scopes() + mode_scopes()
+            + sglang_scopes())
 
 
 SCOPE_SETS: dict[str, Callable[[], list[Scope]]] = {
     "quick": quick_scopes, "profiles": profile_scopes, "grid": grid_scopes,
     "modes": mode_scopes,
     "prefix": prefix_scopes, "prefix-swap": lambda: prefix_scopes((SWAPPING,)),
+    "sglang": sglang_scopes,
     "full": full_scopes,
 }

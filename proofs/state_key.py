@@ -19,6 +19,8 @@ from typing import Any
 from kvsched.reference.allocator import BlockAllocator
 from kvsched.reference.requests import LiveRequest
 from kvsched.reference.scheduler import ReferenceScheduler
+from kvsched.reference.radix import Node
+from kvsched.reference.sglang import TOUCH_INTERVAL, SGLangScheduler
 from kvsched.spec.checker import Checker
 
 # Attributes encoded explicitly below (or constant within one exploration).
@@ -77,7 +79,50 @@ def waiting_order(s: ReferenceScheduler) -> tuple[str, ...]:
     return tuple(r.request.id for r in s.waiting)
 
 
-def scheduler_key(s: ReferenceScheduler) -> Hashable:
+def node_path(node: Node) -> tuple[Hashable, ...]:
+    """The tokens from the root to `node`: which node a request holds locked."""
+    keys: list[tuple[Hashable, ...]] = []
+    cur: Node | None = node
+    while cur is not None:
+        keys.append(cur.key)
+        cur = cur.parent
+    return tuple(t for k in reversed(keys) for t in k)
+
+
+def sglang_key(s: SGLangScheduler) -> Hashable:
+    """SGLang's step: each request's progress and pages, the queue, the running batch,
+    the chunked request and the last batch, the flags, the ratio, the free list, the
+    radix tree (paths, pages, locks, and the order of its stamps: only their order
+    decides an eviction), and the FCFS touch's phase. Queue entry numbers enter through
+    the order they give."""
+    live = sorted(s.live.values(), key=lambda r: r.entry)
+    entries = tuple((r.id, r.request.prompt_len, r.request.max_tokens, r.request.priority,
+                     r.status.value, r.outputs, r.computed, r.cached, r.fill,
+                     tuple(r.pages)) for r in live)
+    nodes = []
+    stack: list[tuple[tuple[Hashable, ...], Node]] = [((), s.tree.root)]
+    while stack:
+        path, node = stack.pop()
+        nodes.append((path, tuple(node.value), node.lock_ref, node.last_access))
+        for child in node.children.values():
+            stack.append(((*path, *child.key), child))
+    stamps = sorted(n[3] for n in nodes)
+    tree = tuple(sorted((p, v, lock, stamps.index(t)) for p, v, lock, t in nodes))
+    locks = tuple(sorted((r.id, node_path(r.lock)) for r in live if r.lock is not None))
+
+    def ids(rs: list[Any]) -> tuple[str, ...]:
+        return tuple(r.id for r in rs)
+
+    return ("sglang", entries, ids(s.waiting), ids(s.running),
+            s.chunked.id if s.chunked else None, ids(s.last_batch), ids(s.decoding),
+            ids(s.sampled), s.last_was_prefill, s.batch_is_full, s.ratio,
+            tuple(s.free_pages), tree, locks, s.passes % TOUCH_INTERVAL,
+            plain(s.deduplicated))
+
+
+def scheduler_key(s: ReferenceScheduler | SGLangScheduler) -> Hashable:
+    if isinstance(s, SGLangScheduler):
+        return sglang_key(s)
     live = sorted(s.live.values(), key=lambda e: e.seq)
     entries = tuple((e.request.id, e.request.prompt_len, e.request.max_tokens,
                      e.request.priority, e.status.value, e.num_tokens, e.num_computed)

@@ -323,7 +323,7 @@ def test_the_real_driver_without_vllm_fails_in_one_line(tmp_path: Path) -> None:
     # kvsched's own Python has no vLLM: the driver says so as one event, and -I keeps
     # the adapter's own vllm.py from shadowing the real package.
     job = Job("t", SWAP_CONFIG, SWAP_WORKLOAD, tmp_path / "t.jsonl")
-    with pytest.raises(AdapterError, match=r"^vLLM: ModuleNotFoundError: No module named"):
+    with pytest.raises(AdapterError, match=r"^V0: ModuleNotFoundError: No module named"):
         record_jobs([job], Path(sys.executable))
 
 

@@ -226,7 +226,7 @@ def test_the_grid_covers_every_pair_of_values() -> None:
 
 
 def test_the_full_scopes_use_every_knob_and_config_value() -> None:
-    scopes = full_scopes()
+    scopes = [s for s in full_scopes() if s.scheduler == "v1"]
     knobs = {(s.knobs.victim, s.knobs.admit_after_preempt, s.knobs.reserve_full_sequence,
               s.knobs.lift_threshold_when_alone, s.knobs.continue_after_self_preemption)
              for s in scopes}
@@ -245,6 +245,21 @@ def test_the_full_scopes_use_every_knob_and_config_value() -> None:
     assert {(c.allocation, c.prefix_caching) for c in configs} >= {("full", True),
                                                                     ("prompt", False)}
     assert max(len(s.shapes) for s in scopes) == 3
+
+
+def test_the_full_scopes_run_sglangs_step_in_every_step_mix_and_cache() -> None:
+    scopes = [s for s in full_scopes() if s.scheduler == "sglang"]
+    assert scopes and not any(s.aborts for s in scopes)  # SGLang's adapter drives none
+    configs = {s.config for s in scopes}
+    assert {c.step_mix for c in configs} == {"prefill_or_decode", "mixed_chunk"}
+    assert {(c.prefix_caching, c.block_size) for c in configs} == {
+        (False, 1), (False, 2), (True, 1), (True, 2)}
+    assert {c.chunked_prefill for c in configs} == {True, False}
+    assert {c.policy for c in configs} == {"fcfs", "priority"}
+    rules = {(s.knobs.sglang.new_token_ratio, s.knobs.sglang.reserve_output) for s in scopes}
+    assert rules == {(0.7, True), (0.0, True), (0.7, False)}
+    # a priority of 20 against 0: more urgent than SGLang's threshold of 10
+    assert {s.priority for sc in scopes for s in sc.shapes} == {0, 20}
 
 
 # -- the runner's guards against CrossHair's silent traps ----------------------------
