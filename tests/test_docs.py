@@ -253,6 +253,9 @@ CUDA = "needs a CUDA GPU (make gpu-check runs the CUDA tests on one)"
 
 # Commands the tests cannot run, by page and command (as `shown` writes it). A stand-in
 # runs in a gap's place and writes what the page's later commands read.
+SGLANG_ENV = ("SGLang's environment .venv-sglang (make sglang-env; 2.4 GB), which "
+              "make test does not build")
+
 GAPS: dict[str, dict[str, Gap]] = {
     "README.md": {
         "make test": Gap("lint and the whole test suite, this test included: minutes"),
@@ -311,6 +314,18 @@ GAPS: dict[str, dict[str, Gap]] = {
         "VLLM_RELEASE=v0 scripts/conformance_vllm.sh whole-priority": Gap(VLLM_V0_ENV),
         "VLLM_RELEASE=v0 scripts/conformance_vllm.sh --random 1000": Gap(VLLM_V0_ENV),
         "make vllm-v0-traces": Gap(VLLM_V0_ENV + "; it rewrites tests/data/vllm-v0"),
+    },
+    "docs/conformance/sglang.md": {
+        "kvsched record sglang --workload W.jsonl --out trace.jsonl [config options]": Gap(
+            "a synopsis, and " + SGLANG_ENV,
+            # A real recording of SGLang's scheduler by `kvsched record sglang`.
+            stand_in="gzip -dc tests/data/sglang/chunked.jsonl.gz > trace.jsonl"),
+        "make sglang-env": Gap("SGLang's environment: 2.4 GB, a few minutes once"),
+        "make conformance-sglang": Gap(SGLANG_ENV + "; .ci/run runs it"),
+        'make conformance-sglang ARGS="--list"': Gap(SGLANG_ENV),
+        'make conformance-sglang ARGS="radix-page1 radix-eviction"': Gap(SGLANG_ENV),
+        "make conformance-sglang ARGS=--keep": Gap(SGLANG_ENV + "; it rewrites "
+                                                   "tests/data/sglang"),
     },
     "docs/conformance/vllm-live.md": {
         "make vllm-plugin": Gap(VLLM_ENV),
