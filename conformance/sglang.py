@@ -53,9 +53,10 @@ class Case:
 
 def cfg(**fields: object) -> Config:
     """SGLang's config as the profile's defaults set it (pages of 1 token, SGLang's
-    default), with `fields`."""
+    default), the radix cache off unless `fields` turn it on, with `fields`."""
     base = get_profile(PROFILE).configure(Config(block_size=1, first_block_id=1,
-                                                 max_model_len=2048))
+                                                 max_model_len=2048, prefix_caching=False),
+                                          frozenset({"prefix_caching"}))
     return replace(base, **fields)  # type: ignore[arg-type]
 
 

@@ -451,6 +451,7 @@ def sglang_scope(requests: tuple[Shape, ...], family: str, rules: str = "",
     """A scope of SGLang's step: profile sglang@0.5.23's knobs (with SGLANG_RULES'
     `rules`), its config defaults where not given."""
     p = get_profile(SGLANG)
+    fields = {"prefix_caching": False, **fields}  # the radix cache where a cache says so
     config = p.configure(replace(SGLANG_BASE, **fields),  # type: ignore[arg-type]
                          frozenset(fields))
     knobs = replace(p.knobs, sglang=replace(p.knobs.sglang,

@@ -17,9 +17,9 @@ from enum import Enum
 from typing import Any
 
 from kvsched.reference.allocator import BlockAllocator
+from kvsched.reference.radix import Node
 from kvsched.reference.requests import LiveRequest
 from kvsched.reference.scheduler import ReferenceScheduler
-from kvsched.reference.radix import Node
 from kvsched.reference.sglang import TOUCH_INTERVAL, SGLangScheduler
 from kvsched.spec.checker import Checker
 

@@ -65,6 +65,7 @@ class SGLangRequest:
     the pages it holds; `entry` orders queue entries (SGLang's wait_queue_entry_time)."""
 
     request: Request
+    max_new: int  # its max_tokens as SGLang clips them (SGLangScheduler.add_request)
     outputs: int = 0
     computed: int = 0
     # Its first `cached` tokens are radix-cache pages it holds locked (`lock`): a prefix
@@ -134,9 +135,18 @@ class SGLangScheduler:
     # -- the Scheduler interface --------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
+        """Queue `request`, its max_tokens clipped as SGLang clips max_new_tokens to what
+        its context and its pool hold (init_req_max_new_tokens, scheduler.py:2700):
+        max_req_len - P - 1, with max_req_len = min(max_model_len - 1, pool - 1), and the
+        pool less the prompt's pages and a page, less 1. (SGLang's adapter records only
+        requests that need no clip.)"""
         if request.id in self.live:
             raise ValueError(f"request {request.id!r} is already live")
-        self._queue(SGLangRequest(request))
+        longest = min(self.config.max_model_len - 1, self.total - 1)
+        prompt_pages = self._pages_for(request.prompt_len) * self.page
+        room = min(longest - request.prompt_len - 1,
+                   self.total - prompt_pages - self.page - 1)
+        self._queue(SGLangRequest(request, max(1, min(request.max_tokens, room))))
 
     def add_block_keys(self, request_id: str, keys: Sequence[str],
                        start: int | None = None) -> None:
@@ -212,7 +222,7 @@ class SGLangScheduler:
         self.deduplicated = {}
         for r in self.sampled:
             r.outputs += 1
-            if r.id in stopped or r.outputs >= r.request.max_tokens:
+            if r.id in stopped or r.outputs >= r.max_new:
                 self._checkpoint(r)
                 self._free_own(r)
                 self.tree.unlock(r.lock)
@@ -316,7 +326,7 @@ class SGLangScheduler:
         """A running request's reserved future output."""
         if not self.rules.reserve_output:
             return 0.0
-        return self._clip(r.request.max_tokens - r.outputs) * self.ratio
+        return self._clip(r.max_new - r.outputs) * self.ratio
 
     def _charge(self, tokens: int) -> int:
         """What an extend of `tokens` costs the budgets: its pages' tokens."""
@@ -385,7 +395,7 @@ class SGLangScheduler:
             cut = extend > room
             n = min(extend, room)
             admitted.append((chunked, n))
-            reserve(n, 0 if cut else self._clip(chunked.request.max_tokens))
+            reserve(n, 0 if cut else self._clip(chunked.max_new))
             self.chunked = chunked if cut else None
         for r in self.waiting:
             if state() == "other":
@@ -401,7 +411,7 @@ class SGLangScheduler:
             r.fill = r.known
             hit = self.tree.match(self._tokens(r), r.known - 1)
             extend = r.known - hit.length
-            max_new = self._clip(max(r.request.max_tokens - r.outputs, 0))
+            max_new = self._clip(max(r.max_new - r.outputs, 0))
             total = extend + (max_new if rules.reserve_output else 0) + page
             held = self.tree.lock(hit.node)  # while it is checked (PrefillAdder._lock_node)
             fits = total < free() - total_offset
@@ -422,7 +432,7 @@ class SGLangScheduler:
                 max_reserved = 0
             else:
                 n = extend
-                max_reserved = self._clip(r.request.max_tokens)
+                max_reserved = self._clip(r.max_new)
             r.cached, r.computed, r.pages = hit.length, hit.length, list(hit.pages)
             r.lock = self.tree.lock(hit.node)
             if hit.length:
@@ -469,7 +479,7 @@ class SGLangScheduler:
         sign = -1 if rules.higher_priority_first else 1
         ranked = sorted((x for x in self.running if x not in victims),
                         key=lambda x: (-sign * x.request.priority, -x.entry))
-        need = r.fill + self._clip(r.request.max_tokens) - rem_total
+        need = r.fill + self._clip(r.max_new) - rem_total
         chosen: list[SGLangRequest] = []
         for x in ranked:
             if (r.request.priority - x.request.priority) * -sign \
@@ -529,7 +539,7 @@ class SGLangScheduler:
             self.running = order
             n = len(order)
             self.ratio = min(1.0, (sum(r.outputs for r in order) + rules.retract_decode_steps
-                                   * n) / (sum(r.request.max_tokens for r in order) + 1))
+                                   * n) / (sum(r.max_new for r in order) + 1))
         elif rules.decay:
             self.ratio = max(self.ratio - self.decay, self.min_ratio)
         if len(self.running) < initial:

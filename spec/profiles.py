@@ -324,9 +324,10 @@ PROFILES: dict[str, Profile] = {
             "sglang@0.5.23",
             "SGLang 0.5.23's scheduler: prefill or decode steps, admission that reserves "
             "future output (new_token_ratio), one chunked request, retraction of the "
-            "fewest outputs, priority higher first (radix cache not modelled yet)",
+            "fewest outputs, priority higher first, its radix cache (on, as SGLang "
+            "serves by default)",
             Knobs(),
-            ConfigDefaults(preemption="recompute", prefix_caching=False,
+            ConfigDefaults(preemption="recompute", prefix_caching=True,
                            step_mix="prefill_or_decode"),
             scheduler="sglang",
         ),

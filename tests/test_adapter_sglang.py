@@ -31,7 +31,8 @@ from kvsched.workload import WorkItem, validate
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = get_profile("sglang@0.5.23").configure(
     Config(block_size=16, num_gpu_blocks=64, max_num_batched_tokens=128, max_num_seqs=8,
-           max_model_len=1024, first_block_id=1))
+           max_model_len=1024, first_block_id=1, prefix_caching=False),
+    frozenset({"prefix_caching"}))
 
 
 def effective(config: Config) -> dict[str, Any]:
@@ -144,7 +145,8 @@ def sglang_python() -> Path | None:
                     "absent (`make sglang-env` creates it); this test drives SGLang's "
                     "scheduler for real")
 @pytest.mark.parametrize("options", [
-    ("--block-size", "1", "--num-gpu-blocks", "400", "--max-num-batched-tokens", "64"),
+    ("--block-size", "1", "--num-gpu-blocks", "400", "--max-num-batched-tokens", "64",
+     "--no-prefix-caching"),
     ("--prefix-caching", "--num-gpu-blocks", "40", "--max-num-batched-tokens", "64",
      "--step-mix", "mixed_chunk"),
 ])
@@ -165,3 +167,16 @@ def test_cli_record_sglang_drives_sglang_and_the_trace_is_exact(
     checked = kvsched("check", "--profile", "sglang@0.5.23", str(outs[0]))
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "0 errors" in checked.stdout
+
+
+def test_vllms_adapters_refuse_sglangs_step_mix() -> None:
+    from kvsched.adapters.vllm import vllm_settings
+    from kvsched.adapters.vllm_v0 import v0_settings
+
+    sglang_like = replace(Config(max_model_len=256, max_num_batched_tokens=256),
+                          step_mix="prefill_or_decode")
+    with pytest.raises(AdapterError, match="step_mix any"):
+        vllm_settings(sglang_like)
+    with pytest.raises(AdapterError, match="step_mix any"):
+        v0_settings(replace(sglang_like, allocation="prompt", watermark_scope="always",
+                            watermark_blocks=5))

@@ -16,7 +16,8 @@ from kvsched.spec.profiles import get_profile
 PROFILE = get_profile("sglang@0.5.23")
 WHOLE = PROFILE.configure(Config(block_size=1, num_gpu_blocks=1000, chunked_prefill=False,
                                  max_num_batched_tokens=2048, max_num_seqs=8,
-                                 max_model_len=2048, first_block_id=1))
+                                 max_model_len=2048, first_block_id=1),
+                          frozenset({"prefix_caching"}))  # the radix cache off
 
 
 def sglang(config: Config = WHOLE, **rules: object) -> SGLangScheduler:

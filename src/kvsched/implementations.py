@@ -122,8 +122,9 @@ def new_scheduler(choice: str, implementation: str, config: Config, knobs: Knobs
     if implementation != "torch" and device != "cpu":
         raise Unavailable("--device applies to --scheduler torch only")
     if implementation != "reference" and kind != "v1":
-        raise Unavailable(f"--scheduler {named}: the profile's scheduler is vLLM V0's, "
-                          "which only the reference implements: use --scheduler reference")
+        raise Unavailable(f"--scheduler {named}: the profile's scheduler is "
+                          f"{SCHEDULER_ENGINES[kind]}'s, which only the reference "
+                          "implements: use --scheduler reference")
     if implementation == "torch":
         prepare_torch(named, device)
     try:

@@ -70,6 +70,9 @@ def vllm_settings(config: Config, allow_undersized_cache: bool = False) -> dict[
         raise AdapterError("vLLM's v1 scheduler hands out blocks as chunks fill them and "
                            "applies its watermark only while requests run: use allocation "
                            "lazy and watermark_scope running")
+    if config.step_mix != "any":
+        raise AdapterError("vLLM's steps run decodes and prefills together: use step_mix "
+                           f"any, not {config.step_mix}")
     if config.max_num_batched_tokens < config.max_num_seqs:
         raise AdapterError(f"vLLM refuses max_num_batched_tokens "
                            f"({config.max_num_batched_tokens}) below max_num_seqs "

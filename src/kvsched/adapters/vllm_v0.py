@@ -87,6 +87,9 @@ def v0_settings(config: Config, allow_undersized_cache: bool = False) -> dict[st
     if config.prefix_caching:
         raise AdapterError("the V0 adapter drives V0 without prefix caching: use "
                            "prefix_caching false")
+    if config.step_mix != "any":
+        raise AdapterError("V0's step is its own (profile vllm-v0), not SGLang's: use "
+                           f"step_mix any, not {config.step_mix}")
     if config.long_prefill_token_threshold != 0:
         raise AdapterError("V0 has no per-chunk long-prefill threshold (it uses one only "
                            "with max_num_partial_prefills > 1): use "

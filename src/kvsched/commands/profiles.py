@@ -14,7 +14,7 @@ from rich.table import Table
 from kvsched.commands.options import (
     out,
 )
-from kvsched.spec.knobs import Knobs
+from kvsched.spec.knobs import Knobs, SGLangKnobs
 from kvsched.spec.profiles import PROFILES
 
 if TYPE_CHECKING:
@@ -29,8 +29,11 @@ def profiles() -> None:
     for col in ("knobs", "config defaults", "what it models"):
         table.add_column(col, overflow="fold")
     for p in PROFILES.values():
-        knobs = ", ".join(f"{f.name}={getattr(p.knobs, f.name)}" for f in fields(Knobs)
-                          if f.name != "cost")
+        # A profile's knobs are those its step reads: SGLang's rules, or vLLM's knobs.
+        rules: object = p.knobs.sglang if p.scheduler == "sglang" else p.knobs
+        names = [f.name for f in fields(SGLangKnobs if p.scheduler == "sglang" else Knobs)
+                 if f.name not in ("cost", "sglang")]
+        knobs = ", ".join(f"{name}={getattr(rules, name)}" for name in names)
         defaults = p.defaults.describe()
         if p.fixes:  # kvsched check --profile refuses a trace whose header disagrees
             defaults += f" (fixed: {', '.join(sorted(p.fixes))})"

@@ -174,8 +174,9 @@ def record_sglang(workload_path: Path, out_path: Path, sglang_python: Path | Non
 
     Config defaults as profile sglang@0.5.23 sets them: step_mix prefill_or_decode
     (--step-mix mixed_chunk is SGLang's --enable-mixed-chunk), preemption recompute,
-    prefix caching off (--prefix-caching turns SGLang's radix cache on); a block is one
-    of SGLang's pages. Check the trace with `kvsched check --profile sglang@0.5.23`."""
+    prefix caching on, SGLang's radix cache as it serves by default
+    (--no-prefix-caching is its --disable-radix-cache); a block is one of SGLang's
+    pages. Check the trace with `kvsched check --profile sglang@0.5.23`."""
     from kvsched.adapters.sglang import DEFAULT_SGLANG_PYTHON
     from kvsched.adapters.sglang import record as record_with_sglang
     from kvsched.adapters.vllm import AdapterError
