@@ -29,21 +29,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from kvsched.adapters.vllm import (
     AdapterError,
     Job,
     Recorded,
+    TraceFile,
     assemble_with,
     config_changes,
     run_driver,
 )
-from kvsched.outputs import Output
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, StepRecord
 from kvsched.spec.prefix import keys
-from kvsched.spec.trace import TraceWriter, json_line, step_dict
+from kvsched.spec.trace import step_dict
 from kvsched.workload import WorkItem, item_dict
 
 SGLANG_VERSION = "0.5.23"
@@ -203,41 +203,21 @@ def header_extra(config: Config, effective: Mapping[str, Any]) -> dict[str, Any]
     }}
 
 
-class _Writer:
-    """The trace file of one job, written as every output is (kvsched.outputs)."""
+class _Writer(TraceFile):
+    """The trace file of one job of SGLang's scheduler."""
 
     def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
         built = config_from_sglang(header["config"])
         changes = config_changes(job.config, built)
         if changes:
             raise AdapterError(f"{job.name}: SGLang changed the config: {changes[0]}")
-        self.result = Recorded(job, built, {"name": "sglang",
-                                            "version": str(header["sglang"])})
-        self.by_id = {w.id: w for w in job.workload}
-        self.output = Output(job.out)
-        self.stream: IO[bytes] = self.output.stream
-        TraceWriter(self.stream).header(built, self.result.engine,
-                                        header_extra(built, header["config"]))
+        super().__init__(job, Recorded(job, built, {"name": "sglang",
+                                                    "version": str(header["sglang"])}),
+                         header_extra(built, header["config"]))
 
     def step(self, event: Mapping[str, Any]) -> StepRecord:
         rec = step_record(event, self.by_id, self.result.config)
-        self.stream.write(json_line(step_line(rec, event)))
-        self.result.steps += 1
-        self.result.preemptions += len(rec.preempted)
-        return rec
-
-    def done(self, event: Mapping[str, Any]) -> Recorded:
-        complete = bool(event["complete"])
-        if complete:
-            TraceWriter(self.stream).end()
-        self.output.commit()
-        self.result.complete = complete
-        stopped = event.get("stopped")
-        self.result.stopped = None if stopped is None else str(stopped)
-        return self.result
-
-    def discard(self) -> None:
-        self.output.discard()
+        return self.write(rec, step_line(rec, event))
 
 
 def assemble(jobs: Sequence[Job], events: Iterable[dict[str, Any]],

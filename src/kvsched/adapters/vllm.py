@@ -35,7 +35,7 @@ from typing import IO, Any, Protocol, TypeVar
 from kvsched.outputs import Output, OutputError
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
-from kvsched.spec.trace import TraceWriter
+from kvsched.spec.trace import TraceWriter, json_line, step_dict
 from kvsched.workload import WorkItem, item_dict
 
 VLLM_VERSION = "0.32.0"
@@ -261,24 +261,23 @@ def engine_header(header: Mapping[str, Any]) -> dict[str, str]:
     return engine
 
 
-class _Writer:
-    """The trace file of one job, written as every output is (kvsched.outputs)."""
+class TraceFile:
+    """One job's trace file while a driver's events come in, written as every output is
+    (kvsched.outputs): the header at once, a line a step, the end line and the commit
+    when the job is done; nothing left when it is discarded. Every engine's adapter
+    writes its traces through one."""
 
-    def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
-        built = config_from_vllm(header["config"], int(header["null_block"]))
-        changes = config_changes(job.config, built)
-        if changes:
-            raise AdapterError(f"{job.name}: vLLM changed the config: {changes[0]}")
-        self.result = Recorded(job, built, engine_header(header))
+    def __init__(self, job: Job, result: Recorded, extra: dict[str, Any]) -> None:
+        self.result = result
         self.by_id = {w.id: w for w in job.workload}
         self.output = Output(job.out)
         self.stream: IO[bytes] = self.output.stream
-        self.writer = TraceWriter(self.stream)
-        self.writer.header(built, self.result.engine, header_extra(built.prefix_caching))
+        TraceWriter(self.stream).header(result.config, result.engine, extra)
 
-    def step(self, event: Mapping[str, Any]) -> StepRecord:
-        rec = step_record(event, self.by_id)
-        self.writer.step(rec)
+    def write(self, rec: StepRecord, line: dict[str, Any] | None = None) -> StepRecord:
+        """Write a step: `line`, the step's object as the engine's adapter makes it, or
+        trace v1's own."""
+        self.stream.write(json_line(step_dict(rec) if line is None else line))
         self.result.steps += 1
         self.result.preemptions += len(rec.preempted)
         self.result.rejected += len(rec.rejected)
@@ -287,7 +286,7 @@ class _Writer:
     def done(self, event: Mapping[str, Any]) -> Recorded:
         complete = bool(event["complete"])
         if complete:
-            self.writer.end()
+            TraceWriter(self.stream).end()
         self.output.commit()
         self.result.complete = complete
         stopped = event.get("stopped")
@@ -296,6 +295,21 @@ class _Writer:
 
     def discard(self) -> None:
         self.output.discard()
+
+
+class _Writer(TraceFile):
+    """The trace file of one job of vLLM's v1 scheduler."""
+
+    def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
+        built = config_from_vllm(header["config"], int(header["null_block"]))
+        changes = config_changes(job.config, built)
+        if changes:
+            raise AdapterError(f"{job.name}: vLLM changed the config: {changes[0]}")
+        super().__init__(job, Recorded(job, built, engine_header(header)),
+                         header_extra(built.prefix_caching))
+
+    def step(self, event: Mapping[str, Any]) -> StepRecord:
+        return self.write(step_record(event, self.by_id))
 
 
 def read_events(lines: Iterable[bytes], name: str = "vLLM") -> Iterator[dict[str, Any]]:

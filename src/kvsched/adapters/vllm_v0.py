@@ -31,21 +31,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from kvsched.adapters.vllm import (
     AdapterError,
     Job,
     Recorded,
+    TraceFile,
     assemble_with,
     config_changes,
     run_driver,
 )
-from kvsched.outputs import Output
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
 from kvsched.spec.profiles import VLLM_V0_DEFAULTS
-from kvsched.spec.trace import TraceWriter, json_line, step_dict
+from kvsched.spec.trace import step_dict
 from kvsched.workload import WorkItem, item_dict
 
 VLLM_V0_VERSION = "0.10.1.1"
@@ -242,42 +242,32 @@ class RecordedV0(Recorded):
     stalled: int | None = None
 
 
-class _Writer:
-    """The trace file of one job, written as every output is (kvsched.outputs)."""
+class _Writer(TraceFile):
+    """The trace file of one job of V0's scheduler."""
+
+    result: RecordedV0
 
     def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
         built = config_from_v0(header["config"])
         changes = config_changes(job.config, built)
         if changes:
             raise AdapterError(f"{job.name}: V0 changed the config: {changes[0]}")
-        self.result = RecordedV0(job, built, {"name": "vllm", "version": str(header["vllm"])})
-        self.by_id = {w.id: w for w in job.workload}
-        self.output = Output(job.out)
-        self.stream: IO[bytes] = self.output.stream
-        TraceWriter(self.stream).header(built, self.result.engine, header_extra())
+        super().__init__(job, RecordedV0(job, built, {"name": "vllm",
+                                                      "version": str(header["vllm"])}),
+                         header_extra())
 
     def step(self, event: Mapping[str, Any]) -> StepRecord:
         rec = step_record(event, self.by_id)
-        self.stream.write(json_line(step_line(rec, event)))
-        self.result.steps += 1
-        self.result.preemptions += len(rec.preempted)
+        self.write(rec, step_line(rec, event))
         self.result.swaps += sum(p.mode == "swap" for p in rec.preempted)
         self.result.swap_ins += len(rec.swapped_in)
-        self.result.rejected += len(rec.rejected)
         return rec
 
     def done(self, event: Mapping[str, Any]) -> RecordedV0:
-        complete = bool(event["complete"])
-        if complete:
-            TraceWriter(self.stream).end()
-        self.output.commit()
-        self.result.complete = complete
+        super().done(event)
         self.result.engine_error = event.get("engine_error")
         self.result.stalled = event.get("stalled")
         return self.result
-
-    def discard(self) -> None:
-        self.output.discard()
 
 
 def assemble(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
