@@ -29,23 +29,28 @@ if TYPE_CHECKING:
     from kvsched.workload import WorkItem
 
 
-def recorder_options(engine: str, python_default: str) -> Callable[[Callable[..., Any]],
-                                                                    Callable[..., Any]]:
-    """The options of a recorder of `engine` (its name in the help), after the config's."""
+def recorder_options(engine: str, python_default: str, python_flag: str = "--vllm-python",
+                     undersized: bool = True) -> Callable[[Callable[..., Any]],
+                                                          Callable[..., Any]]:
+    """The options of a recorder of `engine` (its name in the help), after the config's:
+    its environment's Python as `python_flag`, and, where the engine refuses a cache that
+    cannot hold one max_model_len sequence (`undersized`), the flag that allows one."""
     options = [
         click.option("--workload", "workload_path", type=click.Path(path_type=Path),
                      required=True, help="Workload JSONL file."),
         click.option("--out", "out_path", type=click.Path(path_type=Path), required=True,
                      help="Write the trace here (JSON Lines)."),
-        click.option("--vllm-python", type=click.Path(path_type=Path), default=None,
+        click.option(python_flag, type=click.Path(path_type=Path), default=None,
                      help=f"Python of {engine}'s own environment [default: "
                           f"{python_default}]."),
         click.option("--max-steps", type=int, default=None,
                      help="Stop after this many steps."),
-        click.option("--allow-undersized-cache", is_flag=True,
-                     help="Drive a cache that cannot hold one max_model_len sequence "
-                          f"({engine}'s engine refuses it at start-up; for experiments)."),
     ]
+    if undersized:
+        options.append(click.option(
+            "--allow-undersized-cache", is_flag=True,
+            help="Drive a cache that cannot hold one max_model_len sequence "
+                 f"({engine}'s engine refuses it at start-up; for experiments)."))
 
     def apply(f: Callable[..., Any]) -> Callable[..., Any]:
         for option in reversed(options):
@@ -159,15 +164,8 @@ def record_vllm_v0(workload_path: Path, out_path: Path, vllm_python: Path | None
 
 
 @record.command("sglang")
-@click.option("--workload", "workload_path", type=click.Path(path_type=Path), required=True,
-              help="Workload JSONL file.")
-@click.option("--out", "out_path", type=click.Path(path_type=Path), required=True,
-              help="Write the trace here (JSON Lines).")
-@click.option("--sglang-python", type=click.Path(path_type=Path), default=None,
-              help="Python of SGLang's own environment [default: .venv-sglang/bin/python; "
-                   "make sglang-env creates it].")
-@click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
-@config_options
+@recorder_options("SGLang", ".venv-sglang/bin/python; make sglang-env creates it",
+                  "--sglang-python", undersized=False)
 def record_sglang(workload_path: Path, out_path: Path, sglang_python: Path | None,
                   max_steps: int | None, **config_given: Any) -> None:
     """Record SGLang 0.5.23's real scheduler (in its own environment) on a workload.
