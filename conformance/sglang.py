@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import random
 import sys
 import time
@@ -249,8 +250,6 @@ def stored() -> Iterator[tuple[str, bytes]]:
 
 
 def check(case: str, data: bytes) -> Verdict:
-    import io
-
     return check_stream(case, io.BytesIO(data), PROFILE)
 
 

@@ -94,6 +94,23 @@ class SGLangRequest:
 
 
 
+def max_req_len(config: Config) -> int:
+    """SGLang's longest request: min(context_len - 1, pool tokens - 1)
+    (tp_worker.py:568)."""
+    return min(config.max_model_len - 1, config.num_gpu_blocks * config.block_size - 1)
+
+
+def output_room(config: Config, prompt_len: int) -> int:
+    """The most output tokens SGLang lets a prompt of `prompt_len` tokens ask for: it
+    clips max_new_tokens to what its context and its pool hold (init_req_max_new_tokens,
+    scheduler.py:2700): max_req_len - P - 1, and the pool less the prompt's pages and a
+    page, less 1. May be below 1."""
+    page = config.block_size
+    prompt_pages = math.ceil(prompt_len / page) * page
+    return min(max_req_len(config) - prompt_len - 1,
+               config.num_gpu_blocks * page - prompt_pages - page - 1)
+
+
 class SGLangScheduler:
     """SGLang 0.5.23's step (the module's NOTE) on `config`, its rules `knobs.sglang`."""
 
@@ -135,17 +152,11 @@ class SGLangScheduler:
     # -- the Scheduler interface --------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        """Queue `request`, its max_tokens clipped as SGLang clips max_new_tokens to what
-        its context and its pool hold (init_req_max_new_tokens, scheduler.py:2700):
-        max_req_len - P - 1, with max_req_len = min(max_model_len - 1, pool - 1), and the
-        pool less the prompt's pages and a page, less 1. (SGLang's adapter records only
-        requests that need no clip.)"""
+        """Queue `request`, its max_tokens clipped as SGLang clips max_new_tokens
+        (output_room). (SGLang's adapter records only requests that need no clip.)"""
         if request.id in self.live:
             raise ValueError(f"request {request.id!r} is already live")
-        longest = min(self.config.max_model_len - 1, self.total - 1)
-        prompt_pages = self._pages_for(request.prompt_len) * self.page
-        room = min(longest - request.prompt_len - 1,
-                   self.total - prompt_pages - self.page - 1)
+        room = output_room(self.config, request.prompt_len)
         self._queue(SGLangRequest(request, max(1, min(request.max_tokens, room))))
 
     def add_block_keys(self, request_id: str, keys: Sequence[str],

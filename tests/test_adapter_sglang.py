@@ -18,12 +18,12 @@ import pytest
 
 from kvsched.adapters.sglang import (
     config_from_sglang,
-    max_req_len,
     served_as_asked,
     sglang_settings,
     step_record,
 )
 from kvsched.adapters.vllm import AdapterError
+from kvsched.reference.sglang import max_req_len
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile
 from kvsched.workload import WorkItem, validate

@@ -7,7 +7,6 @@ the profile flipped makes a named case diverge."""
 
 from __future__ import annotations
 
-import gzip
 import json
 from functools import cache
 from itertools import pairwise
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conformance.sglang import CASES, FLIPS, PROFILE, STORE, check, variants
+from conformance.sglang import CASES, FLIPS, PROFILE, check, stored, variants
 from conformance.vllm import Verdict, first_divergence
 
 NAMED = [c.name for c in CASES]
@@ -24,8 +23,7 @@ NAMED = [c.name for c in CASES]
 
 @cache
 def kept() -> dict[str, bytes]:
-    return {p.name.removesuffix(".jsonl.gz"): gzip.decompress(p.read_bytes())
-            for p in sorted(STORE.glob("*.jsonl.gz"))}
+    return dict(stored())
 
 
 @cache

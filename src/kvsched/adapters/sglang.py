@@ -40,7 +40,7 @@ from kvsched.adapters.vllm import (
     config_changes,
     run_driver,
 )
-from kvsched.spec.blocks import blocks_for
+from kvsched.reference.sglang import max_req_len, output_room
 from kvsched.spec.model import Config, Preemption, StepRecord
 from kvsched.spec.prefix import keys
 from kvsched.spec.trace import step_dict
@@ -50,12 +50,6 @@ SGLANG_VERSION = "0.5.23"
 DEFAULT_SGLANG_PYTHON = Path(".venv-sglang/bin/python")
 DRIVER = Path(__file__).with_name("sglang_driver.py")
 SETUP_HINT = "create it with `make sglang-env` (scripts/sglang_env.sh)"
-
-
-def max_req_len(config: Config) -> int:
-    """SGLang's longest request: min(context_len - 1, pool tokens - 1)
-    (tp_worker.py:568)."""
-    return min(config.max_model_len - 1, config.num_gpu_blocks * config.block_size - 1)
 
 
 def sglang_settings(config: Config) -> dict[str, Any]:
@@ -102,16 +96,13 @@ def served_as_asked(config: Config, item: WorkItem) -> str | None:
     """Why SGLang would not serve `item` as the workload asks (it clips its output or
     aborts its prompt: scheduler.py:2700-2730, utils.py:259), or None."""
     longest = max_req_len(config)
-    page = config.block_size
-    paged_prompt = blocks_for(item.prompt_len, page) * page
-    memory = config.num_gpu_blocks * page - paged_prompt - page - 1
+    room = output_room(config, item.prompt_len)
     if item.prompt_len >= longest - 5:
         return (f"request {item.id!r}: SGLang aborts a prompt of {item.prompt_len} tokens; "
                 f"its prompts must be shorter than {longest - 5} (max_req_len - 5)")
-    if item.max_tokens > min(longest - item.prompt_len - 1, memory):
+    if item.max_tokens > room:
         return (f"request {item.id!r}: SGLang clips max_tokens {item.max_tokens} to "
-                f"{max(0, min(longest - item.prompt_len - 1, memory))} (its context and "
-                "pool hold no more)")
+                f"{max(0, room)} (its context and pool hold no more)")
     return None
 
 
