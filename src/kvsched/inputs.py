@@ -2,7 +2,8 @@
 its first bytes, whatever its name), or standard input as `-`.
 
 A damaged compressed stream (cut short, corrupt) is told in one line when the reader
-reaches the damage, as InputError, never as a traceback.
+reaches the damage, as InputError, never as a traceback; so is a file the system cannot
+read (an I/O error, /proc/self/mem's EIO), wherever the reader is when it fails.
 """
 
 from __future__ import annotations
@@ -19,6 +20,36 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 class InputError(Exception):
     """A trace file that cannot be opened or decompressed; str() is one line."""
+
+
+def cannot_read(label: str, e: OSError) -> InputError:
+    """The InputError of a file the system cannot read: `NAME: cannot read (reason)`."""
+    return InputError(f"{label}: cannot read ({e.strerror or type(e).__name__})")
+
+
+class _File(io.FileIO):
+    """A file (or standard input) whose read errors become InputError naming it (a
+    BufferedReader over it reads through readinto and readall alone)."""
+
+    def __init__(self, file: str | int, label: str, closefd: bool = True) -> None:
+        super().__init__(file, "rb", closefd=closefd)
+        self.label = label
+
+    def readinto(self, buffer: Any) -> int | None:
+        try:
+            return super().readinto(buffer)
+        except BlockingIOError:
+            raise  # a non-blocking stream's "later", not an error
+        except OSError as e:
+            raise cannot_read(self.label, e) from None
+
+    def readall(self) -> bytes:
+        try:
+            return super().readall()
+        except BlockingIOError:
+            raise
+        except OSError as e:
+            raise cannot_read(self.label, e) from None
 
 
 class _Guarded(io.RawIOBase):
@@ -115,19 +146,22 @@ def open_trace(name: str) -> IO[bytes]:
     if name == "":
         raise InputError("an empty file name: give a trace file, or - for standard input")
     if name == "-":
-        raw: IO[bytes] = io.BufferedReader(io.FileIO(sys.stdin.fileno(), "rb", closefd=False))
+        raw = io.BufferedReader(_File(sys.stdin.fileno(), "standard input", closefd=False))
         label = "standard input"
     else:
         path = Path(name)
         if path.is_dir():
             raise InputError(f"{name}: is a directory; expected a trace file")
         try:
-            raw = path.open("rb")
+            raw = io.BufferedReader(_File(name, name))
         except OSError as e:
-            raise InputError(f"{name}: cannot read ({e.strerror})") from None
+            raise cannot_read(name, e) from None
         label = name
-    assert isinstance(raw, io.BufferedReader)
-    head = raw.peek(4)[:4]
+    try:
+        head = raw.peek(4)[:4]
+    except InputError:
+        raw.close()
+        raise
     if head.startswith(GZIP_MAGIC):
         import gzip  # here: a command that reads no trace does not load it
 

@@ -81,7 +81,11 @@ def list_entries(arg: str, where: str = "") -> Iterable[tuple[int, str]]:
     prefixes its errors with the list file and line that named it."""
     name = arg[1:]
     if name == "-":
-        text = sys.stdin.read()
+        try:
+            text = sys.stdin.read()
+        except OSError as e:
+            raise TraceSetError(f"{where}@-: cannot read the list from standard input "
+                                f"({e.strerror})") from None
     else:
         if not name:
             raise TraceSetError(f"{where}@: expected a list file after @ (one trace path "

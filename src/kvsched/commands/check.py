@@ -85,6 +85,8 @@ def check_one(path: str, settings: CheckSettings, progress: bool | None = False)
         raise Unreadable(f"{path}: {e}") from None
     except (BadInput, InputError) as e:  # the file itself: missing, unreadable, damaged
         raise Unreadable(str(e)) from None
+    except OSError as e:  # a read error a reader let through: still this trace's alone
+        raise Unreadable(str(inputs.cannot_read(path, e))) from None
 
 
 def check_stream(stream: IO[bytes], path: str, settings: CheckSettings, checker_choice: str,
