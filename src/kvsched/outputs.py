@@ -15,6 +15,11 @@ NOTE on the rule: what is at the path decides how it is written.
 A part file is removed on any failure, ^C and SIGTERM included (the CLI turns SIGTERM
 into an exception that unwinds). A failed write, a full disk above all, is an
 OutputError naming the output and the reason in one line, never an OSError traceback.
+
+Each command asks `check_writable` (or `check_writable_directory`) of every output it
+was given before it starts its work, so that an output that cannot be written is told
+at once, with its reason, not after the whole run. The probe makes, opens and renames
+nothing: it reads the status of the path, of its directory and of their file system.
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ def target_of(path: Path) -> tuple[Path, os.stat_result | None]:
     target = Path(os.path.realpath(path))
     try:
         status = target.stat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (nor can there be)
         return target, None
     except OSError as e:
         raise cannot_write(str(path), e) from None
@@ -107,6 +112,96 @@ def in_place(path: Path | str) -> bool:
     return status is not None and not stat.S_ISREG(status.st_mode)
 
 
+# File systems of the kernel's own objects (/proc, /sys, ...): no new file can be made
+# there, whatever the permission bits say (as root, /proc looks writable).
+KERNEL_FILE_SYSTEMS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs",
+                                 "securityfs", "pstore", "bpf", "configfs", "efivarfs",
+                                 "fusectl", "devpts"})
+
+
+def file_system_type(path: Path) -> str | None:
+    """The type of the file system `path` is on (Linux's /proc/self/mountinfo: the mount
+    whose device is the path's), None where that cannot be told."""
+    try:
+        device = path.stat().st_dev
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            mounts = f.read().splitlines()
+    except OSError:
+        return None
+    wanted = f"{os.major(device)}:{os.minor(device)}"
+    for mount in mounts:
+        fields, _, rest = mount.partition(" - ")
+        numbers = fields.split()
+        if len(numbers) > 2 and numbers[2] == wanted and rest.split():
+            return rest.split()[0]
+    return None
+
+
+def _may(path: Path, mode: int) -> bool:
+    effective = os.access in os.supports_effective_ids
+    return os.access(path, mode, effective_ids=effective)
+
+
+def unwritable_directory(directory: Path) -> str | None:
+    """Why no new file can be made in `directory` (it does not exist, is not a
+    directory, is read-only, refuses this user, or belongs to the kernel), None when
+    nothing says it cannot."""
+    try:
+        status = directory.stat()
+    except FileNotFoundError:
+        return f"the directory {directory} does not exist"
+    except NotADirectoryError:
+        return f"{directory} is not a directory"
+    except OSError as e:
+        return f"{directory}: {(e.strerror or type(e).__name__).lower()}"
+    if not stat.S_ISDIR(status.st_mode):
+        return f"{directory} is not a directory"
+    kind = file_system_type(directory)
+    if kind in KERNEL_FILE_SYSTEMS:
+        return f"{directory} is on the kernel's {kind} file system, where no file can be made"
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return f"{directory} is on a read-only file system"
+    if not _may(directory, os.W_OK | os.X_OK):
+        return f"permission denied: no new file can be made in {directory}"
+    return None
+
+
+def check_writable(path: Path | str) -> None:
+    """OutputError, with the reason, when an output cannot be written at `path` the way
+    Output writes it (a file made beside the target and renamed over it; a device or
+    FIFO opened in place); nothing happens when nothing says it cannot. Makes, opens and
+    leaves nothing. A write may still fail later (a full disk): Output tells that."""
+    target, status = target_of(Path(path))
+    if status is not None and not stat.S_ISREG(status.st_mode):
+        if stat.S_ISSOCK(status.st_mode):
+            raise OutputError(str(path), "is a socket, not a regular file, a device or a "
+                                         "FIFO; expected a file to write")
+        if not _may(target, os.W_OK):
+            raise OutputError(str(path), "cannot write (permission denied)")
+        return
+    why = unwritable_directory(target.parent)
+    if why is not None:
+        raise OutputError(str(path), f"cannot write ({why})")
+
+
+def check_writable_directory(path: Path | str) -> None:
+    """OutputError, with the reason, when files cannot be written under the directory
+    `path`, made with its parents where missing; makes and leaves nothing."""
+    directory = Path(os.path.abspath(path))
+    if directory.exists() and not directory.is_dir():
+        raise OutputError(str(path), "is not a directory; expected a directory to write in")
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    why = unwritable_directory(existing)
+    if why is not None:
+        raise OutputError(str(path), f"cannot write in it ({why})")
+
+
 class Output:
     """One output being written to `stream`, then kept (`commit`) or dropped (`discard`);
     nothing else may write the output or its part file meanwhile."""
@@ -121,6 +216,9 @@ class Output:
             fd = self.open_part(status) if self.part is not None else os.open(
                 self.target, os.O_WRONLY)  # no O_CREAT: a vanished device is not made a file
         except OSError as e:
+            why = unwritable_directory(self.target.parent) if self.part is not None else None
+            if why is not None:  # the reason, not the system's word for it (/proc: ENOENT)
+                raise OutputError(str(path), f"cannot write ({why})", e.errno) from None
             raise cannot_write(str(path), e) from None
         self.sink = Sink(fd, str(path))
         self.stream: IO[bytes] = io.BufferedWriter(self.sink)

@@ -34,6 +34,7 @@ from kvsched.commands.options import (
 )
 from kvsched.implementations import Unavailable, check_trace, chosen_checker, require_checker
 from kvsched.inputs import InputError
+from kvsched.outputs import check_writable, check_writable_directory
 from kvsched.progress import Reporter, reading
 from kvsched.spec.profiles import PROFILES, get_profile, pinned_profile
 from kvsched.spec.trace import Header, TraceError
@@ -218,11 +219,14 @@ def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemp
         fail(f"--max-preemptions must not be negative, got {max_preemptions}")
     if max_violations < 0:
         fail(f"--max-violations must not be negative, got {max_violations}")
-    if junit_path is not None and junit_path.is_dir():
-        fail(f"{junit_path}: is a directory; expected a file to write")
     if repro_dir is not None and repro_dir.exists() and not repro_dir.is_dir():
         fail(f"--repro-dir {repro_dir}: is a file; expected a directory to write "
              "reproductions in")
+    # Before any trace is read: an output that cannot be written is told now, not after.
+    if junit_path is not None:
+        check_writable(junit_path)
+    if repro_dir is not None:
+        check_writable_directory(repro_dir)
     required = parse_required(require)
     profile_note(profile)
     try:

@@ -32,6 +32,7 @@ from kvsched.commands.options import (
     trace_size,
     workload_options,
 )
+from kvsched.outputs import check_writable
 from kvsched.progress import Reporter, reading
 from kvsched.spec.model import (
     StepRecord,
@@ -173,8 +174,8 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
     if max_steps < 1:
         fail(f"--max-steps must be at least 1, got {max_steps}")
     for path in (out_a, out_b, plot_path):
-        if path is not None and path.is_dir():
-            fail(f"{path}: is a directory; expected a file to write")
+        if path is not None:
+            check_writable(path)  # before the runs, not after them
     if plot_path is not None:
         try:
             require_matplotlib()

@@ -30,7 +30,7 @@ from kvsched.commands.options import (
     stall_option,
 )
 from kvsched.fuzz import DEFAULT_EXAMPLE_SECONDS, DEFAULT_SHARD_EXAMPLES
-from kvsched.outputs import in_place
+from kvsched.outputs import check_writable, in_place
 from kvsched.progress import Reporter
 from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES
 from kvsched.spec.violation import DEFAULT_STALL_STEPS
@@ -134,8 +134,10 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
         if isinstance(value, int) and not isinstance(value, bool) and value < 0:
             fail(f"--{name.replace('_', '-')} must not be negative, got {value}")
     for path in (out_path, junit_path):
-        if path is not None and path.is_dir():
-            fail(f"{path}: is a directory; expected a file to write")
+        if path is not None:
+            check_writable(path)  # before the campaign, not after it
+    if not in_place(out_path):
+        check_writable(out_path.with_suffix(".config.json"))  # its sidecar
     try:
         load_factory(factory)  # here first: a spec that does not load is bad input
     except FactoryError as e:

@@ -21,6 +21,7 @@ from kvsched.commands.options import (
     progress_option,
     trace_size,
 )
+from kvsched.outputs import check_writable
 from kvsched.progress import reading
 from kvsched.spec.trace import TraceError
 from kvsched.verdict import printable
@@ -39,8 +40,7 @@ def metrics(trace: str, fmt: str, plot_path: Path | None, progress: bool | None)
     from kvsched.metrics import metrics_of_trace
     from kvsched.plot import PlotUnavailable, metrics_png, require_matplotlib
     if plot_path is not None:
-        if plot_path.is_dir():
-            fail(f"{plot_path}: is a directory; expected a file to write")
+        check_writable(plot_path)  # before the trace is read, not after
         try:
             require_matplotlib()
         except PlotUnavailable as e:

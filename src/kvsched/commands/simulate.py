@@ -46,6 +46,7 @@ from kvsched.implementations import (
     chosen_scheduler,
     new_scheduler,
 )
+from kvsched.outputs import check_writable
 from kvsched.progress import Reporter
 from kvsched.spec.knobs import GROW_CHECKS, REJECT_AT, SWAPPED_ORDERS, VICTIMS, Knobs
 from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES, get_profile
@@ -263,6 +264,8 @@ def simulate(profile: str, out_path: Path | None, no_block_ids: bool,
     knobs = run_knobs(profile, knobs_given)
     if max_steps is not None and max_steps < 1:
         fail(f"--max-steps must be at least 1, got {max_steps}")
+    if out_path is not None:
+        check_writable(out_path)  # before the run, not after it
     workload = load_workload(config.max_model_len, **workload_given)
 
     kind = get_profile(profile).scheduler
