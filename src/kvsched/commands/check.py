@@ -39,7 +39,7 @@ from kvsched.progress import Reporter, reading
 from kvsched.spec.profiles import PROFILES, get_profile, pinned_profile
 from kvsched.spec.trace import Header, TraceError
 from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS, DEFAULT_STALL_STEPS, INVARIANTS
-from kvsched.verdict import SHOWN, Verdict, printable, render_text, worst
+from kvsched.verdict import SHOWN, Verdict, printable, render_text, tally, worst
 
 if TYPE_CHECKING:
     from kvsched.spec.checker import Report
@@ -204,11 +204,12 @@ def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemp
     *.jsonl, *.jsonl.gz and *.jsonl.zst files, at any depth), quoted patterns that
     kvsched expands ('runs/**/*.jsonl'), or @LIST, a file of such paths, one per line.
 
-    Each trace gets its own verdict, in the order of the arguments. Exit codes, the
-    worst over the traces: 0 every trace is clean, 1 some trace broke an invariant (a
+    Each trace gets its own verdict, in the order of the arguments; several traces end
+    with one summary line (checked, OK, failed, errors, not checked, time). Exit codes,
+    the worst over the traces: 0 every trace is clean, 1 some trace broke an invariant (a
     SHOULD one only with --strict, or a --require'd invariant could not be checked in
-    full), 2 some trace is malformed input or the options are wrong, 3 some trace was not
-    checked (its Ray worker died or its node was lost).
+    full), 2 some trace is malformed input or cannot be read, or the options are wrong,
+    3 some trace was not checked (its Ray worker died or its node was lost).
     """
     from functools import partial
 
@@ -227,6 +228,7 @@ def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemp
         check_writable(junit_path)
     if repro_dir is not None:
         check_writable_directory(repro_dir)
+    started = time.perf_counter()
     required = parse_required(require)
     profile_note(profile)
     try:
@@ -290,4 +292,6 @@ def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemp
     if fmt == "json":
         sys.stdout.write(json.dumps([v.as_dict() for v in verdicts], indent=2,
                                     ensure_ascii=True) + "\n")
+    elif len(verdicts) > 1:
+        out.print(tally(verdicts, time.perf_counter() - started))
     sys.exit(worst(verdicts))
