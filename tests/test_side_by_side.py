@@ -6,11 +6,22 @@ is what tools.engines_side_by_side makes of them."""
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 
 from conformance.vllm import check_stream
-from tools.engines_side_by_side import ENGINES, OUT, WORKLOADS, config_of, kept, render
+from tools.engines_side_by_side import (
+    ENGINES,
+    OUT,
+    WORKLOADS,
+    config_of,
+    kept,
+    metrics,
+    render,
+    work,
+    work_of,
+)
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
@@ -33,3 +44,58 @@ def test_the_page_is_what_the_kept_traces_make() -> None:
     assert OUT.read_text() == render(), (
         "docs/conformance/vllm-vs-sglang.md is stale: python -m tools.engines_side_by_side")
     assert render().count("What the numbers show") == 1
+
+
+def test_work_counts_tokens_computed_and_tells_a_hit_on_own_blocks_from_a_shared_one(
+) -> None:
+    """r0 prefills 8 tokens, is preempted, comes back and hits its own 2 blocks; r1 hits
+    r0's first block. Steps 0 and 3 computed more than they sampled (prefills); r0's first
+    token came after 8 tokens computed, r1's after the 5 of its step."""
+    config = {"block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 0,
+              "max_num_batched_tokens": 16, "max_num_seqs": 4, "max_model_len": 32,
+              "chunked_prefill": True, "long_prefill_token_threshold": 0, "policy": "fcfs",
+              "preemption": "recompute", "watermark_blocks": 0, "prefix_caching": True}
+    lines = [
+        {"kvsched": "trace", "version": 1, "engine": {"name": "t", "version": "0"},
+         "config": config},
+        {"step": 0, "arrivals": [{"id": "r0", "prompt_len": 8, "max_tokens": 4}],
+         "scheduled": [["r0", 8]], "new_blocks": {"r0": [0, 1]}},
+        {"step": 1, "preempted": [{"id": "r0", "mode": "recompute"}]},
+        {"step": 2, "scheduled": [["r0", 1]], "prefix_hits": {"r0": [0, 1]},
+         "new_blocks": {"r0": [2]}},
+        {"step": 3, "arrivals": [{"id": "r1", "prompt_len": 8, "max_tokens": 4}],
+         "scheduled": [["r0", 1], ["r1", 4]], "prefix_hits": {"r1": [0]},
+         "new_blocks": {"r1": [3]}},
+    ]
+    w = work_of("".join(json.dumps(line) + "\n" for line in lines).encode())
+    assert (w.own_hit_tokens, w.other_hit_tokens, w.queried_tokens) == (8, 4, 25)
+    assert (w.prefill_steps, w.computed_per_step, w.ttft_work) == (2, 3.5, 6.5)
+
+
+def test_the_page_says_steps_differ_in_cost_and_measures_work_beside_them() -> None:
+    page = OUT.read_text()
+    assert "Steps are not units of equal cost" in page
+    for w in WORKLOADS:
+        section = page.split(f"## {w.name}\n", 1)[1].split("\n## ", 1)[0]
+        for row in ("| tokens computed per step |", "| TTFT mean (tokens computed meanwhile) |",
+                    "| steps that computed a prefill (SGLang: prefill steps) |"):
+            assert row in section, (w.name, row)
+    # a step-count comparison never stands without the tokens each step computed
+    claim = next(line for line in page.splitlines() if "fewer steps" in line)
+    assert "tokens computed per step" in claim
+
+
+def test_every_hit_is_on_own_blocks_or_another_requests_and_the_page_says_which() -> None:
+    """The workloads without shared prefixes (chat, burst) give vLLM hits only on its
+    own preempted requests' blocks; SGLang, which retracts, never hits its own."""
+    page = OUT.read_text()
+    for w in WORKLOADS:
+        for engine in ENGINES:
+            d, m = work(w.name, engine), metrics(w.name, engine)
+            assert m.prefix_cache is not None
+            assert d.own_hit_tokens + d.other_hit_tokens == m.prefix_cache.hit_tokens
+            if w.kind == "sharegpt":
+                assert d.other_hit_tokens == 0
+                assert (d.own_hit_tokens > 0) == (engine == "vllm")
+    assert "whose requests share no prefix, vLLM's hit rate" in page
+    assert page.count("| ... of it on its own blocks, back after preemption |") == len(WORKLOADS)

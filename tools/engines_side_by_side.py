@@ -7,6 +7,12 @@ SGLang 0.5.23's), kept in tests/data/side-by-side/, and compared by kvsched's me
 
 `make test` checks every kept trace (MUST-clean and exact under its engine's profile)
 and that the page is what this makes of them.
+
+Steps are not units of equal cost between the two (a vLLM step mixes prefill chunks
+with decodes; an SGLang step is a prefill or a decode), so the page says so and adds
+measures in tokens computed (Work: per step, and TTFT on a clock of the tokens computed
+meanwhile); and it says where each engine's prefix hits come from (Work: a hit on blocks
+the request computed itself before it was preempted, or on another request's).
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import io
+import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +33,7 @@ from kvsched.generators import generate
 from kvsched.metrics import Metrics, metrics_of_trace
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile
+from kvsched.spec.trace import TraceReader
 from kvsched.workload import WorkItem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,6 +106,53 @@ def metrics(workload: str, engine: str) -> Metrics:
     return metrics_of_trace(io.BytesIO(kept(workload, engine)), series=False)
 
 
+@dataclass(frozen=True)
+class Work:
+    """What a trace's step counts leave out: the tokens its steps computed, and where its
+    prefix-cache hits came from."""
+
+    prefill_steps: int  # steps that computed more tokens than they sampled: a prefill
+    computed_per_step: float  # prefill, recompute and decode tokens
+    ttft_work: float | None  # mean tokens computed, by all requests, from arrival to 1st token
+    own_hit_tokens: int  # hits on blocks the request itself computed before its preemption
+    other_hit_tokens: int  # hits on blocks another request computed (shared prefixes)
+    queried_tokens: int  # as the hit rate's denominator (kvsched.metrics.PrefixCache)
+
+    def rate(self, tokens: int) -> float:
+        return tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+def work(workload: str, engine: str) -> Work:
+    return work_of(kept(workload, engine))
+
+
+def work_of(trace: bytes) -> Work:
+    """A trace's Work. A block's content is the request's that was handed it in
+    `new_blocks` (it computed it); a hit on it is that request's own when it hits it again,
+    which only a preempted request coming back can."""
+    m = metrics_of_trace(io.BytesIO(trace), series=True)
+    assert m.series is not None
+    clock = [0, *itertools.accumulate(m.series.computed)]  # tokens computed before step k
+    waits = [clock[step + 1] - clock[step - int(ttft) + 1] for step, ttft in m.series.ttft_at]
+    computed_by: dict[int, str] = {}
+    own = other = 0
+    reader = TraceReader(io.BytesIO(trace))
+    size = reader.header.config.block_size
+    for rec in reader:
+        for rid, blocks in rec.prefix_hits.items():
+            mine = sum(computed_by.get(b) == rid for b in blocks)
+            own, other = own + mine * size, other + (len(blocks) - mine) * size
+        for rid, blocks in (rec.new_blocks or {}).items():
+            computed_by.update(dict.fromkeys(blocks, rid))
+    return Work(
+        prefill_steps=sum(c > g for c, g in zip(m.series.computed, m.series.generated,
+                                                strict=True)),
+        computed_per_step=m.computed_per_step,
+        ttft_work=sum(waits) / len(waits) if waits else None,
+        own_hit_tokens=own, other_hit_tokens=other,
+        queried_tokens=m.prefix_cache.queried_tokens if m.prefix_cache is not None else 0)
+
+
 def cell(x: float | None, digits: int) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -118,8 +173,18 @@ def render() -> str:
         f"tokens), a token budget of {CONFIG.max_num_batched_tokens} a step, at most "
         f"{CONFIG.max_num_seqs} running requests, sequences of at most "
         f"{CONFIG.max_model_len} tokens, chunked prefill, prefix caching on (vLLM's block "
-        "hashes, SGLang's radix cache). Times are in steps: a step is one batch of either "
-        "engine, and SGLang's steps are prefill or decode, never both.",
+        "hashes, SGLang's radix cache).",
+        "",
+        "Steps are not units of equal cost here. A vLLM step mixes prefill chunks with "
+        "decodes; an SGLang step is a prefill or a decode, never both, so while SGLang "
+        "prefills, none of its running requests decodes. Counted in steps, an engine "
+        "that does more in each step looks faster than it is: where the tables say "
+        "\"steps\", read \"batches\", not time. Two measures in tokens computed "
+        "(prefill, recompute and decode tokens) are beside them: tokens computed per step, "
+        "and TTFT on a clock of tokens computed, the tokens the engine computed for all "
+        "its requests from a request's arrival to its first token. Neither is time: on "
+        "a GPU a step of decodes costs about as much as a prefill of many tokens, so time "
+        "lies between the two clocks.",
         "",
         "How they decide differently (docs/spec.md, section 8; docs/conformance/sglang.md): "
         "vLLM admits what this step's blocks allow, running requests first, and preempts "
@@ -131,20 +196,32 @@ def render() -> str:
     ]
     names = [name for name, _ in ENGINES.values()]
     every = {(w.name, e): metrics(w.name, e) for w in WORKLOADS for e in ENGINES}
+    done = {(w.name, e): work(w.name, e) for w in WORKLOADS for e in ENGINES}
+    lines += ["Where the prefix-cache hits come from: a hit is on blocks the request "
+              "itself computed before it was preempted (it comes back and finds them still "
+              "cached: only an engine that preempts by recompute has these), or on blocks "
+              "another request computed (a shared system prompt, an earlier turn). The "
+              "tables split the hit rate so.", ""]
     lines += ["What the numbers show, on these workloads:", ""]
-    lines += [f"- {claim}" for claim in claims(every)]
+    lines += [f"- {claim}" for claim in claims(every, done)]
     lines.append("")
     for w in WORKLOADS:
         m = {engine: metrics(w.name, engine) for engine in ENGINES}
+        d = [done[(w.name, engine)] for engine in ENGINES]
         lines += [f"## {w.name}", "", f"{w.what} (generator `{w.kind}`, seed 7).", "",
                   f"| | {' | '.join(names)} |", "|---|" + "---:|" * len(names)]
         rows: list[tuple[str, list[float | None], int]] = [
             ("requests finished", [float(x.finished) for x in m.values()], 0),
             ("steps to finish", [float(x.steps) for x in m.values()], 0),
+            ("steps that computed a prefill (SGLang: prefill steps)",
+             [float(x.prefill_steps) for x in d], 0),
             ("TTFT mean (steps)", [x.ttft.mean for x in m.values()], 1),
             ("TTFT p99 (steps)", [x.ttft.p99 for x in m.values()], 1),
+            ("TTFT mean (tokens computed meanwhile)", [x.ttft_work for x in d], 0),
             ("latency mean (steps)", [x.latency.mean for x in m.values()], 1),
             ("tokens generated per step", [x.generated_per_step for x in m.values()], 2),
+            ("tokens computed per step", [x.computed_per_step for x in d], 2),
+            ("tokens computed in all", [float(x.computed_tokens) for x in m.values()], 0),
             ("preemptions (SGLang: retractions and priority preemptions)",
              [float(sum(x.preemptions.values())) for x in m.values()], 0),
             ("recomputed tokens", [float(x.recomputed_tokens) for x in m.values()], 0),
@@ -152,6 +229,10 @@ def render() -> str:
             ("prefix-cache hit rate",
              [x.prefix_cache.hit_rate if x.prefix_cache is not None else None
               for x in m.values()], 2),
+            ("... of it on its own blocks, back after preemption",
+             [x.rate(x.own_hit_tokens) for x in d], 2),
+            ("... of it on other requests' blocks", [x.rate(x.other_hit_tokens) for x in d],
+             2),
         ]
         for label, values, digits in rows:
             lines.append(f"| {label} | " + " | ".join(cell(v, digits) for v in values) + " |")
@@ -162,38 +243,82 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def claims(every: dict[tuple[str, str], Metrics]) -> list[str]:
+def claims(every: dict[tuple[str, str], Metrics], done: dict[tuple[str, str], Work]
+           ) -> list[str]:
     """Sentences the metrics bear out on every workload (each one computed, so that a
     change in either engine's kept traces changes or drops it)."""
     out = []
+    names = [w.name for w in WORKLOADS]
 
-    def each(key: str, f: object) -> list[tuple[float, float]]:
-        assert callable(f)
-        return [(float(f(every[(w.name, "vllm")])), float(f(every[(w.name, "sglang")])))
-                for w in WORKLOADS]
+    def each(f: Callable[[Metrics], float | None]) -> list[tuple[float, float]]:
+        values = [(f(every[(w, "vllm")]), f(every[(w, "sglang")])) for w in names]
+        return [(float(v or 0), float(s or 0)) for v, s in values]
 
-    ttft = each("ttft", lambda m: m.ttft.mean)
+    def against(pairs: Sequence[tuple[float, float]], digits: int = 0) -> str:
+        return ", ".join(f"{v:.{digits}f} against {s:.{digits}f}" for v, s in pairs)
+
+    ttft = each(lambda m: m.ttft.mean)
     if all(v < s for v, s in ttft):
-        out.append("vLLM's first tokens come sooner: its TTFT mean is "
-                   + ", ".join(f"{v:.0f} against {s:.0f}" for v, s in ttft)
-                   + " steps (workload by workload), since SGLang admits a request only "
-                   "with room for its whole future output.")
-    pre = each("preemptions", lambda m: sum(m.preemptions.values()))
-    rec = each("recomputed", lambda m: m.recomputed_tokens)
+        sentence = ("Counted in steps, vLLM's first tokens come sooner: its TTFT mean is "
+                    + against(ttft) + " steps (workload by workload), since SGLang admits "
+                    "a request only with room for its whole future output.")
+        waits = [(done[(w, "vllm")].ttft_work, done[(w, "sglang")].ttft_work) for w in names]
+        if all(v is not None and s is not None for v, s in waits):
+            clock = [(float(v or 0), float(s or 0)) for v, s in waits]
+            sooner = [w for w, (v, s) in zip(names, clock, strict=True) if v < s]
+            later = [w for w in names if w not in sooner]
+            sentence += (" On the clock of tokens computed it is " + against(clock)
+                         + " tokens: sooner on " + (", ".join(sooner) or "none")
+                         + (f", later on {', '.join(later)}" if later else "") + ".")
+        out.append(sentence)
+    pre = each(lambda m: sum(m.preemptions.values()))
+    rec = each(lambda m: m.recomputed_tokens)
     if all(s < v for v, s in pre):
         out.append("SGLang preempts far less: "
                    + ", ".join(f"{s:.0f} against {v:.0f}" for v, s in pre)
                    + " preemptions, and it recomputes "
                    + ", ".join(f"{s:.0f}" for _, s in rec) + " tokens where vLLM "
                    "recomputes " + ", ".join(f"{v:.0f}" for v, _ in rec) + ".")
-    use = each("use", lambda m: m.kv_use_mean)
-    steps = each("steps", lambda m: m.steps)
+    use = each(lambda m: m.kv_use_mean)
+    steps = each(lambda m: m.steps)
+    per_step = [(done[(w, "vllm")].computed_per_step, done[(w, "sglang")].computed_per_step)
+                for w in names]
     if all(s < v for v, s in use) and all(v < s for v, s in steps):
         out.append("vLLM keeps its cache fuller (KV use mean "
                    + ", ".join(f"{v:.2f}" for v, _ in use) + " against "
                    + ", ".join(f"{s:.2f}" for _, s in use)
-                   + ") and finishes the workloads in fewer steps ("
-                   + ", ".join(f"{v:.0f} against {s:.0f}" for v, s in steps) + ").")
+                   + ") and finishes the workloads in fewer steps (" + against(steps)
+                   + "), but its steps do more: " + against(per_step, 1)
+                   + " tokens computed per step, and "
+                   + against(each(lambda m: m.computed_tokens)) + " tokens computed in all.")
+        prefills = [done[(w, "sglang")].prefill_steps for w in names]
+        if all(s - v > p for (v, s), p in zip(steps, prefills, strict=True)):
+            out.append("SGLang's prefill steps alone do not make its extra steps: they are "
+                       + ", ".join(f"{p} of {s:.0f}" for p, (_, s) in
+                                   zip(prefills, steps, strict=True))
+                       + "; the rest are decode steps with fewer requests in them "
+                       "(tokens generated per step, vLLM's against SGLang's: "
+                       + against(each(lambda m: m.generated_per_step), 2) + ").")
+    hits = [(w, done[(w, "vllm")], done[(w, "sglang")]) for w in names]
+    alone = [(w, v, s) for w, v, s in hits if not v.other_hit_tokens and not s.other_hit_tokens]
+    if alone and all(v.own_hit_tokens for _, v, _ in alone):
+        out.append("On " + ", ".join(w for w, _, _ in alone) + ", whose requests share no "
+                   "prefix, vLLM's hit rate ("
+                   + ", ".join(f"{v.rate(v.own_hit_tokens):.2f}" for _, v, _ in alone)
+                   + ") is all its own preempted requests finding their blocks still cached "
+                   "when they come back (prefix caching saving part of a recompute, not a "
+                   "prefix shared between requests); SGLang's is "
+                   + ", ".join(f"{s.rate(s.own_hit_tokens):.2f}" for _, _, s in alone) + ".")
+    shared = [(w, v, s) for w, v, s in hits if (w, v, s) not in alone]
+    if shared:
+        out.append("On " + ", ".join(w for w, _, _ in shared) + ", hits on other requests' "
+                   "blocks (the shared prefixes) are "
+                   + against([(v.rate(v.other_hit_tokens), s.rate(s.other_hit_tokens))
+                              for _, v, s in shared], 2)
+                   + " of the tokens queried, and vLLM's own blocks back after preemption "
+                   "add " + ", ".join(f"{v.rate(v.own_hit_tokens):.2f}" for _, v, _ in shared)
+                   + " (SGLang's: " + ", ".join(f"{s.rate(s.own_hit_tokens):.2f}"
+                                               for _, _, s in shared) + ").")
     return out
 
 
