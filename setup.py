@@ -25,5 +25,10 @@ else:
          Extension("kvsched.optimized.state", ["src/kvsched/optimized/state.pyx"],
                    language="c++", optional=True)],
         quiet=True)
+    # cythonize() hands back new Extensions without `optional`: set it again, so that
+    # setuptools' build_ext leaves out, with a warning, a module that fails to build (no
+    # compiler, or one that fails) instead of failing the install.
+    for extension in ext_modules:
+        extension.optional = True
 
 setup(ext_modules=ext_modules)
