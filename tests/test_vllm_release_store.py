@@ -119,3 +119,70 @@ def test_kvsched_diff_of_adjacent_epoch_profiles_finds_each_change_where_vllm_di
     found = re.findall(r"finds (\d+) of these (\d+) at the same step", Path(OUT).read_text())
     assert len(found) == len(VLLM_V1_EPOCHS) - 1
     assert all(a == b and int(b) > 0 for a, b in found), found
+
+
+def epoch_sections(page: str) -> dict[str, str]:
+    """The changelog's epoch sections, by their heading's first release."""
+    epochs = page.split("## The decision epochs\n", 1)[1]
+    return {part.split(":", 1)[0]: part for part in epochs.split("\n### ")[1:]}
+
+
+def test_no_metric_row_compares_a_run_cut_short() -> None:
+    """A run the driver cut short (no end line) stops where the driver did: its numbers
+    are never set against a complete run's (0.11.0's priority cases), and the page counts
+    and names them instead."""
+    import re
+
+    page = Path(OUT).read_text()
+    kept: dict[str, dict[str, Stored]] = {}
+
+    def complete(release: str, case: str) -> bool:
+        if release not in kept:
+            kept[release] = {t.case: t for t in traces(release)}
+        return check(kept[release][case]).complete
+
+    compared = 0
+    for section in epoch_sections(page).values():
+        head = re.search(r"^\| workload \| metric \| (\S+) \| (\S+) \| delta \|$", section,
+                         re.M)
+        if head is None:
+            continue
+        for case in {line.split(" | ")[0][2:] for line in section.splitlines()
+                     if line.startswith("| ") and not line.startswith("| workload")}:
+            for release in head.groups():
+                assert complete(release, case), (release, case)
+                compared += 1
+    assert compared > 0
+    short = sum(not check(t).complete for t in traces("0.11.0"))
+    assert short > 0 and f"{short} of 0.11.0's" in page
+    assert "No metrics for `priority-tight`" in epoch_sections(page)["0.11.1"]
+
+
+def test_each_epoch_opens_with_one_plain_sentence_of_who_it_affects() -> None:
+    from conformance.vllm import FLIPPABLE
+    from tools.vllm_changelog import AFFECTS
+
+    sections = epoch_sections(Path(OUT).read_text())
+    assert set(sections) == {e.first for e in VLLM_V1_EPOCHS}
+    for first, section in sections.items():
+        opening = section.split("\n\n")[1]
+        assert opening.startswith("Affects you if ") and opening.count(". ") == 0, first
+        assert opening.endswith(".") and "\n" not in opening, first
+    # every knob an epoch may change, either way, has its sentence
+    assert {(k, v) for k, values in FLIPPABLE.items() for v in values} <= set(AFFECTS)
+
+
+def test_random_case_ids_are_folded() -> None:
+    """Lists of random cases' ids sit in <details> blocks; the text names the named
+    cases and counts the random ones."""
+    import re
+
+    folded = False
+    count = 0
+    for line in Path(OUT).read_text().splitlines():
+        folded = (folded or line.startswith("<details>")) and line != "</details>"
+        ids = len(re.findall(r"\brandom-(?:prefix-)?\d+\b", line))
+        if not folded:
+            assert ids <= 1, line  # one, in a single example of both versions
+        count += ids if folded else 0
+    assert count > 50
