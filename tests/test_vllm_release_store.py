@@ -3,7 +3,9 @@
 each is complete, MUST-clean and exact under the profile of its release's decision
 epoch; 0.11.0, in no epoch, breaks exactly the rules docs/vllm-changelog.md says; and
 each epoch's rule, set back to the epoch before's, makes a trace of its first release
-diverge. docs/vllm-changelog.md is what tools.vllm_changelog makes of the store."""
+diverge. docs/vllm-changelog.md is what tools.vllm_changelog makes of the store: its
+metric tables set only complete runs side by side, each epoch opens with a plain sentence
+of who it affects, and the random cases' ids are folded."""
 
 from __future__ import annotations
 
