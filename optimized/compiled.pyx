@@ -49,7 +49,7 @@ from cython.operator cimport dereference as deref
 
 import orjson
 
-from kvsched.optimized.knobs import unsupported_knobs
+from kvsched.optimized.knobs import unsupported_knobs, unsupported_pools
 from kvsched.spec.blocks import rejectable
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import (
@@ -110,7 +110,6 @@ cdef enum:
 # A content key is content id * KEY_SPAN + block index (an interned string's own key
 # is negative).
 DEF KEY_SPAN = 16777216
-cdef int64_t MAX_BLOCK_ID = 2147483647
 
 STATUS_NAMES = {WAITING: Status.WAITING, RUNNING: Status.RUNNING, SWAPPED: Status.SWAPPED}
 MODE_NAMES = ("recompute", "swap")
@@ -202,10 +201,10 @@ cdef class CompiledScheduler:
         refused = unsupported_knobs(chosen)
         if refused is not None:
             problems.append(refused)
-        if not problems and max(config.num_gpu_blocks, config.num_cpu_blocks) > MAX_BLOCK_ID:
-            problems.append(f"the compiled scheduler holds block ids in 32 bits: "
-                            f"num_gpu_blocks and num_cpu_blocks must be at most "
-                            f"{MAX_BLOCK_ID}")
+        if not problems:
+            refused = unsupported_pools(config)
+            if refused is not None:
+                problems.append(refused)
         if problems:
             raise ValueError(problems[0])
         self.config = config

@@ -3,7 +3,7 @@ torch scheduler not the two of older vLLM v1 releases either.
 
 The torch scheduler (kvsched.optimized.scheduler) and the compiled one
 (kvsched.optimized.compiled) refuse what they do not implement in the same words; this
-module holds that rule without importing torch.
+module holds that rule without importing torch, and the largest pool they take.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 from kvsched.spec.knobs import Knobs
+from kvsched.spec.model import Config
 
 # Knobs these schedulers follow only at their defaults: vLLM V0's rules (profile
 # vllm-v0), which the reference alone implements. V0's step itself (a profile whose
@@ -23,6 +24,20 @@ REFERENCE_ONLY_KNOBS = ("grow_check", "reject", "chunk_swap_in", "swapped_order"
 COMPILED_ONLY_KNOBS = ("free_order", "over_budget_prompt")
 
 FastScheduler = Literal["compiled", "torch"]
+
+# The most blocks of a pool the fast schedulers take: they make their free lists (an
+# entry per block, 8 bytes or more) at start, where the reference's memory follows the
+# blocks it hands out (kvsched.reference.allocator.FreeList).
+MAX_POOL_BLOCKS = 1 << 24
+
+
+def unsupported_pools(config: Config, scheduler: FastScheduler = "compiled") -> str | None:
+    """Why the fast `scheduler` refuses `config`'s pools, in one line, or None."""
+    if max(config.num_gpu_blocks, config.num_cpu_blocks) <= MAX_POOL_BLOCKS:
+        return None
+    return (f"the {scheduler} scheduler makes a free-list entry per block at start: "
+            f"num_gpu_blocks and num_cpu_blocks must be at most {MAX_POOL_BLOCKS:,} "
+            "(the reference scheduler takes more)")
 
 
 def unsupported_knobs(knobs: Knobs, scheduler: FastScheduler = "compiled") -> str | None:

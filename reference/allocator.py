@@ -4,12 +4,68 @@ and with prefix caching the cache of full blocks by content (vLLM v1's block poo
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Literal
 
 from kvsched.spec.knobs import FreeOrder
 
 Pool = Literal["gpu", "host"]
+
+
+class FreeList:
+    """A pool's free block ids in the order they are handed out: those put back at its
+    head, then the ids never handed out yet (held as a range's bounds, so that a pool's
+    memory follows the blocks it has handed out, not its size), then those put back at
+    its tail. The order is that of one queue that starts as `first`, `first` + 1, ...
+    """
+
+    def __init__(self, first: int, count: int) -> None:
+        self._head: deque[int] = deque()
+        self._fresh = first  # the next id never handed out
+        self._end = first + count
+        self._tail: deque[int] = deque()
+
+    def __len__(self) -> int:
+        return len(self._head) + (self._end - self._fresh) + len(self._tail)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._head
+        yield from range(self._fresh, self._end)
+        yield from self._tail
+
+    def take(self, count: int) -> list[int]:
+        """The next `count` ids, from the head.
+
+        pre: 0 <= count <= len(self)
+        """
+        out: list[int] = []
+        if count <= 0:
+            return out
+        head = self._head
+        while head and len(out) < count:
+            out.append(head.popleft())
+        fresh = min(count - len(out), self._end - self._fresh)
+        out.extend(range(self._fresh, self._fresh + fresh))
+        self._fresh += fresh
+        tail = self._tail
+        while len(out) < count:
+            out.append(tail.popleft())
+        return out
+
+    def extend(self, ids: Iterable[int]) -> None:
+        """Put `ids` back at the tail, in the order given."""
+        self._tail.extend(ids)
+
+    def extendleft(self, ids: Iterable[int]) -> None:
+        """Put `ids` back at the head, each before the one put before it (deque's rule)."""
+        self._head.extendleft(ids)
+
+    def remove(self, block: int) -> None:
+        """Take `block`, one that was handed out before and put back, off the list."""
+        if block in self._head:
+            self._head.remove(block)
+        else:
+            self._tail.remove(block)
 
 
 class BlockAllocator:
@@ -40,9 +96,8 @@ class BlockAllocator:
                  first_gpu_id: int = 0, caching: bool = False,
                  free_order: FreeOrder = "uncached_first") -> None:
         # GPU ids run from the engine's first block id (config.first_block_id).
-        gpu = range(first_gpu_id, first_gpu_id + num_gpu_blocks)
-        self._free: dict[Pool, deque[int]] = {"gpu": deque(gpu),
-                                              "host": deque(range(num_cpu_blocks))}
+        self._free: dict[Pool, FreeList] = {"gpu": FreeList(first_gpu_id, num_gpu_blocks),
+                                            "host": FreeList(0, num_cpu_blocks)}
         self._tables: dict[Pool, dict[str, list[int]]] = {"gpu": {}, "host": {}}
         self.caching = caching
         self.free_order = free_order
@@ -106,7 +161,7 @@ class BlockAllocator:
         """
         free = self._free[pool]
         assert 0 <= count <= len(free), f"taking {count} {pool} blocks beyond the free ones"
-        return [free.popleft() for _ in range(count)]
+        return free.take(count)
 
     def put(self, pool: Pool, ids: list[int]) -> None:
         """Append `ids` to the tail of `pool`'s free list, in the order given."""

@@ -47,6 +47,7 @@ from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
+from kvsched.reference.allocator import FreeList
 from kvsched.reference.radix import Node, RadixTree
 from kvsched.spec.knobs import Knobs, SGLangKnobs
 from kvsched.spec.model import Config, Decision, Preemption, Request, RequestView, Status
@@ -130,8 +131,7 @@ class SGLangScheduler:
         # The allocator's free pages, handed out from the head; freed ones join the tail
         # (pages of one token: TokenToKVPoolAllocator.free) or the head in id order
         # (PagedTokenToKVPoolAllocator.free).
-        self.free_pages = list(range(config.first_block_id,
-                                     config.first_block_id + config.num_gpu_blocks))
+        self.free_pages = FreeList(config.first_block_id, config.num_gpu_blocks)
         self.tree = RadixTree(self.page, disable=not config.prefix_caching)
         self.book = KeyBook(self.page)  # the content keys of requests' pages
         self.passes = 0  # calc_priority calls with something waiting (the FCFS touch)
@@ -267,9 +267,9 @@ class SGLangScheduler:
 
     def _free(self, pages: Sequence[int]) -> None:
         if self.page == 1:
-            self.free_pages += pages
+            self.free_pages.extend(pages)
         else:
-            self.free_pages[:0] = sorted(set(pages))
+            self.free_pages.extendleft(sorted(set(pages), reverse=True))
 
     def _evict_for(self, tokens: int) -> None:
         """Evict radix-cache leaves until `tokens` are free (evict_from_tree_cache)."""
@@ -280,7 +280,7 @@ class SGLangScheduler:
         need = self._pages_for(r.computed + n) - len(r.pages)
         if need > len(self.free_pages):
             raise ValueError(f"{r.id} needs {need} pages, {len(self.free_pages)} are free")
-        taken, self.free_pages = self.free_pages[:need], self.free_pages[need:]
+        taken = self.free_pages.take(need)
         r.pages += taken
         r.computed += n
         if taken:

@@ -108,7 +108,7 @@ def chosen_scheduler(choice: str, config: Config, knobs: Knobs, kind: SchedulerK
         note("the compiled scheduler is not built here (kvsched was installed without a "
              "C++ compiler); running the reference scheduler")
         return "reference"
-    except ValueError:  # vLLM V0's knobs, or more blocks than its 32-bit ids hold
+    except ValueError:  # vLLM V0's knobs, or a pool larger than its free lists take
         return "reference"
     return "compiled"
 
