@@ -1,6 +1,6 @@
 """Types of the compiled scheduler (optimized/compiled.pyx, built by setup.py)."""
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, Literal, Protocol, overload
 
 from kvsched.spec.knobs import Knobs
@@ -48,10 +48,10 @@ def replay_lines(scheduler: CompiledScheduler, lines: list[tuple[int, Any]], key
                  newly: list[str], ordered: bool) -> int: ...
 
 @overload
-def simulate(scheduler: CompiledScheduler, workload: Sequence[SimulatedRequest],
+def simulate(scheduler: CompiledScheduler, workload: Iterable[SimulatedRequest],
              block_ids: bool = True, max_steps: int | None = None,
              lines: Literal[False] = False, stall_steps: int = ...) -> Iterator[StepRecord]: ...
 @overload
-def simulate(scheduler: CompiledScheduler, workload: Sequence[SimulatedRequest],
+def simulate(scheduler: CompiledScheduler, workload: Iterable[SimulatedRequest],
              block_ids: bool, max_steps: int | None, lines: Literal[True],
              stall_steps: int = ...) -> Iterator[tuple[bytes, int, int]]: ...

@@ -10,7 +10,8 @@ def simulate(CompiledScheduler sched, workload, bint block_ids=True, max_steps=N
     sampled, end of sequence at each request's hidden output length, the content
     keys a trace gives with prefix caching) kept per slot beside the scheduler's:
     yields the same StepRecords, one per step, until every request has ended (or
-    max_steps). The workload must be sorted by arrival (workload.validate does that).
+    max_steps). The workload must be sorted by arrival (workload.validate does that);
+    it is read as the steps reach each arrival (a generated one is made as it is read).
 
     With `lines`, the steps come in blocks of up to LINE_BLOCK, each (lines, steps,
     ended): the steps' trace lines as `kvsched.spec.trace.step_fields` makes them
@@ -20,8 +21,10 @@ def simulate(CompiledScheduler sched, workload, bint block_ids=True, max_steps=N
     As kvsched.simulate.run, after the `stall_steps`-th step in a row that changed
     nothing while work waits (kvsched.spec.should.Stall) it raises Stalled, once that
     step is yielded."""
-    cdef list pending = list(workload)
-    cdef Py_ssize_t nxt = 0, total = len(pending), k
+    items = iter(workload)
+    upcoming = next(items, None)  # the next request to arrive
+    cdef list arrived = []
+    cdef Py_ssize_t k
     cdef int64_t step = 0
     cdef int32_t s
     cdef dict aborts = {}
@@ -30,17 +33,17 @@ def simulate(CompiledScheduler sched, workload, bint block_ids=True, max_steps=N
     cdef Py_ssize_t block_ended = 0
     cdef int64_t quiet = 0  # steps in a row that changed nothing while work waits
     cdef bint stuck = False
-    for w in pending:
-        if w.abort is not None:
-            aborts.setdefault(w.abort, []).append(w.id)
-    while nxt < total or sched.live > 0:
+    while upcoming is not None or sched.live > 0:
         if max_steps is not None and step >= max_steps:
             break
         arrivals = []
         arrival_slots = []
-        while nxt < total and pending[nxt].arrival <= step:
-            w = pending[nxt]
-            nxt += 1
+        while upcoming is not None and upcoming.arrival <= step:
+            w = upcoming
+            upcoming = next(items, None)
+            arrived.append(w)
+            if w.abort is not None:  # no sooner than its arrival
+                aborts.setdefault(w.abort, []).append(w.id)
             req = w.request(step)
             sched.add_request(req)
             s = sched.slot_of[w.id]
@@ -93,7 +96,7 @@ def simulate(CompiledScheduler sched, workload, bint block_ids=True, max_steps=N
             block_ended += len(finished) + len(aborted) + len(sched.rejected_now)
             if stuck:
                 yield b"".join(block), len(block), block_ended
-                raise _stalled(sched, pending, step, stall_steps)
+                raise _stalled(sched, arrived, step, stall_steps)
             step += 1
             if len(block) == LINE_BLOCK:
                 yield b"".join(block), len(block), block_ended
@@ -105,16 +108,16 @@ def simulate(CompiledScheduler sched, workload, bint block_ids=True, max_steps=N
                          parts[5] if block_ids else None, None, parts[6], keys)
         yield rec
         if stuck:
-            raise _stalled(sched, pending, step, stall_steps)
+            raise _stalled(sched, arrived, step, stall_steps)
         step += 1
     if block:
         yield b"".join(block), len(block), block_ended
 
-def _stalled(CompiledScheduler sched, list pending, int64_t step, int64_t limit):
+def _stalled(CompiledScheduler sched, list arrived, int64_t step, int64_t limit):
     """The Stalled of a run stuck at `step` (kvsched.spec.should.stalled_run)."""
     from kvsched.spec.should import stalled_run  # here: a run that ends never needs it
 
-    live = {w.id: w for w in pending if w.id in sched.slot_of}
+    live = {w.id: w for w in arrived if w.id in sched.slot_of}
     return stalled_run(sched, lambda rid: live[rid].request(live[rid].arrival), step,
                        limit)
 

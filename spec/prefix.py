@@ -49,7 +49,10 @@ def nested(outer: Prefix, content: str, length: int) -> Prefix:
     post: all(n <= length for _, n in __return__)
     post: (content, length) in __return__
     """
-    cut = tuple((c, min(n, length)) for c, n in outer)
+    # Shortest first: nothing to cut when the longest fits. A cut keeps the outer's own
+    # pairs where it can, so that a conversation's chains share them.
+    cut = outer if not outer or outer[-1][1] <= length else tuple(
+        p if p[1] <= length else (p[0], length) for p in outer)
     return cut if (content, length) in cut else (*cut, (content, length))
 
 

@@ -26,7 +26,7 @@ per-invariant violation counts and the metric deltas.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -552,7 +552,7 @@ def diff_streams(a: Stream, b: Stream, *, series: bool = False,
                 divergence, compared)
 
 
-def simulated(label: str, scheduler: Scheduler, workload: Sequence[WorkItem],
+def simulated(label: str, scheduler: Scheduler, workload: Collection[WorkItem],
               engine: dict[str, str], *, max_steps: int | None = None,
               on_lines: Callable[[list[bytes], int], None] | None = None,
               stall_steps: int = should.DEFAULT_STALL_STEPS) -> Stream:

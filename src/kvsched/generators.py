@@ -79,11 +79,13 @@ from __future__ import annotations
 import math
 import random
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
+from heapq import heappop, heappush
 from itertools import accumulate
 
-from kvsched.workload import WorkItem, validate
+from kvsched.workload import Source, WorkItem, WorkloadError
 
 KINDS: tuple[str, ...] = ("sharegpt", "alpaca", "long-context", "uniform")
 # Named generators: the length kinds, and sharegpt with shared prefixes.
@@ -287,12 +289,48 @@ def generate(kind: str, n: int, seed: int, *, arrival: str = "poisson",
     """A workload of n requests: ids r0, r1, ... in arrival order, or c<k>-t<j> for
     conversations (turns > 1). `system_prompts` and `turns` default to the named
     generator's (none and 1 for the length kinds); `skew` applies only with system
-    prompts, `think_steps` only with turns > 1.
+    prompts, `think_steps` only with turns > 1. The whole of `lazily`'s workload.
 
     post: len(__return__) == n
     post: all(w.prompt_len + w.max_tokens <= max_model_len for w in __return__)
     post: all(1 <= w.output_len <= w.max_tokens for w in __return__)
     """
+    return list(lazily(kind, n, seed, arrival=arrival, rate=rate,
+                       max_model_len=max_model_len, priorities=priorities,
+                       max_tokens=max_tokens, prompt_range=prompt_range,
+                       output_range=output_range, system_prompts=system_prompts, skew=skew,
+                       turns=turns, think_steps=think_steps))
+
+
+@dataclass(frozen=True)
+class Generated(Collection[WorkItem]):
+    """A generated workload of `len` requests, made as it is iterated (each iteration
+    anew, the same requests), so that a run cut short costs only the requests it
+    reached."""
+
+    make: Callable[[], Iterator[WorkItem]]
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[WorkItem]:
+        return self.make()
+
+    def __contains__(self, item: object) -> bool:
+        return any(w == item for w in self)
+
+
+def lazily(kind: str, n: int, seed: int, *, arrival: str = "poisson",
+           rate: float = DEFAULT_RATE, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+           priorities: Sequence[float] | None = None, max_tokens: int | None = None,
+           prompt_range: tuple[int, int] | None = None,
+           output_range: tuple[int, int] | None = None,
+           system_prompts: Sequence[int] | None = None, skew: float | None = None,
+           turns: float | None = None, think_steps: float | None = None) -> Generated:
+    """`generate`'s workload, its arguments checked now, its requests made as they are
+    iterated, in arrival order, each checked and its prefix resolved as
+    kvsched.workload.validate does (a generated workload is valid by construction)."""
     if kind not in GENERATORS:
         raise ValueError(f"unknown workload kind {kind!r}; kinds are {', '.join(GENERATORS)}")
     if arrival not in ARRIVALS:
@@ -327,18 +365,33 @@ def generate(kind: str, n: int, seed: int, *, arrival: str = "poisson",
     think_steps = _number("think_steps", DEFAULT_THINK_STEPS if think_steps is None
                           else think_steps, 0, "a finite number of steps >= 0")
     base = kind if kind in KINDS else "sharegpt"
-    pairs = lengths(base, n, seed, prompt_range, output_range)
-    starts = arrival_steps(arrival, n, float(rate) / turns, seed)
+    lengths(base, n, seed, prompt_range, output_range)  # checks the ranges
+    _priority_draw(priorities, seed)  # checks the weights
+    return Generated(partial(_requests, base, n, seed, arrival, float(rate) / turns,
+                             max_model_len, priorities, max_tokens, prompt_range,
+                             output_range, shared, skew, turns, think_steps), n)
+
+
+def _requests(kind: str, n: int, seed: int, arrival: str, start_rate: float,
+              max_model_len: int, priorities: Sequence[float] | None,
+              max_tokens: int | None, prompt_range: tuple[int, int] | None,
+              output_range: tuple[int, int] | None, shared: tuple[int, ...], skew: float,
+              turns: float, think_steps: float) -> Iterator[WorkItem]:
+    """`lazily`'s requests of the length kind `kind`, in arrival order: a conversation's
+    later turns wait in a heap until no request made after them can arrive sooner (every
+    one arrives no sooner than the start of the conversation being made)."""
+    pairs = lengths(kind, n, seed, prompt_range, output_range)
+    starts = arrival_steps(arrival, n, start_rate, seed)
     priority = _priority_draw(priorities, seed)
     slack = _max_tokens_slack(seed)
     system_prompt = _system_prompt_draw(shared, skew, seed)
     goes_on = _stream(seed, "turns").random
     think = _stream(seed, "think").expovariate
     last_prompt = max_model_len - 1
-    items: list[WorkItem] = []
+    waiting: list[tuple[int, int, WorkItem]] = []  # (arrival, made as number, request)
     prev: WorkItem | None = None  # the last turn of the current conversation
-    conversation = turn = 0
-    for prompt, output in pairs:
+    conversation = turn = start = 0
+    for made, (prompt, output) in enumerate(pairs):
         prefix: tuple[str, int] | None = None
         if prev is not None and turns > 1 and goes_on() >= 1 / turns \
                 and prev.prompt_len + prev.output_len + prompt <= last_prompt:
@@ -349,6 +402,7 @@ def generate(kind: str, n: int, seed: int, *, arrival: str = "poisson",
             step, level, turn = prev.arrival + prev.output_len + pause, prev.priority, turn + 1
         else:
             step, level, turn = next(starts), priority(), 0
+            start = step
             conversation += 1 if prev is not None else 0
             prefix = system_prompt()
             if prefix is not None:
@@ -358,11 +412,19 @@ def generate(kind: str, n: int, seed: int, *, arrival: str = "poisson",
         room = max_model_len - prompt
         asked = output + slack(output) if max_tokens is None else max_tokens
         cap = asked if asked < room else room
-        rid = f"c{conversation}-t{turn}" if turns > 1 else f"r{len(items)}"
+        rid = f"c{conversation}-t{turn}" if turns > 1 else f"r{made}"
+        # The source as validate resolves it: the previous turn, or a system prompt.
+        source = None if prefix is None else Source(prev if turn else None)
         prev = WorkItem(rid, step, prompt, output if output < cap else cap, cap, level,
-                        prefix=prefix)
-        items.append(prev)
-    return validate(items)
+                        prefix=prefix, source=source)
+        problems = prev.problems()
+        if problems:
+            raise WorkloadError(problems[0])
+        heappush(waiting, (step, made, prev))
+        while waiting and waiting[0][0] <= start:
+            yield heappop(waiting)[2]
+    while waiting:
+        yield heappop(waiting)[2]
 
 
 def _max_tokens_slack(seed: int) -> Callable[[int], int]:

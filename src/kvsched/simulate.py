@@ -17,11 +17,11 @@ block's once its tokens are known, as an engine writes its block hashes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from kvsched.spec.interface import Deduplicating, Scheduler
 from kvsched.spec.model import Config, StepRecord
-from kvsched.spec.prefix import block_key
+from kvsched.spec.prefix import Prefix, block_key
 from kvsched.spec.should import DEFAULT_STALL_STEPS, Stall, moves, stalled_run
 from kvsched.spec.violation import Violation
 from kvsched.workload import WorkItem
@@ -54,47 +54,52 @@ def unending(checked: Sequence[Violation], stalled: Violation | None, steps: int
                      f"request{'s are' if live != 1 else ' is'} still live")
 
 
-def run(scheduler: Scheduler, workload: Sequence[WorkItem], *, block_ids: bool = True,
+def run(scheduler: Scheduler, workload: Iterable[WorkItem], *, block_ids: bool = True,
         max_steps: int | None = None,
         stall_steps: int = DEFAULT_STALL_STEPS) -> Iterator[StepRecord]:
     """Yield one StepRecord per step until every request has ended (or max_steps);
     raise Stalled after the `stall_steps`-th step in a row that changed nothing while
     work waits.
 
-    The workload must be sorted by arrival (workload.validate does that).
+    The workload must be sorted by arrival (workload.validate does that); it is read
+    as the steps reach each arrival (a generated one is made as it is read), and only
+    live requests are kept.
     """
-    pending = list(workload)
-    by_id = {w.id: w for w in pending}
-    outputs: dict[str, int] = {}
+    items = iter(workload)
+    upcoming = next(items, None)  # the next request to arrive
+    live: dict[str, WorkItem] = {}
+    outputs: dict[str, int] = {}  # tokens sampled, per live request
     aborts: dict[int, list[str]] = {}
-    for w in pending:
-        if w.abort is not None:
-            aborts.setdefault(w.abort, []).append(w.id)
     caching = scheduler.config.prefix_caching
     bs = scheduler.config.block_size
     keyed: dict[str, int] = {}  # full blocks whose keys the trace has given, per request
+    shared: dict[str, Prefix] = {}  # each live request's shared prefix, as it arrived
 
     def new_keys(rid: str) -> tuple[str, ...]:
         """The keys of `rid`'s blocks that became full since the trace last gave any."""
-        w = by_id[rid]
+        w = live[rid]
         full = (w.prompt_len + outputs.get(rid, 0)) // bs
         done = keyed.get(rid, 0)
         keyed[rid] = full
-        return tuple(block_key(rid, w.shared, i, bs) for i in range(done, full))
+        return tuple(block_key(rid, shared[rid], i, bs) for i in range(done, full))
 
     stall = Stall(stall_steps)
-    nxt = 0
     step = 0
-    while nxt < len(pending) or outputs:
+    while upcoming is not None or outputs:
         if max_steps is not None and step >= max_steps:
             return
         arrivals = []
-        while nxt < len(pending) and pending[nxt].arrival <= step:
-            w = pending[nxt]
-            nxt += 1
+        while upcoming is not None and upcoming.arrival <= step:
+            w = upcoming
+            upcoming = next(items, None)
+            if w.abort is not None:  # no sooner than its arrival
+                aborts.setdefault(w.abort, []).append(w.id)
             req = w.request(step)
             scheduler.add_request(req)
+            live[w.id] = w
             outputs[w.id] = 0
+            if caching:
+                shared[w.id] = req.prefix
             arrivals.append(req)
         aborted = []
         for rid in aborts.pop(step, ()):
@@ -108,7 +113,7 @@ def run(scheduler: Scheduler, workload: Sequence[WorkItem], *, block_ids: bool =
         stopped = []
         for rid in decision.sampled:
             outputs[rid] += 1
-            if outputs[rid] >= by_id[rid].output_len:
+            if outputs[rid] >= live[rid].output_len:
                 stopped.append(rid)
         finished = scheduler.update(stopped)
         keys = {}
@@ -121,6 +126,9 @@ def run(scheduler: Scheduler, workload: Sequence[WorkItem], *, block_ids: bool =
         for rid in finished:
             del outputs[rid]
             keyed.pop(rid, None)
+        for rid in [*finished, *aborted, *(r.id for r in decision.rejected)]:
+            live.pop(rid, None)
+            shared.pop(rid, None)
         dedup = scheduler.dedups() if isinstance(scheduler, Deduplicating) else {}
         rec = StepRecord(step, tuple(arrivals), tuple(aborted), decision.rejected,
                          decision.preempted, decision.swapped_in, decision.scheduled,
@@ -130,6 +138,6 @@ def run(scheduler: Scheduler, workload: Sequence[WorkItem], *, block_ids: bool =
                          dedup=dedup if block_ids else {})
         yield rec
         if stall.observe(moves(rec), bool(outputs)):
-            raise stalled_run(scheduler, lambda rid: by_id[rid].request(by_id[rid].arrival),
+            raise stalled_run(scheduler, lambda rid: live[rid].request(live[rid].arrival),
                               step, stall.limit)
         step += 1

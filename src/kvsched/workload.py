@@ -13,19 +13,26 @@ another request of the workload, arriving no later, the content is that request'
 whole sequence, prompt then outputs (a conversation's next turn), and so nests:
 `validate` resolves each request's prefix into the chain of shared contents
 (kvsched.spec.prefix) its scheduler sees as `Request.prefix`. A prefix leaves at least
-one token of the prompt the request's own.
+one token of the prompt the request's own. A resolved request keeps a link to the request
+it names, not a copy of that one's chain: a conversation of n turns holds n links, and
+each chain is made when its request arrives (`WorkItem.shared`).
+
+A line of a workload file is at most MAX_LINE_BYTES long, as a trace's line is: the file
+is read a line at a time, and a longer line is refused after that much is read.
 """
 
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvsched.spec.model import MAX_COUNT, Request
 from kvsched.spec.prefix import Prefix, nested
+from kvsched.spec.trace import MAX_LINE_BYTES
 
 FIELDS = ("id", "arrival", "prompt_len", "output_len", "max_tokens", "priority", "abort",
           "prefix")
@@ -41,6 +48,21 @@ class WorkloadError(ValueError):
 MAX_STEP = 10_000_000
 
 
+# The chains made last (`WorkItem.shared`), by their request's identity: a conversation's
+# next turn extends its previous turn's chain rather than walk the whole conversation.
+# A few, so that memory stays linear in the requests.
+CHAINS_KEPT = 64
+_CHAINS: OrderedDict[int, tuple[WorkItem, Prefix]] = OrderedDict()
+
+
+@dataclass(frozen=True)
+class Source:
+    """The request of the workload that a resolved prefix names (None: a content no
+    request is)."""
+
+    item: WorkItem | None
+
+
 @dataclass(frozen=True)
 class WorkItem:
     """One request of a workload, with what only the simulation knows."""
@@ -53,7 +75,32 @@ class WorkItem:
     priority: int = 0
     abort: int | None = None
     prefix: tuple[str, int] | None = None  # (content id, tokens) the prompt starts with
-    shared: Prefix = ()  # the prefix resolved by `validate`, nested contents included
+    # How `validate` resolved the prefix: None (not resolved), or the request it names
+    # (Source(None): a content no request of the workload is).
+    source: Source | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def shared(self) -> Prefix:
+        """The prefix resolved by `validate`, nested contents included (() unresolved):
+        kvsched.spec.prefix.nested folded from the first request of the chain, or from
+        the nearest one whose chain was made lately (a conversation's previous turn)."""
+        path = []
+        chain: Prefix = ()
+        item: WorkItem | None = self
+        while item is not None and item.source is not None and item.prefix is not None:
+            made = _CHAINS.get(id(item))
+            if made is not None and made[0] is item:
+                chain = made[1]
+                break
+            path.append(item.prefix)
+            item = item.source.item
+        for content, length in reversed(path):
+            chain = nested(chain, content, length)
+        if path:
+            _CHAINS[id(self)] = (self, chain)
+            if len(_CHAINS) > CHAINS_KEPT:
+                _CHAINS.popitem(last=False)
+        return chain
 
     def request(self, step: int) -> Request:
         return Request(self.id, self.prompt_len, self.max_tokens, self.priority, step,
@@ -114,13 +161,13 @@ def validate(items: Iterable[WorkItem]) -> list[WorkItem]:
     resolved: dict[str, WorkItem] = {}
     for i, item in enumerate(ordered):
         if item.prefix is not None:
-            ordered[i] = item = replace(item, shared=_resolve(item, resolved, seen))
+            ordered[i] = item = replace(item, source=_resolve(item, resolved, seen))
         resolved[item.id] = item
     return ordered
 
 
-def _resolve(item: WorkItem, earlier: dict[str, WorkItem], ids: set[str]) -> Prefix:
-    """`item`'s chain of shared contents: a named request's own chain, then its content."""
+def _resolve(item: WorkItem, earlier: dict[str, WorkItem], ids: set[str]) -> Source:
+    """The request `item`'s prefix names, among those `earlier`, checked."""
     assert item.prefix is not None
     content, length = item.prefix
     source = earlier.get(content)
@@ -128,12 +175,12 @@ def _resolve(item: WorkItem, earlier: dict[str, WorkItem], ids: set[str]) -> Pre
         if content in ids:
             raise WorkloadError(f"prefix of {item.id!r} names {content!r}, which arrives "
                                 "after it")
-        return ((content, length),)
+        return Source(None)
     whole = source.prompt_len + source.output_len
     if length > whole:
         raise WorkloadError(f"prefix of {item.id!r} takes {length} tokens of {content!r}, "
                             f"whose whole sequence is {whole} tokens")
-    return nested(source.shared, content, length)
+    return Source(source)
 
 
 def parse_item(obj: Any, where: str) -> WorkItem:
@@ -162,21 +209,22 @@ def parse_item(obj: Any, where: str) -> WorkItem:
 
 
 def read_workload(path: Path) -> list[WorkItem]:
+    """The workload file at `path`, checked (`validate`), read a line at a time."""
     items = []
     try:
-        data = path.read_bytes()
+        with path.open("rb") as stream:
+            number = 0
+            while raw := stream.readline(MAX_LINE_BYTES + 2):
+                number += 1
+                if len(raw) - raw.endswith(b"\n") > MAX_LINE_BYTES:
+                    raise WorkloadError(f"{path}:{number}: the line is longer than "
+                                        f"{MAX_LINE_BYTES // (1024 * 1024)} MiB (the longest "
+                                        "line a workload may have)")
+                if raw.strip():
+                    items.append(parse_item(_json_line(raw, f"{path}:{number}"),
+                                            f"{path}:{number}"))
     except OSError as e:
         raise WorkloadError(f"{path}: cannot read ({e.strerror})") from None
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise WorkloadError(f"{path}:{number}: not UTF-8") from None
-        except ValueError:
-            raise WorkloadError(f"{path}:{number}: malformed JSON") from None
-        items.append(parse_item(obj, f"{path}:{number}"))
     if not items:
         raise WorkloadError(f"{path}: empty workload: expected one request per line")
     try:
@@ -185,9 +233,19 @@ def read_workload(path: Path) -> list[WorkItem]:
         raise WorkloadError(f"{path}: {e}") from None
 
 
+def _json_line(raw: bytes, where: str) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{where}: not UTF-8") from None
+    except ValueError:
+        raise WorkloadError(f"{where}: malformed JSON") from None
+    except RecursionError:
+        raise WorkloadError(f"{where}: JSON nested too deeply") from None
+
+
 def item_dict(item: WorkItem) -> dict[str, Any]:
-    d = asdict(item)
-    del d["shared"]
+    d: dict[str, Any] = {name: getattr(item, name) for name in FIELDS}
     if d["abort"] is None:
         del d["abort"]
     if item.prefix is None:
@@ -195,4 +253,3 @@ def item_dict(item: WorkItem) -> dict[str, Any]:
     else:
         d["prefix"] = {"id": item.prefix[0], "len": item.prefix[1]}
     return d
-

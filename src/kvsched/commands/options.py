@@ -15,7 +15,7 @@ import errno
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +36,7 @@ from kvsched.generators import (
     DEFAULT_THINK_STEPS,
     DEFAULT_TURNS,
     GENERATORS,
-    generate,
+    lazily,
     parse_lengths,
     parse_priorities,
 )
@@ -312,8 +312,9 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
                   max_tokens: int | None, rate: float, seed: int,
                   system_prompts: str | None = None, skew: float | None = None,
                   turns: float | None = None,
-                  think_steps: float | None = None) -> list[WorkItem]:
-    """The workload file, or a generated workload that fits max_model_len."""
+                  think_steps: float | None = None) -> Collection[WorkItem]:
+    """The workload file, or a generated workload that fits max_model_len (made as a
+    run reads it: kvsched.generators.lazily)."""
     if workload_path is not None:
         ctx = click.get_current_context()
         for name in WORKLOAD_PARAMS[1:]:
@@ -327,10 +328,10 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
     try:
         mix = parse_priorities(priorities) if priorities is not None else None
         shared = parse_lengths(system_prompts) if system_prompts is not None else None
-        return generate(generator, num_requests, seed, arrival=arrival, rate=rate,
-                        max_model_len=max_model_len, priorities=mix, max_tokens=max_tokens,
-                        system_prompts=shared, skew=skew, turns=turns,
-                        think_steps=think_steps)
+        return lazily(generator, num_requests, seed, arrival=arrival, rate=rate,
+                      max_model_len=max_model_len, priorities=mix, max_tokens=max_tokens,
+                      system_prompts=shared, skew=skew, turns=turns,
+                      think_steps=think_steps)
     except ValueError as e:
         fail(str(e))
 

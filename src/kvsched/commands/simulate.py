@@ -12,7 +12,7 @@ StepRecords beside a checker), and any other through kvsched.simulate.run.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,7 +89,7 @@ class Run:
 
     implementation: str
     scheduler: Scheduler
-    workload: list[WorkItem]
+    workload: Collection[WorkItem]  # a generated one is made as the run reads it
     block_ids: bool
     max_steps: int | None
     stall_steps: int
