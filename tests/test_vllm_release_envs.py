@@ -89,7 +89,7 @@ def workload_file(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("release", ["0.10.0", "0.32", "latest"])
+@pytest.mark.parametrize("release", ["0.10.0", "0.35", "latest"])  # 0.32 is 0.32.0
 def test_record_refuses_an_unknown_release(tmp_path: Path, release: str) -> None:
     out = tmp_path / "t.jsonl"
     done = kvsched("record", "vllm", "--release", release, "--workload",

@@ -35,6 +35,7 @@ from kvsched.spec import should
 from kvsched.spec.checker import Report
 from kvsched.spec.interface import Scheduler
 from kvsched.spec.model import Config, Decision, Request, RequestView, StepRecord
+from kvsched.spec.profiles import resolve_profile
 from kvsched.spec.violation import SHOULD, Violation
 from kvsched.workload import WorkItem
 
@@ -75,7 +76,11 @@ class CheckedScheduler:
         self.config: Config = scheduler.config
         self.strict = strict
         self.stall_steps = stall_steps
-        self.checker = new_checker(self.config, profile=profile, strict=strict,
+        # A release names its profile (vllm-v1@0.27.1); an unknown name is an
+        # UnknownProfile (a ValueError) naming the nearest known ones.
+        self.checker = new_checker(self.config,
+                                   profile=resolve_profile(profile) if profile else None,
+                                   strict=strict,
                                    max_preemptions=max_preemptions, stall_steps=stall_steps)
         self.steps = 0
         self._arrivals: list[Request] = []

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from kvsched import inputs
 from kvsched.commands.options import (
+    PROFILE,
     BadInput,
     atomic_output,
     err,
@@ -36,7 +37,7 @@ from kvsched.implementations import Unavailable, check_trace, chosen_checker, re
 from kvsched.inputs import InputError
 from kvsched.outputs import check_writable, check_writable_directory
 from kvsched.progress import Reporter, reading
-from kvsched.spec.profiles import PROFILES, get_profile, pinned_profile
+from kvsched.spec.profiles import get_profile, pinned_profile
 from kvsched.spec.trace import Header, TraceError
 from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS, DEFAULT_STALL_STEPS, INVARIANTS
 from kvsched.verdict import SHOWN, Verdict, printable, render_text, tally, worst
@@ -168,8 +169,9 @@ def parse_required(text: str | None) -> frozenset[str]:
 @click.command()
 @click.argument("traces", nargs=-1, required=True)
 @click.option("--strict", is_flag=True, help="SHOULD warnings fail too (exit 1).")
-@click.option("--profile", type=click.Choice(list(PROFILES)), default=None,
-              help="Also replay this reference profile and require equal decisions.")
+@click.option("--profile", type=PROFILE, default=None,
+              help="Also replay this reference profile and require equal decisions "
+                   "(a profile or a release: vllm-v1@0.27.1; see kvsched profiles).")
 @click.option("--max-preemptions", type=int, default=DEFAULT_MAX_PREEMPTIONS, show_default=True,
               help="no-thrash: most preemptions of one request.")
 @click.option("--require", "require", default=None, metavar="IDS",

@@ -37,7 +37,7 @@ from kvsched.progress import Reporter, reading
 from kvsched.spec.model import (
     StepRecord,
 )
-from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES, get_profile
+from kvsched.spec.profiles import DEFAULT_PROFILE, UnknownProfile, get_profile, resolve_profile
 from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
 from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS
 from kvsched.verdict import printable
@@ -58,14 +58,17 @@ def diff_side_kind(text: str, which: str) -> str:
         fail(f"{which}: {text}: is a directory; expected a trace file")
     if path.exists():
         return "trace"
-    if text in PROFILES:
+    try:
+        resolve_profile(text)
         return "profile"
+    except UnknownProfile as e:
+        not_profile = str(e)
     if is_factory_spec(text):
         return "factory"
     if path.suffix in TRACE_SUFFIXES or "/" in text:
         fail(f"{which}: {text}: no such trace file")
-    fail(f"{which}: {text!r} is neither a trace file, a profile ({', '.join(PROFILES)}) "
-         "nor module:factory")
+    fail(f"{which}: {text!r} is neither a trace file, a profile nor module:factory "
+         f"({not_profile})")
 
 
 def kept(writer: TraceWriter | None, reporter: Reporter | None
@@ -153,6 +156,9 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
     from kvsched.spec.interface import Scheduler
 
     kinds = (diff_side_kind(a, "A"), diff_side_kind(b, "B"))
+    # A release names its profile (vllm-v1@0.27.1 is vllm-v1@0.24): runs say the profile.
+    a, b = (resolve_profile(text) if kind == "profile" else text
+            for text, kind in zip((a, b), kinds, strict=True))
     for text, kind in zip((a, b), kinds, strict=True):
         if kind == "profile":
             profile_note(text)

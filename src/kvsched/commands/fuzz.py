@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvsched.commands.options import (
+    PROFILE,
     atomic_output,
     config_options,
     dumps_line,
@@ -32,7 +33,7 @@ from kvsched.commands.options import (
 from kvsched.fuzz import DEFAULT_EXAMPLE_SECONDS, DEFAULT_SHARD_EXAMPLES
 from kvsched.outputs import check_writable, in_place
 from kvsched.progress import Reporter
-from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES
+from kvsched.spec.profiles import DEFAULT_PROFILE
 from kvsched.spec.violation import DEFAULT_STALL_STEPS
 from kvsched.verdict import printable
 
@@ -63,8 +64,9 @@ def pinned_flags(pinned: dict[str, Any]) -> list[str]:
               default=Path("fuzz-minimal.jsonl"), show_default=True,
               help="Where to write the minimal failing workload (its config goes beside "
                    "it, as NAME.config.json).")
-@click.option("--profile", type=click.Choice(list(PROFILES)), default=None,
-              help="Also require the decisions of this reference profile.")
+@click.option("--profile", type=PROFILE, default=None,
+              help="Also require the decisions of this reference profile (a profile or "
+                   "a release: vllm-v1@0.27.1; see kvsched profiles).")
 @click.option("--strict", is_flag=True, help="SHOULD warnings fail too.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @click.option("--shard-examples", type=int, default=DEFAULT_SHARD_EXAMPLES, show_default=True,

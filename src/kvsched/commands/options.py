@@ -24,6 +24,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 import click
 import orjson
 from click.core import ParameterSource
+from click.shell_completion import CompletionItem
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -51,7 +52,14 @@ from kvsched.spec.model import (
     WATERMARK_SCOPES,
     Config,
 )
-from kvsched.spec.profiles import PROFILES, get_profile
+from kvsched.spec.profiles import (
+    PROFILES,
+    UnknownProfile,
+    get_profile,
+    profile_names,
+    resolve_profile,
+    resolve_vllm_release,
+)
 from kvsched.spec.violation import DEFAULT_STALL_STEPS
 from kvsched.workload import WorkItem, read_workload
 
@@ -228,6 +236,46 @@ def config_options(f: Callable[..., Any]) -> Callable[..., Any]:
     for opt in reversed(opts):
         f = opt(f)
     return f
+
+
+class ProfileName(click.ParamType[str, Any]):
+    """A profile, as kvsched.spec.profiles.resolve_profile reads its name: the profile's
+    own or a release's (vllm-v1@0.27.1, vllm-v1@0.27, sglang); the value is the profile's
+    own name. An unknown one is one line naming the nearest known ones, exit 2."""
+
+    name = "profile"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "NAME"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        try:
+            return resolve_profile(str(value))
+        except UnknownProfile as e:
+            self.fail(str(e), param, ctx)
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str
+                       ) -> list[CompletionItem]:
+        return [CompletionItem(n) for n in profile_names() if n.startswith(incomplete)]
+
+
+class ReleaseName(click.ParamType[str, Any]):
+    """A release of vLLM's v1 scheduler (kvsched.spec.profiles.resolve_vllm_release:
+    0.27.1, 0.12, vllm-v1@0.27.1); the value is the release's full version."""
+
+    name = "release"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        try:
+            return resolve_vllm_release(str(value))
+        except UnknownProfile as e:
+            raise BadInput(str(e)) from None  # as the release's own refusals: one line
+
+
+PROFILE = ProfileName()
+VLLM_RELEASE = ReleaseName()
 
 
 def profile_note(name: str | None) -> None:

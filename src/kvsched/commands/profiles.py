@@ -1,44 +1,99 @@
-"""`kvsched profiles`: the named reference profiles.
+"""`kvsched profiles`: the named reference profiles, and the engine releases each one
+decides as.
 
 Loaded when the command is named (kvsched.cli.Group).
 """
 
 from __future__ import annotations
 
+import sys
+import textwrap
 from dataclasses import fields
-from typing import TYPE_CHECKING
+from typing import Any
 
 import click
-from rich.table import Table
+import orjson
+from rich.text import Text
 
-from kvsched.commands.options import (
-    out,
-)
+from kvsched.commands.options import out
 from kvsched.spec.knobs import Knobs, SGLangKnobs
-from kvsched.spec.profiles import PROFILES
+from kvsched.spec.profiles import (
+    FAMILY_ENGINES,
+    PROFILES,
+    RELEASE_NAMES,
+    RELEASES,
+    SCHEDULER_ENGINES,
+    Profile,
+    profile_releases,
+)
 
-if TYPE_CHECKING:
-    pass
+
+def knob_values(p: Profile) -> dict[str, Any]:
+    """The knobs a profile's step reads: SGLang's rules, or vLLM's knobs (not the cost
+    model, which only --preemption auto reads)."""
+    rules: object = p.knobs.sglang if p.scheduler == "sglang" else p.knobs
+    return {f.name: getattr(rules, f.name)
+            for f in fields(SGLangKnobs if p.scheduler == "sglang" else Knobs)
+            if f.name not in ("cost", "sglang")}
+
+
+def releases_of(p: Profile) -> list[str]:
+    return [f"{FAMILY_ENGINES[r.family]} {r.version}" for r in profile_releases(p.name)]
+
+
+def profile_dict(p: Profile) -> dict[str, Any]:
+    return {"name": p.name, "scheduler": p.scheduler, "knobs": knob_values(p),
+            "config_defaults": p.defaults.values(), "fixed": sorted(p.fixes),
+            "description": p.description, "deprecated": p.deprecated or None,
+            "also_named": [n for n, to in RELEASE_NAMES.items() if to == p.name],
+            "releases": [{"engine": FAMILY_ENGINES[r.family], "version": r.version}
+                         for r in profile_releases(p.name)]}
+
+
+def show(label: str, value: str, indent: str = "  ") -> None:
+    """One `label: value` line; on a terminal folded at words to its width, under the
+    value's first column; elsewhere whole, so that it greps and pipes as one line."""
+    head = f"{indent}{label}"
+    if not out.is_terminal:
+        out.print(Text(f"{head}{value}"))
+        return
+    width = max(out.width, len(head) + 20)
+    out.print(Text(textwrap.fill(value, width, initial_indent=head,
+                                 subsequent_indent=" " * len(head),
+                                 break_long_words=False, break_on_hyphens=False)))
 
 
 @click.command()
-def profiles() -> None:
-    """List the named reference profiles and their knobs."""
-    table = Table(title="kvsched profiles")
-    table.add_column("profile", no_wrap=True)  # a name is copied whole, never folded
-    for col in ("knobs", "config defaults", "what it models"):
-        table.add_column(col, overflow="fold")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True,
+              help="json: a list of the profiles, each with its name, scheduler, knobs, "
+                   "config defaults, description and releases.")
+def profiles(fmt: str) -> None:
+    """List the named reference profiles (their knobs, config defaults and what they
+    model), then every engine release kvsched checked and the profile it decides as.
+
+    --profile takes a profile's name or a release's: vllm-v1@0.27.1 and vllm-v1@0.27
+    name vllm-v1@0.24, sglang names sglang@0.5.23, vllm-v0@0.10.1.1 names vllm-v0.
+    """
+    if fmt == "json":
+        sys.stdout.write(orjson.dumps([profile_dict(p) for p in PROFILES.values()],
+                                     option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
     for p in PROFILES.values():
-        # A profile's knobs are those its step reads: SGLang's rules, or vLLM's knobs.
-        rules: object = p.knobs.sglang if p.scheduler == "sglang" else p.knobs
-        names = [f.name for f in fields(SGLangKnobs if p.scheduler == "sglang" else Knobs)
-                 if f.name not in ("cost", "sglang")]
-        knobs = ", ".join(f"{name}={getattr(rules, name)}" for name in names)
-        defaults = p.defaults.describe()
-        if p.fixes:  # kvsched check --profile refuses a trace whose header disagrees
-            defaults += f" (fixed: {', '.join(sorted(p.fixes))})"
-        table.add_row(p.name, knobs, defaults, p.description)
-    out.print(table)
+        out.print(Text(p.name))
+        show("models:          ", p.description)
+        show("scheduler:       ", SCHEDULER_ENGINES[p.scheduler])
+        show("knobs:           ", ", ".join(f"{k}={v}" for k, v in knob_values(p).items()))
+        fixed = f" (fixed: {', '.join(sorted(p.fixes))})" if p.fixes else ""
+        show("config defaults: ", p.defaults.describe() + fixed)
+        show("releases:        ", ", ".join(releases_of(p)) or "-")
+        out.print()
+    out.print(Text("releases and their profiles (--profile takes either name; a minor, "
+                   "vllm-v1@0.27, names its releases' profile where they share one):"))
+    width = max(len(f"{r.family}@{r.version}") for r in RELEASES) + 2
+    for r in RELEASES:
+        name = f"{r.family}@{r.version}"
+        show(name.ljust(width), r.profile or f"none: {r.why}")
 
 
 # -- calibrate ------------------------------------------------------------------------

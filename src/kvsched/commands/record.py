@@ -15,6 +15,7 @@ import click
 from rich.text import Text
 
 from kvsched.commands.options import (
+    VLLM_RELEASE,
     build_config,
     config_options,
     err,
@@ -79,9 +80,10 @@ def record() -> None:
 
 
 @record.command("vllm")
-@click.option("--release", default=None, metavar="X",
+@click.option("--release", type=VLLM_RELEASE, default=None, metavar="X",
               help="Drive vLLM release X's scheduler, from its environment (`make "
-                   "vllm-release V=X` builds it): any of 0.11.0 ... 0.34.0 [default: "
+                   "vllm-release V=X` builds it): any of 0.11.0 ... 0.34.0, also as "
+                   "vllm-v1@X, or X.Y where that minor has one release [default: "
                    "0.32.0, in .venv-vllm].")
 @recorder_options("vLLM", ".venv-vllm/bin/python, or --release's environment")
 def record_vllm(release: str | None, workload_path: Path, out_path: Path,

@@ -23,6 +23,7 @@ from rich.text import Text
 
 from kvsched import __version__
 from kvsched.commands.options import (
+    PROFILE,
     WORKLOAD_PARAMS,
     atomic_output,
     build_config,
@@ -49,7 +50,7 @@ from kvsched.implementations import (
 from kvsched.outputs import check_writable
 from kvsched.progress import Reporter
 from kvsched.spec.knobs import GROW_CHECKS, REJECT_AT, SWAPPED_ORDERS, VICTIMS, Knobs
-from kvsched.spec.profiles import DEFAULT_PROFILE, PROFILES, get_profile
+from kvsched.spec.profiles import DEFAULT_PROFILE, get_profile
 from kvsched.spec.trace import TraceWriter
 from kvsched.spec.violation import Stalled
 
@@ -199,7 +200,8 @@ def run_knobs(profile: str, given: dict[str, Any]) -> Knobs:
 @click.command()
 @config_options
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
-              type=click.Choice(list(PROFILES)), help="Named set of policy knobs.")
+              type=PROFILE, help="Named set of policy knobs: a profile or a release "
+                                 "(vllm-v1@0.27.1; see kvsched profiles).")
 @click.option("--victim", type=click.Choice(VICTIMS),
               help="Override the profile's victim choice.")
 @click.option("--admit-after-preempt/--no-admit-after-preempt", default=None,
