@@ -52,6 +52,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from kvsched.optimized.knobs import unsupported_pools
 from kvsched.optimized.memory import no_cycle_collection
 from kvsched.spec import should
 from kvsched.spec.checker import Checker, CheckOptions, Position, Report
@@ -417,6 +418,11 @@ def _check(stream: IO[bytes], max_preemptions: int, run_steps: int,
                                      sink)
                     continue
                 if type(obj) is dict and obj.get("end") is True and "step" not in obj:
+                    refused = unsupported_pools(header.config) if profile is not None else None
+                    if refused is not None:  # the compiled scheduler replays the profile
+                        raise TraceError(number, f"{refused}; --checker vectorized replays "
+                                                 f"--profile {profile} with it: use --checker "
+                                                 "spec")
                     complete = True
                     continue
                 fc.step(number, obj, raw, by_orjson)

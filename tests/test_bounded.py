@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.generators import generate, lazily
+from kvsched.implementations import vectorized_installed
 from kvsched.reference.allocator import FreeList
 from kvsched.spec.model import Config
 
@@ -71,20 +72,36 @@ def test_the_torch_scheduler_refuses_a_pool_beyond_it() -> None:
         TorchScheduler(Config(num_gpu_blocks=2**24 + 1))
 
 
-@pytest.mark.parametrize("blocks", [2**31 + 1, 2**32, 2**40])
-def test_a_profile_replays_a_trace_of_a_huge_pool(tmp_path: Path, blocks: int) -> None:
+def one_step_trace(path: Path, blocks: int) -> None:
     config = {"block_size": 16, "num_gpu_blocks": blocks, "num_cpu_blocks": 0,
               "max_num_batched_tokens": 256, "max_num_seqs": 8, "max_model_len": 1024,
               "chunked_prefill": True, "long_prefill_token_threshold": 0, "policy": "fcfs",
               "preemption": "recompute", "watermark_blocks": 0}
     step = {"step": 0, "arrivals": [{"id": "r0", "prompt_len": 10, "max_tokens": 4}],
             "scheduled": [["r0", 10]]}
-    (tmp_path / "t.jsonl").write_text(
-        json.dumps({"kvsched": "trace", "version": 1, "engine": {"name": "x"},
-                    "config": config}) + "\n" + json.dumps(step) + "\n")
+    path.write_text(json.dumps({"kvsched": "trace", "version": 1, "engine": {"name": "x"},
+                                "config": config}) + "\n" + json.dumps(step) + "\n")
+
+
+@pytest.mark.parametrize("blocks", [2**31 + 1, 2**32, 2**40])
+def test_a_profile_replays_a_trace_of_a_huge_pool(tmp_path: Path, blocks: int) -> None:
+    one_step_trace(tmp_path / "t.jsonl", blocks)
     result = bounded("check", "--profile", "vllm-v1", "t.jsonl", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("OK t.jsonl: 1 steps")
+
+
+def test_the_vectorized_checker_refuses_to_replay_a_pool_beyond_it_in_one_line(
+        tmp_path: Path) -> None:
+    if vectorized_installed() is not None:
+        pytest.skip("kvsched's compiled module is not built here")
+    one_step_trace(tmp_path / "t.jsonl", 2**32)
+    result = bounded("check", "--profile", "vllm-v1", "--checker", "vectorized", "t.jsonl",
+                     cwd=tmp_path)
+    one_line_error(result, "t.jsonl: line 1: the compiled scheduler makes a free-list "
+                           "entry per block at start")
+    assert result.stderr.endswith("--checker vectorized replays --profile vllm-v1 with it: "
+                                  "use --checker spec\n")
 
 
 def test_the_free_list_hands_out_ids_in_the_order_of_one_queue() -> None:
