@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvsched.commands.options import (
+    POSITIVE,
     PROFILE,
     atomic_output,
     config_options,
@@ -77,7 +78,7 @@ def pinned_flags(pinned: dict[str, Any]) -> list[str]:
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
               help="Also write a JUnit XML report: one testcase per shard.")
 @stall_option
-@click.option("--example-timeout", type=click.FloatRange(min=0, min_open=True),
+@click.option("--example-timeout", type=POSITIVE,
               default=DEFAULT_EXAMPLE_SECONDS, show_default=True, metavar="SECONDS",
               help="Wall-clock limit of one example (the factory and the run): past it the "
                    "example is a finding (time-limit), not shrunk.")

@@ -12,6 +12,7 @@ Every error a user can cause is one line on stderr (`fail`), never a traceback.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import sys
@@ -117,6 +118,34 @@ def output_failed(e: OutputError) -> NoReturn:
 
     err.print(Text(f"kvsched: error: {printable(str(e))}"))
     sys.exit(2)
+
+
+class Number(click.ParamType[float, Any]):
+    """The type of every float option: a finite number of at least `least` (above it,
+    with `above`). nan, inf and a number out of range are refused in one line, exit 2."""
+
+    name = "float"
+
+    def __init__(self, least: float, *, above: bool = False) -> None:
+        self.least = least
+        self.above = above
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"expected a number, got {value!r}", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"expected a finite number, got {value}", param, ctx)
+        if number < self.least or (self.above and number == self.least):
+            bound = "above" if self.above else "of at least"
+            self.fail(f"expected a number {bound} {self.least:g}, got {value}", param, ctx)
+        return number
+
+
+POSITIVE = Number(0, above=True)
+NON_NEGATIVE = Number(0)
 
 
 def stall_option(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -325,7 +354,7 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Priority mix as weights of priorities 0, 1, ...: e.g. 0.7,0.2,0.1."),
         click.option("--max-tokens", "max_tokens", type=int, default=None,
                      help="Generated workload: max_tokens of every request (default: drawn)."),
-        click.option("--rate", type=float, default=DEFAULT_RATE, show_default=True,
+        click.option("--rate", type=POSITIVE, default=DEFAULT_RATE, show_default=True,
                      help="Mean arrivals per step."),
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--system-prompts", default=None, metavar="LENS",
@@ -334,14 +363,14 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "picked by a Zipf skew [default: "
                           + ",".join(map(str, DEFAULT_SYSTEM_PROMPTS))
                           + " for shared-prompts, none otherwise]."),
-        click.option("--skew", type=float, default=None,
+        click.option("--skew", type=NON_NEGATIVE, default=None,
                      help="Zipf exponent of the system prompt choice: prompt i has weight "
                           f"1/(i+1)^skew; 0 picks uniformly [default: {DEFAULT_SKEW:g}]."),
-        click.option("--turns", type=float, default=None,
+        click.option("--turns", type=Number(1), default=None,
                      help="Mean turns per conversation (geometric); each turn's prompt is "
                           f"the whole previous turn plus a new message [default: "
                           f"{DEFAULT_TURNS:g} for conversations, 1 otherwise]."),
-        click.option("--think-steps", type=float, default=None,
+        click.option("--think-steps", type=NON_NEGATIVE, default=None,
                      help="Mean steps (exponential) between a turn's earliest end and the "
                           f"next turn's arrival [default: {DEFAULT_THINK_STEPS:g}]."),
     ]

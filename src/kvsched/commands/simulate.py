@@ -23,6 +23,7 @@ from rich.text import Text
 
 from kvsched import __version__
 from kvsched.commands.options import (
+    POSITIVE,
     PROFILE,
     WORKLOAD_PARAMS,
     atomic_output,
@@ -191,9 +192,6 @@ def run_knobs(profile: str, given: dict[str, Any]) -> Knobs:
     overrides = {k: given[k] for k in KNOB_OPTIONS if given[k] is not None}
     cost = {field: given[option] for option, field in COST_OPTIONS.items()
             if given[option] is not None}
-    for option, field in COST_OPTIONS.items():
-        if field in cost and cost[field] <= 0:
-            fail(f"--{option.replace('_', '-')} must be positive, got {cost[field]}")
     return replace(knobs, cost=replace(knobs.cost, **cost), **overrides)
 
 
@@ -222,9 +220,11 @@ def run_knobs(profile: str, given: dict[str, Any]) -> Knobs:
               help="Override: a swapped partial prefill may come back in chunks.")
 @click.option("--swapped-order", type=click.Choice(SWAPPED_ORDERS),
               help="Override: swapped requests come back in policy or swap-out order.")
-@click.option("--swap-bytes-per-block", type=int, help="Auto preemption: bytes per KV block.")
-@click.option("--host-bandwidth", type=float, help="Auto preemption: host link bytes/s.")
-@click.option("--prefill-tokens-per-s", type=float, help="Auto preemption: recompute speed.")
+@click.option("--swap-bytes-per-block", type=click.IntRange(min=1),
+              help="Auto preemption: bytes per KV block.")
+@click.option("--host-bandwidth", type=POSITIVE, help="Auto preemption: host link bytes/s.")
+@click.option("--prefill-tokens-per-s", type=POSITIVE,
+              help="Auto preemption: recompute speed.")
 @workload_options
 @click.option("--out", "out_path", type=click.Path(path_type=Path), default=None,
               help="Write the trace here (JSON Lines).")
@@ -310,7 +310,7 @@ def simulate(profile: str, out_path: Path | None, no_block_ids: bool,
             "config": asdict(config), "profile": profile, "scheduler": implementation,
             "steps": steps, "requests": len(workload), "complete": complete,
             "stuck": None if stalled is None else stalled.violation.as_dict(),
-            "trace": str(out_path or ""), "metrics": metrics.as_dict(),
+            "trace": None if out_path is None else str(out_path), "metrics": metrics.as_dict(),
             "violations": None if report is None else
             {k: n for k, n in sorted(report.counts.items())},
         }, option=orjson.OPT_INDENT_2).decode() + "\n")
