@@ -19,6 +19,17 @@ allowed). With a `twin`, the reference with the same knobs runs in lockstep and 
 difference in the decisions is a PROFILE finding. With `should`, the SHOULD invariants
 judged on one step alone (PER_STEP_SHOULD) that the checker flags are findings too.
 
+The scheduler under test is the reference, or any scheduler of the interface
+(kvsched.spec.interface.Scheduler, docs/scheduler-interface.md) that a factory builds:
+factory(config) as `kvsched fuzz` takes it, or factory(config, knobs) as the reference's
+classes and the seeded bugs take the scope's knobs. Its state is its attributes
+(state_key.py): a scheduler that counts steps, or keeps arrival steps as numbers, has
+more states than the scope's bound allows. A factory that raises on a scope's config
+refuses that scope (a scheduler that allocates lazily refuses `allocation: full`, as
+docs/scheduler-interface.md asks): the scope is reported refused, not explored, and a
+run in which every scope is refused is an error. The scopes of another engine's step
+(SGLang's) explore the reference's own scheduler for that step, whatever the factory.
+
 Standard library, kvsched.spec and kvsched.reference only: `python -m proofs.model_check`.
 """
 
@@ -27,6 +38,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+import inspect
 import json
 import pickle
 import sys
@@ -43,7 +55,7 @@ from typing import Any
 from kvsched.reference import SGLangScheduler, scheduler_for
 from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.spec.checker import Checker, Report
-from kvsched.spec.interface import Deduplicating
+from kvsched.spec.interface import Deduplicating, Scheduler
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Decision, Request, StepRecord
 from kvsched.spec.prefix import block_key
@@ -52,7 +64,8 @@ from kvsched.spec.violation import INVARIANTS, MUST
 from proofs.scopes import SCOPE_SETS, Scope
 from proofs.state_key import checker_key, scheduler_key
 
-Factory = Callable[[Config, Knobs], ReferenceScheduler]
+# factory(config, knobs), as ReferenceScheduler, or factory(config) (build).
+Factory = Callable[..., Scheduler]
 
 # SHOULD invariants the checker judges from one step and the state before it, all of
 # which the state key holds, so a finding is sound under state merging. no-thrash counts
@@ -98,6 +111,7 @@ class Result:
     transitions: int
     seconds: float
     finding: Finding | None = None
+    refused: str | None = None  # why the factory built no scheduler for the scope's config
 
 
 @dataclass
@@ -105,7 +119,7 @@ class World:
     """One state: the scheduler under test, the spec's checker replaying its trace, the
     twin (the reference in lockstep, or None), and the requests not yet arrived."""
 
-    scheduler: ReferenceScheduler | SGLangScheduler
+    scheduler: Scheduler
     checker: Checker
     twin: ReferenceScheduler | SGLangScheduler | None
     unarrived: tuple[str, ...]
@@ -258,7 +272,7 @@ def new_world(scope: Scope, factory: Factory, twin: bool, should: tuple[str, ...
     if scope.scheduler != "v1":  # another engine's step: the reference's own
         return World(scheduler_for(scope.config, scope.knobs, scope.scheduler),
                      Checker(scope.config), None, scope.ids, should)
-    return World(factory(scope.config, scope.knobs), Checker(scope.config),
+    return World(build(factory, scope.config, scope.knobs), Checker(scope.config),
                  ReferenceScheduler(scope.config, scope.knobs) if twin else None, scope.ids,
                  should)
 
@@ -329,7 +343,10 @@ def explore(scope: Scope, factory: Factory = ReferenceScheduler, twin: bool = Fa
     """Breadth-first search of every reachable state of `scope`; the first finding wins."""
     start = time.process_time()
     graph = Graph()
-    root = new_world(scope, factory, twin, should)
+    try:
+        root = new_world(scope, factory, twin, should)
+    except Refused as e:
+        return Result(scope.name, 0, 0, 0.0, refused=str(e))
     graph.add(root.key(), -1, None, root)
     frontier: list[tuple[int, World]] = [(0, root)]
     transitions = 0
@@ -448,14 +465,39 @@ def replay(scope: Scope, factory: Factory, twin: bool,
     return tuple(lines)
 
 
+class Refused(Exception):
+    """The factory raised on the scope's config: one line, the exception."""
+
+
+def build(factory: Factory, config: Config, knobs: Knobs) -> Scheduler:
+    """factory(config, knobs) where the factory takes both, else factory(config); an
+    exception it raises is Refused."""
+    try:
+        inspect.signature(factory).bind(config, knobs)
+        both = True
+    except TypeError:
+        both = False
+    except ValueError:  # no signature to read (a builtin): the reference's call
+        both = True
+    try:
+        scheduler: Scheduler = factory(config, knobs) if both else factory(config)
+    except Exception as e:
+        text = (str(e).strip().splitlines() or [""])[0]
+        raise Refused(f"{type(e).__name__}: {text}" if text else type(e).__name__) from e
+    return scheduler
+
+
 def load_factory(spec: str) -> Factory:
-    """`module:attr`, a callable taking (config, knobs), like ReferenceScheduler."""
+    """`module:attr`, a callable taking (config) or (config, knobs) (build)."""
     module, _, attr = spec.partition(":")
     if not attr:
         raise SystemExit(f"--scheduler must be module:attr, got {spec!r}")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise SystemExit(f"--scheduler {spec}: {type(e).__name__}: {e}") from None
     if not callable(obj):
         raise SystemExit(f"--scheduler {spec} is not callable")
     factory: Factory = obj
@@ -484,6 +526,8 @@ def run_scopes(scopes: Sequence[Scope], factory: str | Factory | None = None,
 
 def report(result: Result, out: Any = sys.stdout, verbose: bool = True) -> None:
     verdict = "ok" if result.finding is None else result.finding.summary()
+    if result.refused is not None:
+        verdict = f"refused: the scheduler raised {result.refused} on this config"
     print(f"{result.scope:<44} {result.states:>9,} states {result.transitions:>10,} "
           f"transitions {result.seconds:>7.1f}s  {verdict}", file=out)
     if result.finding is not None and verbose:
@@ -502,8 +546,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--scopes", choices=sorted(SCOPE_SETS), default="full")
     ap.add_argument("--only", default="", help="explore only scopes whose name contains this")
     ap.add_argument("--scheduler", default=None,
-                    help="module:attr of a scheduler class or factory(config, knobs) "
-                         "(default: the reference)")
+                    help="module:attr of a factory of a scheduler of the interface "
+                         "(docs/scheduler-interface.md): factory(config), or "
+                         "factory(config, knobs) as the reference's classes and the seeded "
+                         "bugs take the scope's knobs; a factory that raises on a scope's "
+                         "config refuses that scope, as a lazy-only scheduler refuses "
+                         "allocation full (default: the reference; the sglang scopes "
+                         "explore the reference's own SGLang step)")
     ap.add_argument("--twin", action="store_true",
                     help="run the reference in lockstep and report any decision that differs")
     ap.add_argument("--should", default="", choices=["", *PER_STEP_SHOULD],
@@ -516,10 +565,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not scopes:
         print(f"no scope in {args.scopes!r} matches {args.only!r}", file=sys.stderr)
         return 2
-    findings = states = transitions = 0
+    findings = states = transitions = refused = 0
     should = (args.should,) if args.should else ()
     for result in run_scopes(scopes, args.scheduler, args.twin, args.jobs, should):
         report(result)
+        refused += result.refused is not None
         states += result.states
         transitions += result.transitions
         findings += result.finding is not None
@@ -529,7 +579,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             path.write_text("\n".join(result.finding.trace) + "\n")
             print(f"  written to {path} (kvsched check {path})")
     print(f"{len(scopes)} scopes, {states:,} states, {transitions:,} transitions, "
-          f"{findings} with a finding")
+          f"{findings} with a finding" + (f", {refused} refused by the scheduler (its "
+                                          "factory raised on their config)" if refused else ""))
+    if refused == len(scopes):
+        print(f"--scheduler {args.scheduler}: its factory raised on every scope's config; "
+              "nothing was explored", file=sys.stderr)
+        return 2
     return 1 if findings else 0
 
 

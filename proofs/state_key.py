@@ -6,7 +6,10 @@ the order they induce (the reference orders by (priority, arrival step, sequence
 and the sequence grows with the arrival step), and preemption counters are left out
 (they feed only the SHOULD no-thrash warning). Block ids stay in, so the block-ids
 check sees the same owners from equal keys. Attributes a subclass adds (a seeded bug's
-counters) are encoded generically, so a planted fault cannot hide in them.
+counters) are encoded generically, so a planted fault cannot hide in them; so is the
+whole state of any other scheduler (a user's, of the kvsched.spec.interface.Scheduler
+interface), where each Request counts by its id: the scope fixes its shape, and its
+arrival step enters through the order the scheduler keeps it in.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from kvsched.reference.requests import LiveRequest
 from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.reference.sglang import TOUCH_INTERVAL, SGLangScheduler
 from kvsched.spec.checker import Checker
+from kvsched.spec.model import Request
 
 # Attributes encoded explicitly below (or constant within one exploration).
 SCHEDULER_FIELDS = frozenset({"config", "knobs", "blocks", "live", "running", "swapped",
@@ -38,6 +42,8 @@ def plain(value: Any) -> Hashable:
         return str(value.value)
     if isinstance(value, LiveRequest):
         return ("entry", value.request.id)
+    if isinstance(value, Request):
+        return ("request", value.id)
     if isinstance(value, list | tuple | deque):
         return tuple(plain(v) for v in value)
     if isinstance(value, set | frozenset):
@@ -120,9 +126,11 @@ def sglang_key(s: SGLangScheduler) -> Hashable:
             plain(s.deduplicated))
 
 
-def scheduler_key(s: ReferenceScheduler | SGLangScheduler) -> Hashable:
+def scheduler_key(s: object) -> Hashable:
     if isinstance(s, SGLangScheduler):
         return sglang_key(s)
+    if not isinstance(s, ReferenceScheduler):  # any scheduler: all it holds
+        return plain(s)
     live = sorted(s.live.values(), key=lambda e: e.seq)
     entries = tuple((e.request.id, e.request.prompt_len, e.request.max_tokens,
                      e.request.priority, e.status.value, e.num_tokens, e.num_computed)
