@@ -15,8 +15,10 @@ import pytest
 
 from kvsched.fuzz import CRASH, check_case, config_flags, fuzz
 from kvsched.reference import reference_scheduler
+from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.simulate import run
-from kvsched.spec import Config, check_steps
+from kvsched.spec import Decision, check_steps
+from kvsched.spec.knobs import Knobs
 from kvsched.spec.trace import parse_config
 from kvsched.testing.seeded_bugs import SEEDED_BUGS
 from kvsched.workload import read_workload
@@ -121,10 +123,11 @@ def test_the_same_seed_finds_the_same_case() -> None:
 def test_a_crash_and_a_profile_divergence_are_findings() -> None:
     bug = SEEDED_BUGS["admits-after-preempt"]
 
-    def crashes(config: Config) -> object:
-        raise RuntimeError("no swap space\nmore")
+    class Crashes(ReferenceScheduler):
+        def schedule(self) -> Decision:
+            raise RuntimeError("no swap space\nmore")
 
-    crash = check_case(crashes, bug.config, bug.workload)  # type: ignore[arg-type]
+    crash = check_case(lambda config: Crashes(config, Knobs()), bug.config, bug.workload)
     assert crash is not None and crash.invariant == CRASH
     assert crash.message == "the scheduler raised RuntimeError at step 0: no swap space"
     assert check_case(bug.factory, bug.config, bug.workload) is None  # legal under MUST

@@ -6,9 +6,11 @@ workload for it (kvsched.strategies.workloads(config)), builds the scheduler wit
 user's factory, runs it through the simulation loop and checks
 every step with the spec's checker: MUST invariants always, the first divergence from
 a reference profile with `profile`, SHOULD ones too with `strict`. A scheduler that
-raises is a finding as well. Hypothesis then shrinks the first failing example to a
-minimal one (fewest requests, shortest prompts, smallest cache), which the caller
-writes as a workload file beside its config.
+raises as it runs is a finding as well (a factory that raises is the caller's bad input,
+FactoryRaised: there is no scheduler to blame, nor a workload to blame it on).
+Hypothesis then shrinks the first failing example to a minimal one (fewest requests,
+shortest prompts, smallest cache), which the caller writes as a workload file beside its
+config.
 
 Every example has limits (`RunLimits`), and reaching one is a finding, never a silent
 cut: a run stuck for K steps (`progress`: nothing changes while work waits), a run still
@@ -17,7 +19,10 @@ can only be going round in circles), and a run, or a factory, still going at its
 wall-clock limit (`time-limit`; such an example is not shrunk, as each try would cost
 the whole limit again).
 
-Runs are deterministic for a seed: no example database, the seed drives the draws.
+Runs are deterministic for a seed: no example database, the seed drives the draws. A
+run writes no file: Hypothesis's own storage (its cache of the constants in local
+modules, `.hypothesis/` in the working directory by default) goes to a temporary
+directory, removed at the end (`private_storage`).
 
 A campaign is a sequence of shards (`plan`): independent searches of at most
 `shard_examples` examples each, shard 0 with the campaign's seed and the others with
@@ -32,15 +37,16 @@ first finding.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any
 
 from kvsched.deadline import OutOfTime, deadline
 from kvsched.loading import FactoryError
 from kvsched.simulate import run, step_bound, unending
 from kvsched.spec.interface import Scheduler
-from kvsched.spec.model import Config
+from kvsched.spec.model import Allocation, Config, WatermarkScope
 from kvsched.spec.should import DEFAULT_STALL_STEPS, Stalled
 from kvsched.spec.violation import SHOULD, Violation
 from kvsched.workload import WorkItem
@@ -51,6 +57,28 @@ DEFAULT_SHARD_EXAMPLES = 100  # examples per shard of a campaign
 # An example's wall-clock limit: drawn workloads are small, and the reference runs one
 # in milliseconds; a scheduler a thousand times slower still fits.
 DEFAULT_EXAMPLE_SECONDS = 10.0
+
+
+# The config fields each example draws (kvsched.strategies.configs) unless pinned. The
+# others are the engine's rules, not its load: vLLM v1's allocation and watermark scope,
+# and Config's defaults.
+DRAWN_FIELDS = frozenset({"block_size", "num_gpu_blocks", "num_cpu_blocks",
+                          "max_num_batched_tokens", "max_num_seqs", "max_model_len",
+                          "chunked_prefill", "long_prefill_token_threshold", "policy",
+                          "preemption", "watermark_blocks"})
+ALLOCATION: Allocation = "lazy"
+WATERMARK_SCOPE: WatermarkScope = "running"
+
+
+def unpinned(name: str) -> str:
+    """What an example takes for config field `name` when it is not pinned: "drawn per
+    example", or the value every example has."""
+    if name in DRAWN_FIELDS:
+        return "drawn per example"
+    fixed = {"allocation": ALLOCATION, "watermark_scope": WATERMARK_SCOPE}
+    value = fixed.get(name, next(f.default for f in fields(Config) if f.name == name))
+    assert value is not MISSING
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 @dataclass(frozen=True)
@@ -64,6 +92,10 @@ class RunLimits:
 
 class FuzzUnavailable(RuntimeError):
     """hypothesis is not installed."""
+
+
+class FactoryRaised(FactoryError):
+    """The factory raised instead of building a scheduler; str() is one line."""
 
 
 class NoValidConfig(ValueError):
@@ -98,8 +130,10 @@ def check_case(make: Callable[[Config], Scheduler], config: Config,
                strict: bool = False, limits: RunLimits = RunLimits()) -> Finding | None:
     """Run one example; the first failing violation (or crash, or limit reached), if any.
 
-    A FactoryError (the factory returned something without the interface) is the
-    caller's bad input and propagates; any other exception is a finding.
+    A factory that cannot build a scheduler for `config` (it raises: FactoryRaised, or
+    returns something without the interface) is the caller's bad input: a FactoryError,
+    which propagates.
+    Any other exception, raised by the scheduler as it runs, is a finding.
     """
     from kvsched.conformance import checker as new_checker  # loads the reference
 
@@ -131,6 +165,12 @@ def check_case(make: Callable[[Config], Scheduler], config: Config,
         return Finding(config, workload, TIME_LIMIT, who, (), steps)
     except Exception as e:
         text = (str(e).strip().splitlines() or [""])[0]
+        if not made:  # no scheduler to blame, nor a workload that made it fail
+            said = f"{type(e).__name__}: {text}" if text else type(e).__name__
+            raise FactoryRaised(f"the factory raised {said}; it built no scheduler for "
+                                "the config "
+                                + ", ".join(f"{k}={v}" for k, v in asdict(config).items())
+                                + " (pin the config fields it needs)") from None
         return Finding(config, workload, CRASH, f"the scheduler raised {type(e).__name__} "
                        f"at step {steps}: {text}", (), steps)
     failing = [v for v in report.violations if v.level != SHOULD or strict]
@@ -146,6 +186,24 @@ def check_case(make: Callable[[Config], Scheduler], config: Config,
     return Finding(config, workload, first.invariant,
                    f"{first.level} {first.invariant} at step {first.step}{where}{numbers}: "
                    f"{first.message}", tuple(failing), steps)
+
+
+@contextmanager
+def private_storage() -> Iterator[None]:
+    """Hypothesis's storage directory in a temporary directory, removed after, and the
+    one before back: a run leaves nothing in the working directory."""
+    import tempfile
+
+    from hypothesis import configuration
+
+    # Hypothesis offers a setter only; its module global holds the directory set before.
+    before = vars(configuration).get("__hypothesis_home_directory")
+    with tempfile.TemporaryDirectory(prefix="kvsched-fuzz-") as home:
+        configuration.set_hypothesis_home_dir(home)
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(before)
 
 
 class _OutOfTime(Exception):
@@ -177,8 +235,8 @@ def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int 
     def cases(draw: st.DrawFn) -> tuple[Config, tuple[WorkItem, ...]]:
         # Allocation and watermark scope are the engine's rules, not its load: an engine
         # that follows others says so by pinning them.
-        config = replace(draw(configs(chunked_prefill=chunked, allocation="lazy",
-                                      watermark_scope="running")), **fixed)
+        config = replace(draw(configs(chunked_prefill=chunked, allocation=ALLOCATION,
+                                      watermark_scope=WATERMARK_SCOPE)), **fixed)
         assume(not config.problems())
         return config, tuple(draw(workloads(config)))
 
@@ -202,8 +260,9 @@ def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int 
                       phases=(Phase.generate, Phase.shrink),
                       suppress_health_check=list(HealthCheck))
     try:
-        config, workload = find(cases(), fails, settings=chosen,
-                                random=random.Random(seed))
+        with private_storage():
+            config, workload = find(cases(), fails, settings=chosen,
+                                    random=random.Random(seed))
     except NoSuchExample:
         return FuzzResult(None, runs)
     except _OutOfTime:
@@ -274,8 +333,11 @@ def fuzz_shard(factory: str, shard: Shard, pinned: Mapping[str, Any] | None = No
     def scheduler(config: Config) -> Scheduler:
         return build(make, config, factory)
 
-    return fuzz(scheduler, examples=shard.examples, seed=shard.seed, pinned=pinned,
-                profile=profile, strict=strict, limits=limits)
+    try:
+        return fuzz(scheduler, examples=shard.examples, seed=shard.seed, pinned=pinned,
+                    profile=profile, strict=strict, limits=limits)
+    except FactoryRaised as e:
+        raise FactoryRaised(f"{factory}: {e}") from None
 
 
 @dataclass(frozen=True)

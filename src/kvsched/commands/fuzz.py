@@ -31,7 +31,7 @@ from kvsched.commands.options import (
     ray_options,
     stall_option,
 )
-from kvsched.fuzz import DEFAULT_EXAMPLE_SECONDS, DEFAULT_SHARD_EXAMPLES
+from kvsched.fuzz import DEFAULT_EXAMPLE_SECONDS, DEFAULT_SHARD_EXAMPLES, unpinned
 from kvsched.outputs import check_writable, in_place
 from kvsched.progress import Reporter
 from kvsched.spec.profiles import DEFAULT_PROFILE
@@ -56,7 +56,7 @@ def pinned_flags(pinned: dict[str, Any]) -> list[str]:
 
 @click.command("fuzz")
 @click.argument("factory")
-@config_options
+@config_options(defaults=unpinned)
 @click.option("--examples", type=int, default=200, show_default=True,
               help="Most workloads to draw before shrinking.")
 @click.option("--seed", type=int, default=0, show_default=True,
@@ -169,16 +169,6 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
     config_path = None if in_place(out_path) else out_path.with_suffix(".config.json")
     checked = "MUST" + (f", profile {profile}" if profile else "") + (
         ", SHOULD" if strict else "")
-    if finding is not None and found is not None:
-        with atomic_output(out_path) as stream:
-            for item in finding.workload:
-                stream.write(dumps_line(item_dict(item)))
-        if config_path is not None:
-            with atomic_output(config_path) as stream:
-                stream.write(orjson.dumps({"scheduler": factory, "seed": found.shard.seed,
-                                           "examples": found.shard.examples,
-                                           **finding.as_dict()},
-                                          option=orjson.OPT_INDENT_2) + b"\n")
     reference = profile or DEFAULT_PROFILE
     reproduce = shlex.join(["kvsched", "diff", reference, factory, "--workload",
                             str(out_path), *config_flags(finding.config)]) if finding else ""
@@ -193,6 +183,21 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
                          "--examples", str(found.shard.examples),
                          "--shard-examples", str(found.shard.examples)])
              if found is not None else "")
+    if finding is not None and found is not None:
+        with atomic_output(out_path) as stream:
+            for item in finding.workload:
+                stream.write(dumps_line(item_dict(item)))
+        if config_path is not None:
+            # The campaign as it was run, and the shard that found it, alone.
+            with atomic_output(config_path) as stream:
+                stream.write(orjson.dumps({"scheduler": factory, "seed": seed,
+                                           "examples": examples,
+                                           "shard_examples": shard_examples,
+                                           "runs": campaign.runs,
+                                           "found_by_shard": found.shard.as_dict(),
+                                           "found_alone_by": alone,
+                                           **finding.as_dict()},
+                                          option=orjson.OPT_INDENT_2) + b"\n")
     if junit_path is not None:
         with atomic_output(junit_path) as stream:
             stream.write(fuzz_junit_xml(campaign, factory, checked, reproduce))

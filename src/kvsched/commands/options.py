@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn, overload
 
 import click
 import orjson
@@ -205,14 +205,36 @@ def trace_size(path: str) -> int | None:
     return file.stat().st_size
 
 
-def config_options(f: Callable[..., Any]) -> Callable[..., Any]:
+def profile_default(name: str) -> str:
+    """What an unset config option means for a run: the built-in default or the
+    profile's."""
+    value = getattr(DEFAULT_CONFIG, name)
+    if isinstance(value, bool):
+        value = "on" if value else "off"
+    return f"{value}, unless the profile sets it"
+
+
+@overload
+def config_options(f: Callable[..., Any], /, *, defaults: Callable[[str], str] = ...
+                   ) -> Callable[..., Any]: ...
+
+
+@overload
+def config_options(*, defaults: Callable[[str], str]
+                   ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+
+
+def config_options(f: Callable[..., Any] | None = None, /, *,
+                   defaults: Callable[[str], str] = profile_default) -> Any:
     """One option per Config field; unset options keep the profile's or built-in default
-    (shown in --help)."""
+    (shown in --help). `defaults(field)` says, for --help, what an unset option means
+    when that is not the run's default (`kvsched fuzz`: drawn):
+    `@config_options(defaults=...)`."""
+    if f is None:
+        return lambda g: config_options(g, defaults=defaults)
+
     def default(name: str) -> str:
-        value = getattr(DEFAULT_CONFIG, name)
-        if isinstance(value, bool):
-            value = "on" if value else "off"
-        return f" [default: {value}, unless the profile sets it]"
+        return f" [default: {defaults(name)}]"
 
     opts = [
         click.option("--block-size", type=int, help="Tokens per KV block." + default("block_size")),
