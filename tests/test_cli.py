@@ -347,7 +347,8 @@ def test_conversations_simulate_and_check_clean(tmp_path: Path) -> None:
      "system prompts must be comma-separated token counts like 1024,256, got '1024,x'"),
     ([*SMALL, "--generator", "shared-prompts", "--system-prompts", "1023"],
      "a system prompt of 1023 tokens leaves no room in max_model_len 1024"),
-    ([*SMALL, "--generator", "conversations", "--turns", "0"], "turns must be a mean number"),
+    ([*SMALL, "--generator", "conversations", "--turns", "0"],
+     "Invalid value for '--turns': expected a number of at least 1, got 0"),
 ])
 def test_bad_shared_prefix_options_are_one_line(args: list[str], message: str) -> None:
     result = kvsched("simulate", *args)
