@@ -94,8 +94,17 @@ class WorkItem:
                 break
             path.append(item.prefix)
             item = item.source.item
-        for content, length in reversed(path):
-            chain = nested(chain, content, length)
+        if len(path) == 1:  # a turn after one whose chain was made lately
+            chain = nested(chain, *path[0])
+        elif path:
+            # nested's fold in one pass: each content cut to the shortest length taken
+            # after it (a validated chain names no content twice, so each is appended).
+            cut = MAX_COUNT
+            top = []
+            for content, length in path:
+                cut = min(cut, length)
+                top.append((content, cut))
+            chain = (*(p if p[1] <= cut else (p[0], cut) for p in chain), *reversed(top))
         if path:
             _CHAINS[id(self)] = (self, chain)
             if len(_CHAINS) > CHAINS_KEPT:
