@@ -355,17 +355,18 @@ def test_bad_scheduler_arguments_are_one_line_errors(user_module: Path, args: li
     assert result.stderr.count("\n") == 1
 
 
-def test_a_factory_that_raises_is_the_schedulers_failure_as_in_fuzz(
-        user_module: Path) -> None:
-    # The user's code failed (exit 1, as a crash mid-run and as kvsched fuzz counts it);
-    # a factory that cannot be found is bad input (exit 2).
+def test_a_factory_that_raises_is_bad_input_as_in_fuzz(user_module: Path) -> None:
+    # No scheduler was built, so nothing ran to compare: one line, exit 2, in diff as in
+    # fuzz (a scheduler that raises mid-run is exit 1).
     result = kvsched("diff", "vllm-v1", "user_sched:raises", "--requests", "5",
                      cwd=user_module)
-    assert result.returncode == 1
-    assert result.stderr == ("kvsched: user_sched:raises: the factory raised ValueError: "
-                             "swap is not supported\n")
+    assert result.returncode == 2
+    assert result.stderr == ("kvsched: error: user_sched:raises: the factory raised "
+                             "ValueError: swap is not supported\n")
     fuzz = kvsched("fuzz", "user_sched:raises", "--examples", "3", cwd=user_module)
-    assert fuzz.returncode == 1, fuzz.stderr
+    assert fuzz.returncode == 2, fuzz.stderr
+    assert fuzz.stderr.startswith("kvsched: error: user_sched:raises: the factory raised "
+                                  "ValueError: swap is not supported; it built no scheduler")
 
 
 def test_bad_trace_arguments_are_one_line_errors(tmp_path: Path) -> None:

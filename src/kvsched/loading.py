@@ -78,8 +78,8 @@ def load_factory(spec: str) -> SchedulerFactory:
 def build(factory: SchedulerFactory, config: Config, spec: str) -> Scheduler:
     """Call the factory; refuse a result without the scheduler interface.
 
-    Exceptions the factory raises propagate: the caller decides what that is (kvsched
-    fuzz: bad input, as no scheduler was built; kvsched diff: its side failed).
+    Exceptions the factory raises propagate, for the caller to name: kvsched diff and
+    kvsched fuzz call it bad input, as no scheduler was built.
     """
     scheduler = factory(config)
     missing = [m for m in INTERFACE_METHODS if not callable(getattr(scheduler, m, None))]

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
-from rich.text import Text
 
 from kvsched import __version__
 from kvsched.commands.options import (
@@ -40,7 +39,6 @@ from kvsched.spec.model import (
 from kvsched.spec.profiles import DEFAULT_PROFILE, UnknownProfile, get_profile, resolve_profile
 from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
 from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS
-from kvsched.verdict import printable
 
 if TYPE_CHECKING:
     pass
@@ -236,12 +234,10 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
                     except FactoryError as e:
                         fail(str(e))
                     except Exception as e:
-                        # The user's scheduler failed, as when it raises mid-run (and as
-                        # kvsched fuzz counts it): exit 1, not bad input.
-                        err.print(Text(f"kvsched: {printable(text)}: the factory raised "
-                                       f"{type(e).__name__}: " + printable(
-                                           (str(e).strip().splitlines() or [""])[0])))
-                        sys.exit(1)
+                        # No scheduler was built, so there is no run to compare: bad
+                        # input, as kvsched fuzz counts it (a crash mid-run is exit 1).
+                        fail(f"{text}: the factory raised {type(e).__name__}: "
+                             + (str(e).strip().splitlines() or [""])[0])
                 writer = None
                 if keep is not None:
                     writer = TraceWriter(stack.enter_context(atomic_output(keep)),
