@@ -26,9 +26,10 @@ COMPILED_ONLY_KNOBS = ("free_order", "over_budget_prompt")
 FastScheduler = Literal["compiled", "torch"]
 
 # The most blocks of a pool the fast schedulers take: they make their free lists (an
-# entry per block, 8 bytes or more) at start, where the reference's memory follows the
+# entry per block, 8 bytes or more; some 150 with prefix caching and the compiled state
+# the simulation's metrics follow) at start, where the reference's memory follows the
 # blocks it hands out (kvsched.reference.allocator.FreeList).
-MAX_POOL_BLOCKS = 1 << 24
+MAX_POOL_BLOCKS = 1 << 22
 
 
 def unsupported_pools(config: Config, scheduler: FastScheduler = "compiled") -> str | None:

@@ -48,13 +48,15 @@ from cpython.dict cimport PyDict_CheckExact
 
 import array
 
+from kvsched.optimized.knobs import MAX_POOL_BLOCKS
 from kvsched.spec.checker import Position
 from kvsched.spec.model import Request, Status
 from kvsched.spec.state import NEVER_ARRIVED, LiveRequest, Snapshot
 
 cdef int64_t MAXC = 1 << 40
-# Above this many GPU blocks the per-block arrays would be too large: the spec checks.
-MAX_BLOCKS = 1 << 24
+# Above this many GPU blocks the per-block arrays would be too large: the spec checks
+# (the fast schedulers' limit, as their free lists are made at start too).
+MAX_BLOCKS = MAX_POOL_BLOCKS
 
 cdef enum:
     WAITING = 0

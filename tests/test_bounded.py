@@ -61,7 +61,7 @@ def test_the_compiled_scheduler_refuses_a_pool_beyond_it_in_one_line(tmp_path: P
                      "--scheduler", "compiled", cwd=tmp_path)
     one_line_error(result, "the compiled scheduler makes a free-list entry per block at "
                            "start: num_gpu_blocks and num_cpu_blocks must be at most "
-                           "16,777,216 (the reference scheduler takes more)")
+                           "4,194,304 (the reference scheduler takes more)")
 
 
 def test_the_torch_scheduler_refuses_a_pool_beyond_it() -> None:
@@ -69,7 +69,7 @@ def test_the_torch_scheduler_refuses_a_pool_beyond_it() -> None:
     from kvsched.optimized import TorchScheduler
 
     with pytest.raises(ValueError, match="the torch scheduler makes a free-list entry"):
-        TorchScheduler(Config(num_gpu_blocks=2**24 + 1))
+        TorchScheduler(Config(num_gpu_blocks=2**22 + 1))
 
 
 def one_step_trace(path: Path, blocks: int) -> None:

@@ -136,8 +136,8 @@ def test_it_refuses_what_it_does_not_implement_in_one_line() -> None:
 
     with pytest.raises(ValueError, match="does not implement knob grow_check"):
         CompiledScheduler(Config(), get_profile("vllm-v0").knobs)
-    with pytest.raises(ValueError, match="at most 16,777,216"):
-        CompiledScheduler(Config(num_gpu_blocks=2**24 + 1))
+    with pytest.raises(ValueError, match="at most 4,194,304"):
+        CompiledScheduler(Config(num_gpu_blocks=2**22 + 1))
     with pytest.raises(ValueError, match="block_size must be at least 1"):
         CompiledScheduler(Config(block_size=0))
 
