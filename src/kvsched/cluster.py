@@ -16,8 +16,9 @@ later piece is run (or, on Ray, the later ones already running are cancelled and
 results dropped), and every earlier piece still completes.
 
 A local Ray is started on demand (one node, `workers` CPUs, on the loopback address,
-without its dashboard or usage statistics) and shut down at the end; `address` connects
-to a running cluster instead. A process that has Ray initialised already (a notebook,
+without its dashboard or usage statistics) and shut down at the end, on ^C too, with
+every process it started (what Ray's own shutdown leaves running is killed); `address`
+connects to a running cluster instead. A process that has Ray initialised already (a notebook,
 the test suite) keeps using that instance. Ray reads the settings that keep a local
 instance on the loopback address when it is imported: in a process that imported Ray
 itself, set LOCAL_ENV before that import.
@@ -29,9 +30,11 @@ import contextlib
 import io
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -44,6 +47,8 @@ R = TypeVar("R")
 LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 # How long to wait for a cluster's address to accept a connection before saying so.
 CONNECT_TIMEOUT_S = 5.0
+# How long the processes a local Ray leaves behind get to go once killed.
+REAP_TIMEOUT_S = 5.0
 NEEDS_RAY = "needs Ray: pip install 'kvsched[ray]'"
 
 
@@ -207,6 +212,96 @@ class _ReportStdout:
         return getattr(self._target(), name)
 
 
+def _descendants(pid: int) -> dict[int, int]:
+    """The processes under `pid` (its children, theirs, and so on), each with its start
+    time, so that a pid the system hands out again later is not taken for one of them;
+    none where there is no /proc to read (then nothing is reaped: Ray's own shutdown
+    is all there is)."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return {}
+    for entry in entries:
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+            ppid, started, _ = stat
+            children.setdefault(ppid, []).append((int(entry), started))
+    found: dict[int, int] = {}
+    todo = [pid]
+    while todo:
+        for child, started in children.get(todo.pop(), []):
+            if child not in found:
+                found[child] = started
+                todo.append(child)
+    return found
+
+
+def _stat(pid: int) -> tuple[int, int, str] | None:
+    """A process's parent, start time and state (R, S, Z, ...), from /proc/PID/stat;
+    None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    # The command name, in parentheses, may hold spaces and parentheses itself.
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[1]), int(fields[19]), fields[0]
+
+
+def _reap(processes: dict[int, int]) -> None:
+    """Kill those of `processes` (pid -> start time) that still run, and wait, at most
+    REAP_TIMEOUT_S, until they are gone (a child of this process reaped here)."""
+    def alive(pid: int) -> bool:
+        stat = _stat(pid)
+        return stat is not None and stat[1] == processes[pid] and stat[2] not in "ZX"
+
+    left = [pid for pid in processes if alive(pid)]
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + REAP_TIMEOUT_S
+    while left and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ChildProcessError):  # not ours: its parent reaps it
+                os.waitpid(pid, os.WNOHANG)
+        left = [pid for pid in left if alive(pid)]
+        if left:
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[list[int]]:
+    """^C held while this runs: the SIGINTs that came meanwhile, for the caller to act
+    on after it. Only in the main thread (where Python takes signals), and only where
+    ^C is taken at all (a background job ignores it)."""
+    came: list[int] = []
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None)):
+        yield came
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, _: came.append(signum))
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _shut_down(ray: Any, before: dict[int, int]) -> None:
+    """Ray shut down, and with it every process that it started under this one and that
+    outlives its shutdown (not among `before`, this process's descendants before Ray
+    started). Ray gives its raylet a second to stop its workers and agents, and kills
+    it after that; what it misses can live on for a minute. A second ^C meanwhile is
+    ignored: it must not cut the shutdown short."""
+    with _interrupts_held():
+        ours = {pid: started for pid, started in _descendants(os.getpid()).items()
+                if before.get(pid) != started}
+        try:
+            ray.shutdown()
+        finally:
+            _reap(ours)
+
+
 def _import_ray(option: str) -> Any:
     try:
         import ray
@@ -258,17 +353,30 @@ def executor(*, use_ray: bool, workers: int | None, address: str | None
             os.environ.setdefault(key, value)
     ray = _import_ray(option)
     started = False
+    before: dict[int, int] = {}
     if not ray.is_initialized():
-        try:
-            if address is None:
-                ray.init(address="local", num_cpus=workers or os.cpu_count() or 1,
-                         include_dashboard=False, log_to_driver=False,
-                         logging_level=logging.ERROR)
-            else:
-                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
-        except Exception as e:
-            where = f"--ray-address {address}" if address else "starting a local Ray"
-            raise ClusterError(f"{where}: {_first_line(e)}") from None
+        before = _descendants(os.getpid())
+        # ^C is taken once Ray has started: raised inside its start-up, it can be lost
+        # (in a fork's hook, where Python only prints it) or leave a Ray half started,
+        # whose processes its shutdown misses.
+        with _interrupts_held() as interrupted:
+            try:
+                if address is None:
+                    ray.init(address="local", num_cpus=workers or os.cpu_count() or 1,
+                             include_dashboard=False, log_to_driver=False,
+                             logging_level=logging.ERROR)
+                else:
+                    ray.init(address=address, log_to_driver=False,
+                             logging_level=logging.ERROR)
+            except BaseException as e:  # SIGTERM too: what Ray started so far goes
+                _shut_down(ray, before)
+                if not isinstance(e, Exception):
+                    raise
+                where = f"--ray-address {address}" if address else "starting a local Ray"
+                raise ClusterError(f"{where}: {_first_line(e)}") from None
+        if interrupted:
+            _shut_down(ray, before)
+            raise KeyboardInterrupt
         started = True
     wrapper = _ReportStdout(sys.stdout)  # a text stream's duck
     sys.stdout = wrapper
@@ -281,7 +389,7 @@ def executor(*, use_ray: bool, workers: int | None, address: str | None
             # What Ray prints while it shuts down (a worker that died, told as its
             # threads stop, from this thread too) is diagnostics as well.
             sys.stdout = sys.stderr
-            ray.shutdown()
+            _shut_down(ray, before)
         # Ray's threads may still print after this (a worker's death told late, or by a
         # Ray that stays up, as a caller's own does): the wrapper stays, so that their
         # lines never land in the report, which this thread goes on writing.
