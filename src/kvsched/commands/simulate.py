@@ -305,6 +305,8 @@ def simulate(profile: str, out_path: Path | None, no_block_ids: bool,
     complete = ended == len(workload)
     report = checker.end(complete) if checker is not None else None
     metrics = collector.result()
+    # A MUST violation (or a profile divergence) of its own run fails it, as check does.
+    broke = report is not None and report.errors() > 0
     if fmt == "json":
         sys.stdout.write(orjson.dumps({
             "config": asdict(config), "profile": profile, "scheduler": implementation,
@@ -314,7 +316,7 @@ def simulate(profile: str, out_path: Path | None, no_block_ids: bool,
             "violations": None if report is None else
             {k: n for k, n in sorted(report.counts.items())},
         }, option=orjson.OPT_INDENT_2).decode() + "\n")
-        if stalled is not None:
+        if stalled is not None or broke:
             sys.exit(1)
         return
     ending = " (stuck)" if stalled is not None else "" if complete else \
@@ -333,4 +335,5 @@ def simulate(profile: str, out_path: Path | None, no_block_ids: bool,
 
         err.print(Text(f"kvsched: the {implementation} scheduler is {printable(str(stalled))}"
                        f" (progress; --stall-steps {stall_steps})"))
+    if stalled is not None or broke:
         sys.exit(1)
