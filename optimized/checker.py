@@ -157,10 +157,12 @@ class FastChecker:
 
     def __init__(self, header: Header, max_preemptions: int, run_steps: int,
                  stall_steps: int, profile: str | None,
-                 sink: Callable[[State], StepSink] | None = None) -> None:
+                 sink: Callable[[State], StepSink] | None = None,
+                 starve_steps: int = should.DEFAULT_STARVE_STEPS) -> None:
         self.checker = Checker(header.config,
                                CheckOptions(max_preemptions=max_preemptions,
-                                            stall_steps=stall_steps),
+                                            stall_steps=stall_steps,
+                                            starve_steps=starve_steps),
                                None, header.preempted_order)
         self.sink = sink(self.checker.state) if sink is not None else None
         self.run_steps = max(run_steps, 1)
@@ -362,7 +364,8 @@ def check_trace_vectorized(stream: IO[bytes],
                            profile: str | None = None,
                            on_header: Callable[[Header], None] | None = None,
                            stall_steps: int = should.DEFAULT_STALL_STEPS,
-                           sink: Callable[[State], StepSink] | None = None) -> Report:
+                           sink: Callable[[State], StepSink] | None = None,
+                           starve_steps: int = should.DEFAULT_STARVE_STEPS) -> Report:
     """Check a trace (a binary stream) as `kvsched.spec.checker.check_trace` does with a
     TraceReader: the same Report, or the same TraceError. With `profile`, its
     decisions are replayed beside by the compiled scheduler (kvsched.optimized.replay),
@@ -377,13 +380,14 @@ def check_trace_vectorized(stream: IO[bytes],
     `sink`, each step's facts go to the StepSink it makes (FastChecker)."""
     with no_cycle_collection():
         return _check(stream, max_preemptions, run_steps, stats, profile, on_header,
-                      stall_steps, sink)
+                      stall_steps, sink, starve_steps)
 
 
 def _check(stream: IO[bytes], max_preemptions: int, run_steps: int,
            stats: dict[str, int] | None, profile: str | None,
            on_header: Callable[[Header], None] | None, stall_steps: int,
-           sink: Callable[[State], StepSink] | None) -> Report:
+           sink: Callable[[State], StepSink] | None,
+           starve_steps: int = should.DEFAULT_STARVE_STEPS) -> Report:
     fc: FastChecker | None = None
     number = 0
     as_json = 0
@@ -414,15 +418,15 @@ def _check(stream: IO[bytes], max_preemptions: int, run_steps: int,
                     header = parse_header(obj, number)
                     if on_header is not None:
                         on_header(header)
-                    fc = FastChecker(header, max_preemptions, run_steps, stall_steps, profile,
-                                     sink)
-                    continue
-                if type(obj) is dict and obj.get("end") is True and "step" not in obj:
                     refused = unsupported_pools(header.config) if profile is not None else None
                     if refused is not None:  # the compiled scheduler replays the profile
                         raise TraceError(number, f"{refused}; --checker vectorized replays "
                                                  f"--profile {profile} with it: use --checker "
                                                  "spec")
+                    fc = FastChecker(header, max_preemptions, run_steps, stall_steps, profile,
+                                     sink, starve_steps)
+                    continue
+                if type(obj) is dict and obj.get("end") is True and "step" not in obj:
                     complete = True
                     continue
                 fc.step(number, obj, raw, by_orjson)

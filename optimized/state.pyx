@@ -27,7 +27,8 @@ Where each part comes from: `apply`'s phases and `_release`, `_hand_out`, `_cach
 `_hit` mirror State.apply, State._release_gpu, State._hand_out, State._cache_full and
 State._hit; the conditions it refuses are must.py's (kv-budget, cpu-budget,
 token-budget, seq-limit, token-range, one-state, preempt, finish, reject, block-ids,
-accounting) and should.py's (no-idle, no-thrash, needed-preemption, progress);
+accounting) and should.py's (no-idle, no-thrash, needed-preemption, progress, and the
+steps where starvation's passed_over finds someone: `_passed_over`);
 `_reserve`, `_needed` and `_own_chunk` are spec/blocks.py's allocation_reserve and
 blocks_needed and should.own_chunk_blocks. The state goes in and out only as the spec's
 own values (`restore` takes a Position, `position` makes one), never through the
@@ -230,6 +231,7 @@ cdef class FastState:
     cdef int64_t bs, nblocks, first, mml, max_batched, max_seqs, threshold, watermark
     cdef int64_t num_cpu, max_preemptions
     cdef bint chunked, caching, scope_always, ordered
+    cdef bint by_priority, starve  # starvation's rank by priority first; judged at all
     cdef int alloc  # 0 lazy, 1 prompt, 2 full
     cdef public object config
     cdef public bint usable  # False: this state cannot hold the trace's state
@@ -305,6 +307,8 @@ cdef class FastState:
         self.alloc = {"lazy": 0, "prompt": 1, "full": 2}[config.allocation]
         self.max_preemptions = max_preemptions
         self.ordered = preempted_order
+        self.by_priority = config.policy == "priority"
+        self.starve = config.step_mix == "any"  # should.starvation_judged
         self.arrived = arrived
         self.usable = self.nblocks <= MAX_BLOCKS
         self.unknown = {}
@@ -832,6 +836,12 @@ cdef class FastState:
         cdef int64_t released, hits_used = 0, k
         cdef Victim vic
         cdef bint moved, thrash = False
+        # the requests admitted in the step, with their tokens and new blocks
+        # (should.passed_over)
+        cdef vector[int] adm_s
+        cdef vector[int64_t] adm_n, adm_db
+        cdef bint admitting
+        cdef int64_t run_at_batch = 0  # running requests before the finishes
         # the metrics' facts (`collect`): tokens computed, of prompts, a hit's tokens,
         # blocks the finishes released, free blocks while the batch ran; ms
         cdef int64_t comp = 0, prompt = 0, hit_tokens = 0, fin_released = 0, at_batch = 0
@@ -1055,7 +1065,8 @@ cdef class FastState:
                 if not self.chunked and n != known - computed:
                     return 0  # token-range: whole prefills
                 reserve = 0
-                if self.status[s] == WAITING:
+                admitting = self.status[s] == WAITING
+                if admitting:
                     self.status[s] = RUNNING
                     self.running += 1
                     reserve = self._reserve(s, known)
@@ -1064,6 +1075,10 @@ cdef class FastState:
                         self.m_known.push_back(known)
                         self.m_hit.push_back(hit_tokens)
                 db = needed(computed, n, self.G[s], self.bs, reserve)
+                if admitting:
+                    adm_s.push_back(s)
+                    adm_n.push_back(n)
+                    adm_db.push_back(db)
                 self.demand += db
                 self.free -= db
                 self.G[s] += db
@@ -1125,6 +1140,7 @@ cdef class FastState:
 
         # 6. finishes
         at_batch = self.free
+        run_at_batch = self.running
         if finished:
             for rid in <list>finished:
                 if not an_id(rid):
@@ -1160,6 +1176,9 @@ cdef class FastState:
         moved = bool(scheduled) or bool(preempted) or bool(swapped_in)
         if not moved and self.live > 0:
             return 0  # no-idle and progress: the spec's Checker judges such a step
+        if adm_s.size() and self.starve and self._passed_over(adm_s, adm_n, adm_db,
+                                                               at_batch, run_at_batch):
+            return 0  # starvation: the spec's Checker judges such a step
         if free_blocks is not None:
             self.leaked = self.free - x
             self.steps_with_free += 1
@@ -1182,6 +1201,45 @@ cdef class FastState:
         self.entries += len(<list>scheduled) if scheduled else 0
         self.requests += len(<list>arrivals) if arrivals else 0
         return 2 if thrash else 1
+
+    cdef inline int64_t _rank_prio(self, int s):
+        """The first part of should.rank: the priority under the priority policy."""
+        return self.prio[s] if self.by_priority else 0
+
+    cdef bint _passed_over(self, vector[int]& xs, vector[int64_t]& ns,
+                           vector[int64_t]& dbs, int64_t at_batch, int64_t running):
+        """should.passed_over finds a request passed over: one waiting after the step
+        (not one of its victims) that ranks before some request admitted in it (`xs`,
+        with the tokens `ns` and new blocks `dbs` of each), never preempted and still
+        live, and whose
+        smallest next chunk fits in that one's place."""
+        cdef int w, x
+        cdef size_t k
+        cdef int64_t n, need, pw, px
+        cdef int64_t seats = running - 1
+        cdef int64_t left = self.max_batched - self.tokens
+        cdef int64_t wm = self.watermark if self.scope_always or seats > 0 else 0
+        if seats >= self.max_seqs:
+            return False
+        for w in range(<int>self.status.size()):
+            if self.status[w] != WAITING or (self.tag[w] == T_PREEMPTED
+                                             and self.tag_at[w] == self.stamp):
+                continue
+            n = 1 if self.chunked else self.N[w] - self.C[w]
+            if n > self.max_batched:
+                continue
+            need = needed(self.C[w], n, self.G[w], self.bs,
+                          self._reserve(w, self.N[w])) + wm
+            pw = self._rank_prio(w)
+            for k in range(xs.size()):
+                x = xs[k]
+                if self.status[x] == ENDED or self.pre[x]:
+                    continue
+                px = self._rank_prio(x)
+                if (pw < px or (pw == px and self.arr[w] < self.arr[x])) \
+                        and n <= left + ns[k] and need <= at_batch + dbs[k]:
+                    return True
+        return False
 
     cdef bint _rejectable(self, int s):
         """spec.blocks.rejectable is not None."""

@@ -83,7 +83,13 @@ def hunt(name: str, scopes: list[Scope], jobs: int = 1) -> Hunt:
     return Hunt(name, bug.expected, bug.level, tried, None)
 
 
+# Invariants a seeded bug may break that the model checker does not judge, with why.
+NOT_HUNTED = {"starvation": "a wait of more than K steps (100) while later requests are "
+                            "admitted: longer than any run the small scopes explore"}
+
+
 def seeded_bug_names() -> list[str]:
+    """The seeded bugs to hunt: those whose invariant the model checker judges."""
     from kvsched.testing.seeded_bugs import SEEDED_BUGS
 
-    return list(SEEDED_BUGS)
+    return [name for name, bug in SEEDED_BUGS.items() if bug.expected not in NOT_HUNTED]

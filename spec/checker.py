@@ -23,8 +23,8 @@ from kvsched.spec.violation import INVARIANTS, SHOULD, Violation
 @dataclass(frozen=True)
 class CheckOptions:
     """How to judge a trace: SHOULD warnings fail too when `strict`; `max_preemptions`
-    is no-thrash's K, `stall_steps` progress's K; `keep` violations of each id are kept
-    whole (all are counted); an
+    is no-thrash's K, `stall_steps` progress's K, `starve_steps` starvation's K; `keep`
+    violations of each id are kept whole (all are counted); an
     invariant in `required` that the trace lets the checker judge only in part or not at
     all fails the check (CI's `--require block-ids,accounting`)."""
 
@@ -33,6 +33,7 @@ class CheckOptions:
     keep: int = 20
     required: frozenset[str] = frozenset()  # invariants that must be checked in full
     stall_steps: int = should.DEFAULT_STALL_STEPS
+    starve_steps: int = should.DEFAULT_STARVE_STEPS
 
 
 @dataclass
@@ -107,6 +108,9 @@ def coverage(state: State, steps: int, steps_with_free: int, complete: bool
                              "free_blocks")
     if not complete:
         out["completion"] = 'the trace has no {"end": true} line'
+    if not should.starvation_judged(state.config):
+        out["starvation"] = ("not on SGLang's steps (step_mix "
+                             f"{state.config.step_mix}), whose policy passes requests over")
     return out
 
 
@@ -148,6 +152,7 @@ class Checker:
         self.steps_with_free = 0
         self.step_no = -1
         self.stall = should.Stall(self.options.stall_steps)
+        self.starvation = should.Starvation(self.options.starve_steps)
 
     def position(self, shared: bool = False) -> Position:
         """Where the check stands (State.snapshot's `shared`: for a reader done with
@@ -186,6 +191,9 @@ class Checker:
             self.flag(v)
         if self.stall.observe(should.moves(rec), bool(self.state.live)):
             self.flag(should.state_progress(rec.step, self.stall.limit, self.state))
+        for v in self.starvation.observe(rec.step, should.passed_over(f, self.state),
+                                         self.state):
+            self.flag(v)
         if rec.free_blocks is not None:
             self.leaked = f.free - rec.free_blocks
         if self.replay is not None:
@@ -210,11 +218,15 @@ class Checker:
         return report
 
     def end(self, complete: bool) -> Report:
-        """Close the trace; a complete one (with its end line) is checked for completion."""
+        """Close the trace; a complete one (with its end line) is checked for completion,
+        one without it for ending stuck (its last K steps or more moved nothing while work
+        waits)."""
         self.report.complete = complete
         if complete:
             for v in should.completion(self.step_no, self.state):
                 self.flag(v)
+        elif self.stall.quiet >= self.stall.limit:
+            self.flag(should.ends_stuck(self.step_no, self.stall.quiet, self.state))
         self.report.unchecked = coverage(self.state, self.report.steps, self.steps_with_free,
                                          complete)
         return self.report

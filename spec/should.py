@@ -7,6 +7,7 @@ completion, the state at the end of a complete trace).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvsched.spec.blocks import (
@@ -18,6 +19,7 @@ from kvsched.spec.blocks import (
 from kvsched.spec.model import Config, Request, RequestView, Status, StepRecord
 from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS as DEFAULT_MAX_PREEMPTIONS
 from kvsched.spec.violation import DEFAULT_STALL_STEPS as DEFAULT_STALL_STEPS
+from kvsched.spec.violation import DEFAULT_STARVE_STEPS as DEFAULT_STARVE_STEPS
 from kvsched.spec.violation import Stalled as Stalled
 from kvsched.spec.violation import Violation
 
@@ -250,3 +252,123 @@ def stalled_run(scheduler: Scheduler, request_of: Callable[[str], Request], step
     return Stalled(progress(step, limit, scheduler.config,
                             [(request_of(rid), v) for rid, v in views.items()],
                             scheduler.free_blocks(), running))
+
+
+def ends_stuck(step: int, quiet: int, state: State) -> Violation:
+    """ends-stuck (a MUST-level verdict on the end of a trace): a trace without its end
+    line whose last `quiet` steps, at least progress's K, moved nothing while requests
+    were live; told once, at its last step, naming who waits and why (as `progress`)."""
+    v = state_progress(step, quiet, state)
+    return replace(v, invariant="ends-stuck", message=f"the trace ends stuck: {v.message}")
+
+
+# -- starvation: one request passed over while others move ------------------------------
+
+
+def rank(config: Config, request: Request) -> tuple[int, int]:
+    """The order a fair scheduler admits waiting requests in, lowest first: by arrival
+    step (fcfs), or by priority, then arrival step (priority)."""
+    first = request.priority if config.policy == "priority" else 0
+    return first, request.arrival_step
+
+
+def starvation_judged(config: Config) -> bool:
+    """Whether starvation is judged on a trace of `config`: not on SGLang's steps (step_mix
+    other than "any"), whose documented policy passes requests over (a retracted request
+    rejoins the queue at its end; admission reserves the future output of the running
+    ones, so a smaller later prompt may fit where an earlier one does not)."""
+    return config.step_mix == "any"
+
+
+@dataclass(frozen=True)
+class PassedOver:
+    """A waiting request passed over in a step: `by` ranked after it and was admitted,
+    and its smallest next chunk would have fit in `by`'s place. `wait` tells one stay in
+    the queue from another: its arrival step and preemptions (a request that runs again
+    and goes back to waiting has been preempted once more)."""
+
+    request: str
+    by: str
+    wait: tuple[int, int]
+
+
+def passed_over(f: StepFacts, state: State) -> list[PassedOver]:
+    """The waiting requests a step passed over: each W waiting before and after the step
+    (not one of its victims), and X admitted for the first time (never preempted: a
+    resumed request rejoins the queue where the engine's preemption policy puts it) and
+    still live after it, rank(W) < rank(X), such that W's smallest next chunk
+    (`next_chunk`) fits (`fits`) with X's seat, the token budget the step left plus X's
+    tokens, and the blocks the batch left free plus those X took: W could have been
+    admitted instead of X. The first such X in batch order names the pass. Judged on
+    steps of step_mix "any" only (`starvation_judged`)."""
+    cfg = state.config
+    if not state.count[Status.WAITING] or not starvation_judged(cfg):
+        return []
+    admitted = [(t, c.tokens, c.new_blocks) for c in f.chunks
+                if c.action.state == "waiting" and c.action.applied and c.tokens >= 1
+                and (t := state.live.get(c.action.request)) is not None
+                and t.preemptions == 0]
+    if not admitted:
+        return []
+    last = max(rank(cfg, t.request) for t, _, _ in admitted)
+    left = cfg.max_num_batched_tokens - f.tokens
+    victims = {v.action.request for v in f.victims}
+    seats = f.running - 1
+    out = []
+    for rid, w in state.live.items():
+        key = rank(cfg, w.request)
+        if cfg.policy != "priority" and key >= last:
+            break  # live requests are in arrival order: the rest arrived no earlier
+        if w.status != Status.WAITING or key >= last or rid in victims:
+            continue
+        view = w.view()
+        chunk = next_chunk(cfg, w.request, view, seats)
+        by = next((x.request.id for x, tokens, took in admitted
+                   if key < rank(cfg, x.request) and chunk[0] <= left + tokens
+                   and fits(cfg, view, chunk, f.free_at_batch + took, seats)), None)
+        if by is not None:
+            out.append(PassedOver(rid, by, (w.request.arrival_step, w.preemptions)))
+    return out
+
+
+class Starvation:
+    """starvation: how long each waiting request has been passed over (`passed_over`):
+    from the first step that passed it over in its present wait to each later one;
+    past `limit` steps (K) it is starved, told once per wait. A wait ends when the request
+    runs, ends or goes back to waiting after a preemption (a new wait)."""
+
+    def __init__(self, limit: int = DEFAULT_STARVE_STEPS) -> None:
+        """pre: limit >= 1"""
+        self.limit = limit
+        # request -> (its wait, the step first passed over in it, told)
+        self.since: dict[str, tuple[tuple[int, int], int, bool]] = {}
+
+    def observe(self, step: int, passed: list[PassedOver], state: State) -> list[Violation]:
+        """Count one step's passes (`state` after it); the starvation violations."""
+        if not passed:
+            return []
+        for rid, (wait, _, _) in list(self.since.items()):
+            t = state.live.get(rid)
+            if t is None or t.status != Status.WAITING \
+                    or (t.request.arrival_step, t.preemptions) != wait:
+                del self.since[rid]
+        out = []
+        for p in passed:
+            entry = self.since.get(p.request)
+            if entry is None:
+                self.since[p.request] = (p.wait, step, False)
+                continue
+            wait, first, told = entry
+            if not told and step - first > self.limit:
+                self.since[p.request] = (wait, first, True)
+                out.append(starved(step, p, first, self.limit))
+        return out
+
+
+def starved(step: int, p: PassedOver, first: int, limit: int) -> Violation:
+    """The starvation violation of `p` at `step`, passed over since step `first`."""
+    return Violation("starvation", step,
+                     f"{p.request} has been passed over for {step - first} steps (first at "
+                     f"step {first}): {p.by}, which ranks after it, was admitted although "
+                     f"{p.request} could have run in its place", request=p.request,
+                     lhs=step - first, relation="<=", rhs=limit)

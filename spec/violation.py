@@ -21,11 +21,13 @@ INVARIANTS: dict[str, str] = {
     "reject": MUST,
     "block-ids": MUST,
     "accounting": MUST,
+    "ends-stuck": MUST,
     "no-idle": SHOULD,
     "completion": SHOULD,
     "no-thrash": SHOULD,
     "needed-preemption": SHOULD,
     "progress": SHOULD,
+    "starvation": SHOULD,
     "profile": PROFILE,
 }
 
@@ -36,6 +38,12 @@ DEFAULT_MAX_PREEMPTIONS = 8
 # violation. Far more than any engine's quiet stretch while it can run (none has one),
 # few enough that a stuck run is told in well under a second.
 DEFAULT_STALL_STEPS = 100
+
+# starvation: K, the steps a waiting request may stay passed over (later arrivals, or
+# lower priorities, admitted in its place) before it is a violation. A fair engine
+# never passes a request over that could take the admitted one's place; K leaves room
+# for an engine whose documented policy does so now and then (docs/spec.md).
+DEFAULT_STARVE_STEPS = 100
 
 
 @dataclass(frozen=True)

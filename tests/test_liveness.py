@@ -233,9 +233,10 @@ def test_check_strict_flags_a_stalled_trace_at_the_kth_quiet_step(
     assert (v["step"], v["request"], v["level"]) == (30 + DEFAULT_STALL_STEPS, "r0", "SHOULD")
     assert "r0 is running with 4 GPU blocks: its next chunk needs 1 free GPU block, " \
         "0 are free" in v["message"]
-    assert verdict["counts"] == {"progress": 1}
-    # Without --strict it is a warning (exit 0); one quiet step fewer is no stall.
-    assert kvsched("check", "--checker", checker, str(path), cwd=tmp_path).returncode == 0
+    # The trace ends there, stuck (no end line): that fails even a plain check.
+    assert verdict["counts"] == {"progress": 1, "ends-stuck": 1}
+    assert kvsched("check", "--checker", checker, str(path), cwd=tmp_path).returncode == 1
+    # One quiet step fewer is no stall.
     path.write_bytes(stuck_trace(DEFAULT_STALL_STEPS - 1))
     assert kvsched("check", "--checker", checker, "--strict", str(path),
                    cwd=tmp_path).returncode == 0

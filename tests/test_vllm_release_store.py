@@ -63,13 +63,14 @@ def test_each_release_is_exact_under_its_epochs_profile(release: str) -> None:
 def test_vllm_0_11_0_breaks_one_state_and_leaves_prompts_unfinished() -> None:
     """Its priority victim stays in the batch (MUST one-state, and the driver stops at
     the victim's misaligned readmission), and it admits prompts of max_model_len tokens
-    that never finish: those runs go on to the step bound, stalled (SHOULD progress) or
-    preempting others again and again."""
+    that never finish: those runs go on to the step bound, stalled (SHOULD progress, and
+    a trace that ends so, MUST ends-stuck) or preempting others again and again."""
     verdicts = [check(t) for t in stored(STORE, list(NO_EPOCH))]
     broken = sum((v.must for v in verdicts), Counter[str]())
-    assert set(broken) == {"one-state"}, broken
+    assert set(broken) == {"one-state", "ends-stuck"}, broken
     stalled = [v for v in verdicts if v.should["progress"]]
     assert stalled and all(v.steps == NO_EPOCH_STEPS and not v.complete for v in stalled)
+    assert all(v.must["ends-stuck"] == 1 for v in stalled)
     for v in verdicts:
         assert v.complete or v.must["one-state"] or v.steps == NO_EPOCH_STEPS, v.case
     # the rest decide as the epoch after it

@@ -68,6 +68,7 @@ class Example:
     max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS
     profile: str | None = None
     stall_steps: int = should.DEFAULT_STALL_STEPS
+    starve_steps: int = should.DEFAULT_STARVE_STEPS
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def findings(docs: DocExamples, name: str) -> list[str]:
     ex = docs.examples[name]
     reader = TraceReader(io.BytesIO(docs.trace_text(name).encode()))
     report = check_reader(reader, profile=ex.profile, max_preemptions=ex.max_preemptions,
-                          stall_steps=ex.stall_steps)
+                          stall_steps=ex.stall_steps, starve_steps=ex.starve_steps)
     return [violation_line(v) for v in report.violations]
 
 

@@ -225,7 +225,22 @@ EXAMPLES: dict[str, Example] = {
          "scheduled": [["r0", 7], ["r1", 7]]},
         {"step": 1, "scheduled": [["r0", 1], ["r1", 1]]},
         {"step": 2}, {"step": 3}, {"step": 4},
+        {"step": 5, "aborted": ["r1"], "scheduled": [["r0", 1]]},
     ], config={"num_gpu_blocks": 4}, stall_steps=3),
+    "ends-stuck": Example([
+        {"step": 0, "arrivals": [arrival("r0", 7), arrival("r1", 7)],
+         "scheduled": [["r0", 7], ["r1", 7]]},
+        {"step": 1, "scheduled": [["r0", 1], ["r1", 1]]},
+        {"step": 2}, {"step": 3}, {"step": 4},
+    ], config={"num_gpu_blocks": 4}, stall_steps=3),
+    "starvation": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4, 4), arrival("r1", 4)],
+         "scheduled": [["r0", 4]]},
+        {"step": 1, "arrivals": [arrival("r2", 4)], "scheduled": [["r0", 1], ["r2", 4]]},
+        {"step": 2, "scheduled": [["r0", 1], ["r2", 1]]},
+        {"step": 3, "scheduled": [["r0", 1], ["r2", 1]], "finished": ["r0"]},
+        {"step": 4, "arrivals": [arrival("r3", 4)], "scheduled": [["r2", 1], ["r3", 4]]},
+    ], starve_steps=2),
     "needed-preemption": Example([PREFILL_TWO, PREEMPT_R1]),
     "needed-preemption-ok": Example([PREFILL_TWO, PREEMPT_R1], config={"num_gpu_blocks": 4}),
     "needed-preemption-after-overflow": Example([

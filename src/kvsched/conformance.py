@@ -34,12 +34,13 @@ def profile_replay(config: Config, profile: str, preempted_order: bool = True
 def checker(config: Config, *, profile: str | None = None, strict: bool = False,
             max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS, keep: int = 20,
             required: Iterable[str] = (), preempted_order: bool = True,
-            stall_steps: int = should.DEFAULT_STALL_STEPS) -> Checker:
+            stall_steps: int = should.DEFAULT_STALL_STEPS,
+            starve_steps: int = should.DEFAULT_STARVE_STEPS) -> Checker:
     """A checker of one trace under `config`, comparing with `profile` when given; feed
     it the steps, then `end(complete)` gives the whole report."""
     replay = profile_replay(config, profile, preempted_order) if profile else None
     return Checker(config, CheckOptions(strict, max_preemptions, keep, frozenset(required),
-                                        stall_steps), replay, preempted_order)
+                                        stall_steps, starve_steps), replay, preempted_order)
 
 
 def check_records(config: Config, records: Iterable[StepRecord], complete: bool, *,
@@ -52,12 +53,13 @@ def check_records(config: Config, records: Iterable[StepRecord], complete: bool,
 
 def check_reader(reader: TraceReader, *, profile: str | None = None, strict: bool = False,
                  max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS,
-                 stall_steps: int = should.DEFAULT_STALL_STEPS) -> Report:
+                 stall_steps: int = should.DEFAULT_STALL_STEPS,
+                 starve_steps: int = should.DEFAULT_STARVE_STEPS) -> Report:
     """The whole report of a trace as it streams from `reader` (TraceError if malformed)."""
     return checker(reader.header.config, profile=profile, strict=strict,
                    max_preemptions=max_preemptions,
                    preempted_order=reader.header.preempted_order,
-                   stall_steps=stall_steps).run_trace(reader)
+                   stall_steps=stall_steps, starve_steps=starve_steps).run_trace(reader)
 
 
 def check_profile(config: Config, records: Iterable[StepRecord], profile: str

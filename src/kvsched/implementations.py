@@ -24,6 +24,7 @@ from kvsched.reference import ReferenceScheduler, SGLangScheduler, scheduler_for
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import SCHEDULER_ENGINES, Profile, SchedulerKind, get_profile
+from kvsched.spec.violation import DEFAULT_STARVE_STEPS
 
 if TYPE_CHECKING:
     from kvsched.spec.checker import Report
@@ -231,7 +232,8 @@ def require_checker(choice: str, profile: str | None) -> None:
 
 def check_trace(stream: IO[bytes], kind: str, *, profile: str | None, strict: bool,
                 max_preemptions: int, required: frozenset[str], stall_steps: int,
-                on_header: Callable[[Header], None]) -> Report:
+                on_header: Callable[[Header], None],
+                starve_steps: int = DEFAULT_STARVE_STEPS) -> Report:
     """The report of the trace `stream` holds by the checker `kind` (spec or
     vectorized; the same verdicts), replaying `profile` when given; `on_header` sees the
     header first (and may raise). TraceError if the trace is malformed."""
@@ -239,7 +241,8 @@ def check_trace(stream: IO[bytes], kind: str, *, profile: str | None, strict: bo
         from kvsched.optimized.checker import check_trace_vectorized
 
         report = check_trace_vectorized(stream, max_preemptions, profile=profile,
-                                        on_header=on_header, stall_steps=stall_steps)
+                                        on_header=on_header, stall_steps=stall_steps,
+                                        starve_steps=starve_steps)
         report.strict, report.required = strict, required
         report.missing()  # computed from the fields just set
         return report
@@ -251,4 +254,4 @@ def check_trace(stream: IO[bytes], kind: str, *, profile: str | None, strict: bo
     return checker(reader.header.config, profile=profile, strict=strict,
                    max_preemptions=max_preemptions, required=required,
                    preempted_order=reader.header.preempted_order,
-                   stall_steps=stall_steps).run_trace(reader)
+                   stall_steps=stall_steps, starve_steps=starve_steps).run_trace(reader)

@@ -15,6 +15,10 @@ happens, naming the invariant id, the step, the request and both sides of the br
 inequality. The fixture is session-scoped (it holds no state), so hypothesis tests
 may use it with `@given`.
 
+With `strict=True`, a request passed over for more than `starve_steps` steps (SHOULD
+starvation: later arrivals, or lower priorities, admitted where it could have run)
+raises too.
+
 `run(workload)` also fails a run that cannot end, strict or not: one stuck for
 `stall_steps` steps (SHOULD progress: nothing changes while work waits), one still
 going at its step bound (four times the tokens the workload can need; `max_steps`
@@ -71,7 +75,8 @@ class CheckedScheduler:
     def __init__(self, scheduler: Scheduler, *, profile: str | None = None,
                  strict: bool = False,
                  max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS,
-                 stall_steps: int = should.DEFAULT_STALL_STEPS) -> None:
+                 stall_steps: int = should.DEFAULT_STALL_STEPS,
+                 starve_steps: int = should.DEFAULT_STARVE_STEPS) -> None:
         self.scheduler = scheduler
         self.config: Config = scheduler.config
         self.strict = strict
@@ -81,7 +86,8 @@ class CheckedScheduler:
         self.checker = new_checker(self.config,
                                    profile=resolve_profile(profile) if profile else None,
                                    strict=strict,
-                                   max_preemptions=max_preemptions, stall_steps=stall_steps)
+                                   max_preemptions=max_preemptions, stall_steps=stall_steps,
+                                   starve_steps=starve_steps)
         self.steps = 0
         self._arrivals: list[Request] = []
         self._aborted: list[str] = []
@@ -188,7 +194,8 @@ Wrap = Callable[..., CheckedScheduler]
 def wrap(scheduler: Scheduler | Callable[[Config], Scheduler], config: Config | None = None,
          *, profile: str | None = None, strict: bool = False,
          max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS,
-         stall_steps: int = should.DEFAULT_STALL_STEPS) -> CheckedScheduler:
+         stall_steps: int = should.DEFAULT_STALL_STEPS,
+         starve_steps: int = should.DEFAULT_STARVE_STEPS) -> CheckedScheduler:
     """A CheckedScheduler around a scheduler instance, or around `factory(config)`."""
     if isinstance(scheduler, Scheduler):
         if config is not None and config != scheduler.config:
@@ -204,7 +211,8 @@ def wrap(scheduler: Scheduler | Callable[[Config], Scheduler], config: Config | 
                             f"{type(instance).__name__}, which lacks the "
                             "kvsched.spec.interface.Scheduler interface")
     return CheckedScheduler(instance, profile=profile, strict=strict,
-                            max_preemptions=max_preemptions, stall_steps=stall_steps)
+                            max_preemptions=max_preemptions, stall_steps=stall_steps,
+                            starve_steps=starve_steps)
 
 
 @pytest.fixture(scope="session")

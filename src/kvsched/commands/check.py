@@ -31,6 +31,7 @@ from kvsched.commands.options import (
     progress_option,
     ray_options,
     stall_option,
+    starve_option,
     trace_size,
 )
 from kvsched.implementations import Unavailable, check_trace, chosen_checker, require_checker
@@ -39,7 +40,12 @@ from kvsched.outputs import check_writable, check_writable_directory
 from kvsched.progress import Reporter, reading
 from kvsched.spec.profiles import get_profile, pinned_profile
 from kvsched.spec.trace import Header, TraceError
-from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS, DEFAULT_STALL_STEPS, INVARIANTS
+from kvsched.spec.violation import (
+    DEFAULT_MAX_PREEMPTIONS,
+    DEFAULT_STALL_STEPS,
+    DEFAULT_STARVE_STEPS,
+    INVARIANTS,
+)
 from kvsched.verdict import SHOWN, Verdict, printable, render_text, tally, worst
 
 if TYPE_CHECKING:
@@ -65,6 +71,7 @@ class CheckSettings:
     required: frozenset[str] = frozenset()
     repro: bool = False  # also find a failing trace's shortest failing prefix
     stall_steps: int = DEFAULT_STALL_STEPS
+    starve_steps: int = DEFAULT_STARVE_STEPS
 
     def flags(self) -> list[str]:
         """The `kvsched check` options that give these settings' verdicts."""
@@ -73,7 +80,9 @@ class CheckSettings:
                 *(["--max-preemptions", str(self.max_preemptions)]
                   if self.max_preemptions != DEFAULT_MAX_PREEMPTIONS else []),
                 *(["--stall-steps", str(self.stall_steps)]
-                  if self.stall_steps != DEFAULT_STALL_STEPS else [])]
+                  if self.stall_steps != DEFAULT_STALL_STEPS else []),
+                *(["--starve-steps", str(self.starve_steps)]
+                  if self.starve_steps != DEFAULT_STARVE_STEPS else [])]
 
 
 def check_one(path: str, settings: CheckSettings, progress: bool | None = False) -> Report:
@@ -106,7 +115,8 @@ def check_stream(stream: IO[bytes], path: str, settings: CheckSettings, checker_
 
     return check_trace(stream, checker_choice, profile=profile, strict=settings.strict,
                        max_preemptions=settings.max_preemptions, required=settings.required,
-                       stall_steps=settings.stall_steps, on_header=note)
+                       stall_steps=settings.stall_steps, on_header=note,
+                       starve_steps=settings.starve_steps)
 
 
 def verdict_of(path: str, settings: CheckSettings, progress: bool | None = False) -> Verdict:
@@ -193,12 +203,13 @@ def parse_required(text: str | None) -> frozenset[str]:
               help="The spec's checker, or the vectorized one (same verdicts, for large "
                    "traces); auto picks the vectorized one from 8 MiB on.")
 @stall_option
+@starve_option
 @ray_options("traces' checks")
 @progress_option
 def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemptions: int,
           require: str | None, fmt: str, max_violations: int, junit_path: Path | None,
           repro_dir: Path | None, checker_choice: str, stall_steps: int,
-          workers: int | None, use_ray: bool, ray_address: str | None,
+          starve_steps: int, workers: int | None, use_ray: bool, ray_address: str | None,
           progress: bool | None) -> None:
     """Check traces against the spec's MUST and SHOULD invariants (and a profile).
 
@@ -246,7 +257,8 @@ def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemp
         fail("-: standard input cannot be handed to Ray workers; give trace files, or "
              "check standard input without --workers, --ray and --ray-address")
     settings = CheckSettings(profile, max_preemptions, strict, checker_choice, required,
-                             repro=repro_dir is not None, stall_steps=stall_steps)
+                             repro=repro_dir is not None, stall_steps=stall_steps,
+                             starve_steps=starve_steps)
     verdicts: list[Verdict] = []
     written: set[Path] = set()
 

@@ -30,12 +30,13 @@ from kvsched.commands.options import (
     progress_option,
     ray_options,
     stall_option,
+    starve_option,
 )
 from kvsched.fuzz import DEFAULT_EXAMPLE_SECONDS, DEFAULT_SHARD_EXAMPLES, unpinned
 from kvsched.outputs import check_writable, in_place
 from kvsched.progress import Reporter
 from kvsched.spec.profiles import DEFAULT_PROFILE
-from kvsched.spec.violation import DEFAULT_STALL_STEPS
+from kvsched.spec.violation import DEFAULT_STALL_STEPS, DEFAULT_STARVE_STEPS
 from kvsched.verdict import printable
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ def pinned_flags(pinned: dict[str, Any]) -> list[str]:
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
               help="Also write a JUnit XML report: one testcase per shard.")
 @stall_option
+@starve_option
 @click.option("--example-timeout", type=POSITIVE,
               default=DEFAULT_EXAMPLE_SECONDS, show_default=True, metavar="SECONDS",
               help="Wall-clock limit of one example (the factory and the run): past it the "
@@ -86,7 +88,8 @@ def pinned_flags(pinned: dict[str, Any]) -> list[str]:
 @progress_option
 def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
                  profile: str | None, strict: bool, fmt: str, shard_examples: int,
-                 junit_path: Path | None, stall_steps: int, example_timeout: float,
+                 junit_path: Path | None, stall_steps: int, starve_steps: int,
+                 example_timeout: float,
                  workers: int | None, use_ray: bool, ray_address: str | None,
                  progress: bool | None, **config_given: Any) -> None:
     """Fuzz a scheduler (module:factory) with hypothesis-drawn workloads.
@@ -149,7 +152,7 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
     shards = plan(examples, seed, shard_examples)
     outcomes: list[ShardOutcome] = []
     with on_ray(use_ray, workers, ray_address) as ex:
-        limits = RunLimits(stall_steps, example_timeout)
+        limits = RunLimits(stall_steps, example_timeout, starve_steps)
         pieces = [partial(fuzz_shard, factory, shard, pinned, profile, strict, limits)
                   for shard in shards]
         with Reporter("fuzzing", len(shards), err, progress, unit="shards") as bar:
@@ -177,6 +180,8 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
                          *(["--strict"] if strict else []),
                          *(["--stall-steps", str(stall_steps)]
                            if stall_steps != DEFAULT_STALL_STEPS else []),
+                         *(["--starve-steps", str(starve_steps)]
+                           if starve_steps != DEFAULT_STARVE_STEPS else []),
                          *(["--example-timeout", f"{example_timeout:g}"]
                            if example_timeout != DEFAULT_EXAMPLE_SECONDS else []),
                          "--seed", str(found.shard.seed),

@@ -61,7 +61,7 @@ from kvsched.spec.profiles import (
     resolve_profile,
     resolve_vllm_release,
 )
-from kvsched.spec.violation import DEFAULT_STALL_STEPS
+from kvsched.spec.violation import DEFAULT_STALL_STEPS, DEFAULT_STARVE_STEPS
 from kvsched.workload import WorkItem, read_workload
 
 if TYPE_CHECKING:
@@ -155,6 +155,15 @@ def stall_option(f: Callable[..., Any]) -> Callable[..., Any]:
         show_default=True, metavar="K",
         help="Liveness (progress): K steps in a row that schedule, preempt, swap in, "
              "finish, abort and reject nothing while requests wait are a stall.")(f)
+
+
+def starve_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--starve-steps: starvation's K (docs/spec.md, the starvation invariant)."""
+    return click.option(
+        "--starve-steps", type=click.IntRange(min=1), default=DEFAULT_STARVE_STEPS,
+        show_default=True, metavar="K",
+        help="Starvation: a waiting request passed over (a later arrival, or a lower "
+             "priority, admitted where it could have run) for more than K steps.")(f)
 
 
 def progress_option(f: Callable[..., Any]) -> Callable[..., Any]:

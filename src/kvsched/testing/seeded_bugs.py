@@ -21,7 +21,7 @@ from typing import Any
 
 from kvsched.reference import reference_scheduler
 from kvsched.reference.allocator import BlockAllocator, Pool
-from kvsched.reference.requests import LiveRequest
+from kvsched.reference.requests import LiveRequest, WaitingQueue
 from kvsched.reference.scheduler import ReferenceScheduler, StepPlan
 from kvsched.simulate import run
 from kvsched.spec.blocks import blocks_for
@@ -315,6 +315,22 @@ class NeverPreempts(ReferenceScheduler):
             plan.budget -= n
 
 
+class StackQueue(WaitingQueue):
+    """A waiting queue that takes every request at its front, as a preempted one."""
+
+    def push(self, r: LiveRequest, front: bool) -> None:
+        super().push(r, True)
+
+
+class AdmitsNewestFirst(ReferenceScheduler):
+    """The waiting queue is a stack: an arrival is pushed to its front, where preempted
+    requests go, so the newest is admitted first and, while arrivals keep coming, an
+    early request waits behind every later one (starvation; no budget is broken)."""
+
+    def make_waiting_queue(self) -> WaitingQueue:
+        return StackQueue(self.config.policy == "priority")
+
+
 # -- the registry -----------------------------------------------------------------------
 
 
@@ -448,4 +464,12 @@ SEEDED_BUGS: dict[str, SeededBug] = {b.name: b for b in (
     # Both grow to 4 blocks each by step 4, filling the cache; each then needs a fifth.
     seeded("never-preempts", NeverPreempts, "progress", SHOULD, tight_config(), GROWING,
            max_steps=200),
+    # One seat: r0 holds it for 8 steps; r1 arrives at step 1, and from step 2 a short
+    # request every 2 steps, each running 3; the newest always goes first, so r1 (and
+    # the early ones after it) wait while later ones are admitted in their place, past
+    # K = 100 steps.
+    seeded("admits-newest-first", AdmitsNewestFirst, "starvation", SHOULD,
+           tight_config(max_num_seqs=1),
+           workload((0, 4, 8, 8), (1, 4, 2, 2),
+                    *((2 + 2 * i, 4, 2, 2) for i in range(70))), max_steps=400),
 )}
