@@ -4,7 +4,7 @@ raylet, agents and workers) goes with it.
 
 The command runs as a process of its own session, as a terminal's foreground job does;
 ^C is sent to its whole process group, as a terminal sends it, while Ray starts and
-while the traces are being checked.
+while the traces are being checked, and then to the command alone (`kill -INT`).
 What outlives it is read from /proc: the processes of that session.
 """
 
@@ -86,12 +86,13 @@ def ray_started(process: subprocess.Popen[bytes]) -> bytes:
 COMMAND = "import sys; from kvsched.cli import main; sys.argv[0] = 'kvsched'; main()"
 
 
-@pytest.mark.parametrize(("wait", "expected"), [(read_until_verdict, b"OK traces/a.jsonl: "),
-                                                (ray_started, b"")],
-                         ids=["while-checking", "while-ray-starts"])
+@pytest.mark.parametrize(("wait", "expected", "to_group"), [
+    (ray_started, b"", True), (read_until_verdict, b"OK traces/a.jsonl: ", True),
+    (read_until_verdict, b"OK traces/a.jsonl: ", False)],
+    ids=["ctrl-c-while-ray-starts", "ctrl-c-while-checking", "kill-int-while-checking"])
 def test_ctrl_c_under_workers_exits_130_and_leaves_nothing_running(
-        wait: Callable[[subprocess.Popen[bytes]], bytes], expected: bytes, tmp_path: Path,
-        cli: Callable[..., object]) -> None:
+        wait: Callable[[subprocess.Popen[bytes]], bytes], expected: bytes, to_group: bool,
+        tmp_path: Path, cli: Callable[..., object]) -> None:
     traces = tmp_path / "traces"
     write_trace(traces / "a.jsonl", "over-admit-by-one-block", reference=True)
     cli("simulate", "--requests", "1500", "--out", str(tmp_path / "big.jsonl"))
@@ -108,7 +109,10 @@ def test_ctrl_c_under_workers_exits_130_and_leaves_nothing_running(
     try:
         got = wait(process)
         assert got.startswith(expected) and process.poll() is None, got
-        os.killpg(process.pid, signal.SIGINT)  # as a terminal's ^C
+        if to_group:
+            os.killpg(process.pid, signal.SIGINT)  # as a terminal's ^C
+        else:
+            process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=STOP_S)
     finally:
         if process.poll() is None:
