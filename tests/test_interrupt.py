@@ -4,7 +4,9 @@ raylet, agents and workers) goes with it.
 
 The command runs as a process of its own session, as a terminal's foreground job does;
 ^C is sent to its whole process group, as a terminal sends it, while Ray starts and
-while the traces are being checked, and then to the command alone (`kill -INT`).
+while the traces are being checked, and then to the command alone (`kill -INT`);
+SIGTERM (`kill`) sent to it while the traces are checked ends the run alike, with exit
+143 and `kvsched: terminated`.
 What outlives it is read from /proc: the processes of that session.
 """
 
@@ -86,13 +88,20 @@ def ray_started(process: subprocess.Popen[bytes]) -> bytes:
 COMMAND = "import sys; from kvsched.cli import main; sys.argv[0] = 'kvsched'; main()"
 
 
-@pytest.mark.parametrize(("wait", "expected", "to_group"), [
-    (ray_started, b"", True), (read_until_verdict, b"OK traces/a.jsonl: ", True),
-    (read_until_verdict, b"OK traces/a.jsonl: ", False)],
-    ids=["ctrl-c-while-ray-starts", "ctrl-c-while-checking", "kill-int-while-checking"])
+CHECKING = b"OK traces/a.jsonl: "
+ABORTED = (signal.SIGINT, 130, "kvsched: aborted")
+
+
+@pytest.mark.parametrize(("wait", "expected", "to_group", "stop"), [
+    (ray_started, b"", True, ABORTED), (read_until_verdict, CHECKING, True, ABORTED),
+    (read_until_verdict, CHECKING, False, ABORTED),
+    (read_until_verdict, CHECKING, False, (signal.SIGTERM, 143, "kvsched: terminated"))],
+    ids=["ctrl-c-while-ray-starts", "ctrl-c-while-checking", "kill-int-while-checking",
+         "sigterm-while-checking"])
 def test_ctrl_c_under_workers_exits_130_and_leaves_nothing_running(
         wait: Callable[[subprocess.Popen[bytes]], bytes], expected: bytes, to_group: bool,
-        tmp_path: Path, cli: Callable[..., object]) -> None:
+        stop: tuple[int, int, str], tmp_path: Path, cli: Callable[..., object]) -> None:
+    signum, code, message = stop
     traces = tmp_path / "traces"
     write_trace(traces / "a.jsonl", "over-admit-by-one-block", reference=True)
     cli("simulate", "--requests", "1500", "--out", str(tmp_path / "big.jsonl"))
@@ -110,16 +119,15 @@ def test_ctrl_c_under_workers_exits_130_and_leaves_nothing_running(
         got = wait(process)
         assert got.startswith(expected) and process.poll() is None, got
         if to_group:
-            os.killpg(process.pid, signal.SIGINT)  # as a terminal's ^C
+            os.killpg(process.pid, signum)  # as a terminal's ^C
         else:
-            process.send_signal(signal.SIGINT)
+            process.send_signal(signum)
         _, stderr = process.communicate(timeout=STOP_S)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    assert (process.returncode, stderr.decode().strip()) == (130, "kvsched: aborted"), (
-        stderr.decode())
+    assert (process.returncode, stderr.decode().strip()) == (code, message), stderr.decode()
     # No report: the check was cut short (and no report.xml.part either).
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl", "traces"]
     deadline = time.monotonic() + GRACE_S

@@ -270,29 +270,67 @@ def _reap(processes: dict[int, int]) -> None:
             time.sleep(0.05)
 
 
+# The signals that stop a run: ^C, and SIGTERM (the command line raises its own
+# exception for it, as Python raises KeyboardInterrupt for ^C).
+STOPPING = (signal.SIGINT, signal.SIGTERM)
+
+
+def _handler(signum: int) -> Callable[[int, Any], Any] | None:
+    """This process's Python handler of `signum`; None where it has none (the signal is
+    ignored, as ^C in a background job, or left to the system) or where this is not
+    the main thread (Python takes signals there only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = signal.getsignal(signum)
+    return handler if callable(handler) else None
+
+
 @contextlib.contextmanager
 def _interrupts_held() -> Iterator[list[int]]:
-    """^C held while this runs: the SIGINTs that came meanwhile, for the caller to act
-    on after it. Only in the main thread (where Python takes signals), and only where
-    ^C is taken at all (a background job ignores it)."""
+    """^C and SIGTERM held while this runs (where this process handles them): the ones
+    that came meanwhile, for the caller to act on after it."""
     came: list[int] = []
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None)):
-        yield came
-        return
-    previous = signal.signal(signal.SIGINT, lambda signum, _: came.append(signum))
+    previous = {signum: h for signum in STOPPING if (h := _handler(signum)) is not None}
+    for signum in previous:
+        signal.signal(signum, lambda signum, _: came.append(signum))
     try:
         yield came
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM taken as ^C while a Ray started here runs, then handed to this process's
+    own handler: Ray's start put a handler of its own in place (a C++ stack trace, exit
+    1), and out of Ray's calls only a KeyboardInterrupt gets through (another
+    exception raised by a signal handler there becomes a SystemError)."""
+    own = _handler(signal.SIGTERM)
+    if own is None:
+        yield
+        return
+    came: list[int] = []
+
+    def interrupt(signum: int, _: Any) -> None:
+        came.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, own)
+        if came:
+            own(signal.SIGTERM, None)
 
 
 def _shut_down(ray: Any, before: dict[int, int]) -> None:
     """Ray shut down, and with it every process that it started under this one and that
     outlives its shutdown (not among `before`, this process's descendants before Ray
     started). Ray gives its raylet a second to stop its workers and agents, and kills
-    it after that; what it misses can live on for a minute. A second ^C meanwhile is
-    ignored: it must not cut the shutdown short."""
+    it after that; what it misses can live on for a minute. A second ^C (or a SIGTERM)
+    meanwhile is ignored: it must not cut the shutdown short."""
     with _interrupts_held():
         ours = {pid: started for pid, started in _descendants(os.getpid()).items()
                 if before.get(pid) != started}
@@ -356,9 +394,9 @@ def executor(*, use_ray: bool, workers: int | None, address: str | None
     before: dict[int, int] = {}
     if not ray.is_initialized():
         before = _descendants(os.getpid())
-        # ^C is taken once Ray has started: raised inside its start-up, it can be lost
-        # (in a fork's hook, where Python only prints it) or leave a Ray half started,
-        # whose processes its shutdown misses.
+        # ^C (and SIGTERM) is taken once Ray has started: raised inside its start-up,
+        # it can be lost (in a fork's hook, where Python only prints it) or leave a Ray
+        # half started, whose processes its shutdown misses.
         with _interrupts_held() as interrupted:
             try:
                 if address is None:
@@ -376,21 +414,25 @@ def executor(*, use_ray: bool, workers: int | None, address: str | None
                 raise ClusterError(f"{where}: {_first_line(e)}") from None
         if interrupted:
             _shut_down(ray, before)
-            raise KeyboardInterrupt
+            handler = _handler(interrupted[0])
+            if handler is not None:  # KeyboardInterrupt, or the command line's own
+                handler(interrupted[0], None)
         started = True
     wrapper = _ReportStdout(sys.stdout)  # a text stream's duck
     sys.stdout = wrapper
-    try:
-        if workers is None:
-            workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        yield RayCluster(ray, workers)
-    finally:
-        if started:
-            # What Ray prints while it shuts down (a worker that died, told as its
-            # threads stop, from this thread too) is diagnostics as well.
-            sys.stdout = sys.stderr
-            _shut_down(ray, before)
-        # Ray's threads may still print after this (a worker's death told late, or by a
-        # Ray that stays up, as a caller's own does): the wrapper stays, so that their
-        # lines never land in the report, which this thread goes on writing.
-        sys.stdout = wrapper
+    with _sigterm_as_interrupt() if started else contextlib.nullcontext():
+        try:
+            if workers is None:
+                workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            yield RayCluster(ray, workers)
+        finally:
+            if started:
+                # What Ray prints while it shuts down (a worker that died, told as its
+                # threads stop, from this thread too) is diagnostics as well.
+                sys.stdout = sys.stderr
+                _shut_down(ray, before)
+            # Ray's threads may still print after this (a worker's death told late, or
+            # by a Ray that stays up, as a caller's own does): the wrapper stays, so
+            # that their lines never land in the report, which this thread goes on
+            # writing.
+            sys.stdout = wrapper
