@@ -197,7 +197,10 @@ def test_an_unwritable_repro_dir_is_told_before_any_trace_is_checked(cli: Cli, b
     ["diff", "vllm-v1", "vllm-v1@0.32", "--requests", "2", "--out-a", KERNEL_FILE],
     ["fuzz", "no_such_module:factory", "--out", KERNEL_FILE],
     ["fuzz", "no_such_module:factory", "--junit", KERNEL_FILE],
-], ids=["simulate", "metrics", "diff", "fuzz-out", "fuzz-junit"])
+    ["record", "vllm", "--workload", "/no/such/workload.jsonl", "--out", KERNEL_FILE],
+    ["record", "sglang", "--workload", "/no/such/workload.jsonl", "--out", KERNEL_FILE],
+], ids=["simulate", "metrics", "diff", "fuzz-out", "fuzz-junit", "record-vllm",
+        "record-sglang"])
 def test_every_command_checks_its_outputs_first(cli: Cli, good: Path,
                                                 args: list[str]) -> None:
     ran = cli(*[str(good) if a == "TRACE" else a for a in args])

@@ -22,6 +22,7 @@ from kvsched.commands.options import (
     fail,
     out,
 )
+from kvsched.outputs import check_writable
 from kvsched.verdict import printable
 from kvsched.workload import read_workload
 
@@ -68,9 +69,8 @@ def recording(profile: str, workload_path: Path, out_path: Path, max_steps: int 
     if max_steps is not None and max_steps < 1:
         fail(f"--max-steps must be at least 1, got {max_steps}")
     config = build_config(profile, config_given)
+    check_writable(out_path)  # before the workload is read and the engine driven
     workload = read_workload(workload_path)
-    if out_path.is_dir():
-        fail(f"{out_path}: is a directory; expected a file to write")
     return config, workload
 
 
