@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Ran
+from test_bad_input import HEADER
 
 from kvsched.inputs import InputError, open_trace
 from kvsched.outputs import Output, OutputError, check_writable, check_writable_directory
@@ -26,11 +27,6 @@ UNREADABLE = "/proc/self/mem"
 READ_ERROR = f"kvsched: error: {UNREADABLE}: cannot read (Input/output error)"
 KERNEL_FILE = "/proc/version"  # exists, a regular file, where no file can be made beside it
 
-HEADER = {"kvsched": "trace", "version": 1, "engine": {"name": "t", "version": "0"},
-          "config": {"block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 0,
-                     "max_num_batched_tokens": 32, "max_num_seqs": 4, "max_model_len": 32,
-                     "chunked_prefill": True, "long_prefill_token_threshold": 0,
-                     "policy": "fcfs", "preemption": "recompute", "watermark_blocks": 0}}
 ARRIVE = {"step": 0, "arrivals": [{"id": "r1", "prompt_len": 5, "max_tokens": 1}],
           "scheduled": [["r1", 5]], "finished": ["r1"]}
 UNKNOWN = {"step": 0, "scheduled": [["ghost", 5]]}  # one-state: never arrived

@@ -11,29 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from click.testing import CliRunner
+from test_liveness import trace
 
 from kvsched.cli import main
 from kvsched.fuzz import config_flags
 from kvsched.spec.violation import DEFAULT_STALL_STEPS
 from kvsched.testing.seeded_bugs import SEEDED_BUGS
 from kvsched.workload import item_dict
-
-
-def trace(steps: list[dict[str, Any]], end: bool = False) -> bytes:
-    header = {"kvsched": "trace", "version": 1, "engine": {"name": "hand"},
-              "config": {"block_size": 4, "num_gpu_blocks": 4, "num_cpu_blocks": 0,
-                         "max_num_batched_tokens": 64, "max_num_seqs": 4,
-                         "max_model_len": 64, "chunked_prefill": True,
-                         "long_prefill_token_threshold": 0, "policy": "fcfs",
-                         "preemption": "recompute", "watermark_blocks": 0}}
-    lines = [header, *({"step": i} | s for i, s in enumerate(steps))]
-    if end:
-        lines.append({"end": True})
-    return b"".join(orjson.dumps(x) + b"\n" for x in lines)
-
 
 # r0 takes all 4 blocks and cannot grow; r1 waits for a block; nothing moves again.
 STUCK: list[dict[str, Any]] = [{"arrivals": [{"id": "r0", "prompt_len": 16, "max_tokens": 8},
