@@ -234,10 +234,12 @@ def record_jobs(jobs: Sequence[Job], sglang_python: Path = DEFAULT_SGLANG_PYTHON
                 on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
     """Run SGLang's scheduler on every job in one driver process (SGLang takes seconds to
     import) and write each job's trace to its `out` path."""
+    # What needs no engine is refused first: a config or workload SGLang cannot take is
+    # told as such with or without its environment.
+    inputs = [driver_input(job) for job in jobs]
     if not sglang_python.exists():
         raise AdapterError(f"{sglang_python}: SGLang's Python environment is missing; "
                            + SETUP_HINT)
-    inputs = [driver_input(job) for job in jobs]  # problems surface before SGLang runs
     return run_driver(DRIVER, sglang_python, inputs, "SGLang", SETUP_HINT,
                       lambda events: assemble(jobs, events, on_step), log_level="ERROR")
 

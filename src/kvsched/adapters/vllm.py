@@ -423,8 +423,8 @@ def record_jobs(jobs: Sequence[Job], vllm_python: Path = DEFAULT_VLLM_PYTHON,
                 on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
     """Run vLLM's scheduler on every job in one driver process (vLLM takes seconds to
     import) and write each job's trace to its `out` path."""
+    inputs = [driver_input(job) for job in jobs]  # config problems first, engine or not
     check_python(vllm_python)
-    inputs = [driver_input(job) for job in jobs]  # config problems surface before vLLM runs
     return run_driver(DRIVER, vllm_python, inputs, "vLLM", SETUP_HINT,
                       lambda events: assemble(jobs, events, on_step))
 

@@ -289,10 +289,10 @@ def record_jobs(jobs: Sequence[Job], vllm_python: Path = DEFAULT_VLLM_V0_PYTHON,
                 ) -> list[RecordedV0]:
     """Run V0's scheduler on every job in one driver process (vLLM takes seconds to
     import) and write each job's trace to its `out` path."""
+    inputs = [driver_input(job) for job in jobs]  # config problems first, engine or not
     if not vllm_python.exists():
         raise AdapterError(f"{vllm_python}: vLLM V0's Python environment is missing; "
                            + SETUP_HINT)
-    inputs = [driver_input(job) for job in jobs]  # config problems surface before V0 runs
     return run_driver(DRIVER, vllm_python, inputs, "V0", SETUP_HINT,
                       lambda events: assemble(jobs, events, on_step), log_level="ERROR")
 
