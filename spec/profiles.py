@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any
 
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Allocation, Config, PreemptionMode, StepMix, WatermarkScope
+from kvsched.spec.step_kinds import STEP_KINDS, refusal
+from kvsched.spec.step_kinds import SchedulerKind as SchedulerKind
 
 
 @dataclass(frozen=True)
@@ -83,16 +85,9 @@ class ConfigDefaults:
         return ", ".join(parts) or "-"
 
 
-# Which scheduler's step a profile's rules are: vLLM v1's (running first, then swapped
-# and waiting, as the knobs say; kvsched.reference.ReferenceScheduler) or vLLM V0's
-# (prefill and decode stages; kvsched.reference.v0.V0Scheduler).
-# SGLang's (prefill or decode steps, reserved future output, retraction;
-# kvsched.reference.sglang.SGLangScheduler).
-SchedulerKind = Literal["v1", "v0", "sglang"]
-SCHEDULER_KINDS: tuple[SchedulerKind, ...] = ("v1", "v0", "sglang")
-# Whose rules each step is, as messages name them.
-SCHEDULER_ENGINES: dict[SchedulerKind, str] = {"v1": "vLLM v1", "v0": "vLLM V0",
-                                               "sglang": "SGLang"}
+# Which scheduler's step a profile's rules are, and what each step reads: one table,
+# kvsched.spec.step_kinds. Whose rules each step is, as messages name them.
+SCHEDULER_ENGINES: dict[SchedulerKind, str] = {k: s.engine for k, s in STEP_KINDS.items()}
 
 
 @dataclass(frozen=True)
@@ -131,6 +126,13 @@ class Profile:
                 return (f"profile {self.name} runs with {name} {_shown(want)}, but "
                         f"{source} {name} {_shown(have)}")
         return None
+
+    def refusal(self, config: Config) -> str | None:
+        """Why this profile's step kind cannot run `config` (a field it does not honour
+        at that value; kvsched.spec.step_kinds), in one line naming the profile; None
+        when it can."""
+        why = refusal(self.scheduler, config)
+        return None if why is None else f"profile {self.name}: {why}"
 
 
 def _shown(value: object) -> str:

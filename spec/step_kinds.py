@@ -1,0 +1,113 @@
+"""What each step kind reads (docs/spec.md, What each step kind reads): the Config fields
+its step honours, the values it honours where it honours only some, and its knob type.
+
+A step kind is whose rules one scheduler step follows: vLLM v1's ("v1", the reference
+with its knobs), vLLM V0's ("v0", kvsched.reference.v0) or SGLang's ("sglang",
+kvsched.reference.sglang). A profile names one (Profile.scheduler). A config field a
+kind does not read must hold the one value its step behaves as (SGLang's step keeps no
+watermark: watermark_blocks 0); any other value would be silently ignored, so every tool
+and every implementation refuses it through `refusal`, written here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from kvsched.spec.knobs import Knobs, SGLangKnobs
+from kvsched.spec.model import Config
+
+# Whose rules a step is (a profile's `scheduler`).
+SchedulerKind = Literal["v1", "v0", "sglang"]
+
+
+@dataclass(frozen=True)
+class StepKind:
+    """One step kind. `reads`: the config fields whose every value its step honours;
+    `takes`: every other config field, with the values it honours (the field's default
+    alone where the step does not read it at all) and `why`, a clause saying why;
+    `knobs`: its knob type, and `knob_fields` the fields of it the step reads (for
+    SGLang's, Knobs.sglang's own)."""
+
+    name: SchedulerKind
+    engine: str
+    reads: frozenset[str]
+    takes: Mapping[str, tuple[object, ...]]
+    why: Mapping[str, str]
+    knobs: type[Knobs] | type[SGLangKnobs]
+    knob_fields: frozenset[str]
+
+    def honours(self, name: str, value: object) -> bool:
+        """Whether this step honours config field `name` at `value`."""
+        return name in self.reads or value in self.takes.get(name, ())
+
+
+def _all_but(*names: str) -> frozenset[str]:
+    return frozenset(f.name for f in fields(Config)) - set(names)
+
+
+_KNOBS = frozenset(f.name for f in fields(Knobs)) - {"sglang"}
+_VLLM_STEPS = "vLLM's steps run decodes and prefills together"
+
+STEP_KINDS: dict[SchedulerKind, StepKind] = {
+    "v1": StepKind(
+        "v1", "vLLM v1", _all_but("step_mix"),
+        {"step_mix": ("any",)}, {"step_mix": _VLLM_STEPS},
+        Knobs, _KNOBS),
+    # V0's step fixes the victim and when swapped and waiting requests are admitted, and
+    # caps no chunk (its cap needs max_num_partial_prefills > 1): kvsched.reference.v0.
+    "v0": StepKind(
+        "v0", "vLLM V0", _all_but("step_mix", "long_prefill_token_threshold"),
+        {"step_mix": ("any",), "long_prefill_token_threshold": (0,)},
+        {"step_mix": _VLLM_STEPS,
+         "long_prefill_token_threshold": "V0 has no per-chunk long-prefill threshold"},
+        Knobs, _KNOBS - {"victim", "admit_after_preempt", "continue_after_self_preemption",
+                         "lift_threshold_when_alone"}),
+    "sglang": StepKind(
+        "sglang", "SGLang",
+        _all_but("step_mix", "preemption", "num_cpu_blocks", "allocation",
+                 "watermark_blocks", "watermark_scope", "long_prefill_token_threshold"),
+        {"step_mix": ("prefill_or_decode", "mixed_chunk"), "preemption": ("recompute",),
+         "num_cpu_blocks": (0,), "allocation": ("lazy",), "watermark_blocks": (0,),
+         "watermark_scope": ("running",), "long_prefill_token_threshold": (0,)},
+        {"step_mix": "SGLang's steps run prefill work or decodes (mixed_chunk: "
+                     "--enable-mixed-chunk)",
+         "preemption": "SGLang retracts by recompute",
+         "num_cpu_blocks": "SGLang has no swap space",
+         "allocation": "SGLang hands out pages as tokens fill them",
+         "watermark_blocks": "SGLang keeps no watermark",
+         "watermark_scope": "SGLang keeps no watermark",
+         "long_prefill_token_threshold": "SGLang has no long-prefill threshold"},
+        SGLangKnobs, frozenset(f.name for f in fields(SGLangKnobs))),
+}
+SCHEDULER_KINDS: tuple[SchedulerKind, ...] = tuple(STEP_KINDS)
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def ignored_fields(kind: SchedulerKind, config: Config) -> list[str]:
+    """The config fields whose value in `config` step kind `kind` does not honour, in
+    Config's order."""
+    step = STEP_KINDS[kind]
+    return [f.name for f in fields(Config) if not step.honours(f.name, getattr(config, f.name))]
+
+
+def refusal(kind: SchedulerKind, config: Config) -> str | None:
+    """Why step kind `kind` cannot run `config`, in one line: the first field whose value
+    it does not honour, the values it takes, and why; None when it honours them all.
+
+    post: (__return__ is None) == (not ignored_fields(kind, config))
+    """
+    ignored = ignored_fields(kind, config)
+    if not ignored:
+        return None
+    step = STEP_KINDS[kind]
+    name = ignored[0]
+    took = " or ".join(_shown(v) for v in step.takes[name])
+    return (f"{step.engine}'s step does not honour {name} {_shown(getattr(config, name))}: "
+            f"{step.why[name]}; use {name} {took}")
