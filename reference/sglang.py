@@ -37,6 +37,10 @@ first, then by when each request (re)joined it; at the running-request limit a w
 request may preempt running ones whose priority is lower by more than 10, the lowest
 first (preempt_to_schedule, schedule_policy.py:1707).
 
+A client's abort ends its request before the step (abort_request): a waiting one leaves
+the queue; a running or chunked one is released as a finished one is, its computed KV
+cached, and the running batch, shrunk, is no longer full.
+
 The rules are kvsched.spec.knobs.SGLangKnobs, so that each can be flipped.
 """
 
@@ -172,7 +176,26 @@ class SGLangScheduler:
         return [(self.book.key(rid, prefix, j // page), j % page) for j in range(r.known)]
 
     def abort_request(self, request_id: str) -> None:
-        raise ValueError("the sglang step does not model aborts")
+        """End `request_id` now (abort_request, scheduler.py). A waiting request leaves
+        the queue holding nothing (SGLang's abort method 1). A running one, in the
+        running batch, the last prefill batch or being chunked, SGLang marks to finish
+        (method 3): it ends at its next forward's result, released as a finished request
+        is (release_kv_cache: its computed KV cached, its own pages freed, its radix
+        lock released). A trace ends an aborted request at its abort, so the model
+        releases it here, without that last forward pass, whose token the client never
+        sees. An id not live (finished, rejected or unknown) is ignored, as SGLang
+        ignores an abort that finds nothing."""
+        r = self.live.get(request_id)
+        if r is None:
+            return
+        if r in self.waiting:
+            self.waiting.remove(r)
+        else:
+            self._checkpoint(r)
+        self._release(r)
+        if self.chunked is r:
+            self.chunked = None
+        r.status = Status.ABORTED  # the running batch drops it next step (it shrank)
 
     def free_blocks(self) -> int:
         """Free pages and evictable radix-cache pages (the trace's free_blocks)."""
@@ -235,13 +258,8 @@ class SGLangScheduler:
             r.outputs += 1
             if r.id in stopped or r.outputs >= r.max_new:
                 self._checkpoint(r)
-                self._free_own(r)
-                self.tree.unlock(r.lock)
-                r.lock, r.cached = None, 0
+                self._release(r)
                 r.status = Status.FINISHED
-                del self.live[r.id]
-                self.book.forget(r.id)
-                self.deduplicated.pop(r.id, None)
                 done.append(r.id)
             elif self.last_was_prefill and r not in self.decoding:
                 self._checkpoint(r)
@@ -297,6 +315,16 @@ class SGLangScheduler:
             r.pages[: len(done.table)] = done.table
             self.deduplicated[r.id] = done.table
         r.cached, r.lock = done.protected_len, done.lock
+
+    def _release(self, r: SGLangRequest) -> None:
+        """`r` ends: its own pages freed, its radix lock released (release_kv_cache,
+        mem_cache/common.py:426-435), and it is no longer live."""
+        self._free_own(r)
+        self.tree.unlock(r.lock)
+        r.lock, r.cached = None, 0
+        del self.live[r.id]
+        self.book.forget(r.id)
+        self.deduplicated.pop(r.id, None)
 
     def _free_own(self, r: SGLangRequest) -> None:
         """Free `r`'s own pages: those past its cached prefix."""
