@@ -49,7 +49,7 @@ from cython.operator cimport dereference as deref
 
 import orjson
 
-from kvsched.optimized.knobs import unsupported_knobs, unsupported_pools
+from kvsched.optimized.knobs import unsupported_config, unsupported_knobs
 from kvsched.spec.blocks import rejectable
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import (
@@ -202,7 +202,7 @@ cdef class CompiledScheduler:
         if refused is not None:
             problems.append(refused)
         if not problems:
-            refused = unsupported_pools(config)
+            refused = unsupported_config(config)
             if refused is not None:
                 problems.append(refused)
         if problems:

@@ -12,6 +12,7 @@ from typing import Literal
 
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
+from kvsched.spec.step_kinds import refusal
 
 # Knobs these schedulers follow only at their defaults: vLLM V0's rules (profile
 # vllm-v0), which the reference alone implements. V0's step itself (a profile whose
@@ -39,6 +40,16 @@ def unsupported_pools(config: Config, scheduler: FastScheduler = "compiled") -> 
     return (f"the {scheduler} scheduler makes a free-list entry per block at start: "
             f"num_gpu_blocks and num_cpu_blocks must be at most {MAX_POOL_BLOCKS:,} "
             "(the reference scheduler takes more)")
+
+
+def unsupported_config(config: Config, scheduler: FastScheduler = "compiled") -> str | None:
+    """Why the fast `scheduler` refuses `config`, in one line, or None: a field vLLM v1's
+    step does not honour at its value (kvsched.spec.step_kinds, the table every
+    implementation reads), or pools larger than it takes."""
+    why = refusal("v1", config)
+    if why is not None:
+        return f"the {scheduler} scheduler runs vLLM v1's step: {why}"
+    return unsupported_pools(config, scheduler)
 
 
 def unsupported_knobs(knobs: Knobs, scheduler: FastScheduler = "compiled") -> str | None:

@@ -55,7 +55,7 @@ except ImportError:
 from torch import Tensor
 
 from kvsched.optimized.blocks import BlockTable, FreeList, cdiv, spans
-from kvsched.optimized.knobs import unsupported_knobs, unsupported_pools
+from kvsched.optimized.knobs import unsupported_config, unsupported_knobs
 from kvsched.optimized.queues import FcfsQueue, PriorityQueue
 from kvsched.spec.blocks import rejectable
 from kvsched.spec.knobs import Knobs
@@ -166,7 +166,7 @@ class TorchScheduler:
         if refused is not None:
             problems.append(refused)
         if not problems:
-            refused = unsupported_pools(config, "torch")
+            refused = unsupported_config(config, "torch")
             if refused is not None:
                 problems.append(refused)
         if problems:

@@ -14,7 +14,8 @@ from kvsched.reference.sglang import SGLangScheduler
 from kvsched.reference.v0 import V0Scheduler
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
-from kvsched.spec.profiles import Profile, SchedulerKind, get_profile
+from kvsched.spec.profiles import Profile, get_profile
+from kvsched.spec.step_kinds import STEP_KINDS, SchedulerKind, refusal
 
 __all__ = ["BlockAllocator", "LiveRequest", "ReferenceScheduler", "SGLangScheduler", "StepPlan",
            "V0Scheduler",
@@ -25,14 +26,14 @@ def scheduler_for(config: Config, knobs: Knobs | None = None,
                   kind: SchedulerKind = "v1") -> ReferenceScheduler | SGLangScheduler:
     """The reference scheduler of `kind` (a profile's `scheduler`: "v1", vLLM v1's step;
     "v0", vLLM V0's; "sglang", SGLang's) on `config` with `knobs`. ValueError for a config
-    whose step the kind's scheduler does not take (vLLM's steps always mix)."""
+    with a field the kind's step does not honour (kvsched.spec.step_kinds.refusal)."""
+    if kind not in STEP_KINDS:
+        raise ValueError(f"scheduler must be one of {', '.join(STEP_KINDS)}, got {kind!r}")
+    why = refusal(kind, config)
+    if why is not None:
+        raise ValueError(why)
     if kind == "sglang":
         return SGLangScheduler(config, knobs)
-    if kind not in ("v1", "v0"):
-        raise ValueError(f"scheduler must be one of v1, v0, sglang, got {kind!r}")
-    if config.step_mix != "any":
-        raise ValueError(f"vLLM's steps run decodes and prefills together: config step_mix "
-                         f"{config.step_mix} is SGLang's; use an sglang profile")
     if kind == "v0":
         return V0Scheduler(config, knobs)
     return ReferenceScheduler(config, knobs)

@@ -127,12 +127,18 @@ class Profile:
                         f"{source} {name} {_shown(have)}")
         return None
 
-    def refusal(self, config: Config) -> str | None:
+    def refusal(self, config: Config, source: str | None = None) -> str | None:
         """Why this profile's step kind cannot run `config` (a field it does not honour
         at that value; kvsched.spec.step_kinds), in one line naming the profile; None
-        when it can."""
-        why = refusal(self.scheduler, config)
-        return None if why is None else f"profile {self.name}: {why}"
+        when it can. `source`, when given, says where `config` comes from (a trace's
+        header: "the trace's header has"), and the line says the profile cannot replay
+        it."""
+        why = refusal(self.scheduler, config, source)
+        if why is None:
+            return None
+        if source is not None:
+            return f"profile {self.name} cannot replay this trace: {why}"
+        return f"profile {self.name}: {why}"
 
 
 def _shown(value: object) -> str:

@@ -71,8 +71,8 @@ STEP_KINDS: dict[SchedulerKind, StepKind] = {
         {"step_mix": ("prefill_or_decode", "mixed_chunk"), "preemption": ("recompute",),
          "num_cpu_blocks": (0,), "allocation": ("lazy",), "watermark_blocks": (0,),
          "watermark_scope": ("running",), "long_prefill_token_threshold": (0,)},
-        {"step_mix": "SGLang's steps run prefill work or decodes (mixed_chunk: "
-                     "--enable-mixed-chunk)",
+        {"step_mix": "SGLang's steps run prefill work or decodes, or with "
+                     "--enable-mixed-chunk decodes joining a chunked prefill",
          "preemption": "SGLang retracts by recompute",
          "num_cpu_blocks": "SGLang has no swap space",
          "allocation": "SGLang hands out pages as tokens fill them",
@@ -97,9 +97,11 @@ def ignored_fields(kind: SchedulerKind, config: Config) -> list[str]:
     return [f.name for f in fields(Config) if not step.honours(f.name, getattr(config, f.name))]
 
 
-def refusal(kind: SchedulerKind, config: Config) -> str | None:
+def refusal(kind: SchedulerKind, config: Config, source: str | None = None) -> str | None:
     """Why step kind `kind` cannot run `config`, in one line: the first field whose value
     it does not honour, the values it takes, and why; None when it honours them all.
+    `source`, when given, says where `config` comes from ("the trace's header has"), and
+    the line says what that source has instead of what to use.
 
     post: (__return__ is None) == (not ignored_fields(kind, config))
     """
@@ -109,5 +111,9 @@ def refusal(kind: SchedulerKind, config: Config) -> str | None:
     step = STEP_KINDS[kind]
     name = ignored[0]
     took = " or ".join(_shown(v) for v in step.takes[name])
-    return (f"{step.engine}'s step does not honour {name} {_shown(getattr(config, name))}: "
-            f"{step.why[name]}; use {name} {took}")
+    value = _shown(getattr(config, name))
+    if source is not None:
+        return (f"{source} {name} {value}, which {step.engine}'s step does not honour "
+                f"({step.why[name]}; it takes {name} {took})")
+    return (f"{step.engine}'s step does not honour {name} {value}: {step.why[name]}; "
+            f"use {name} {took}")

@@ -3,7 +3,11 @@ implementation refusing, in one line, a config its step kind would silently igno
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import fields, replace
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +57,120 @@ def test_every_profile_runs_its_own_defaults() -> None:
         assert profile.refusal(profile.configure(Config())) is None, profile.name
     why = SGLANG.refusal(replace(SGLANG_CONFIG, allocation="full"))
     assert why is not None and why.startswith("profile sglang@0.5.23: SGLang's step")
+
+
+def kvsched(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvsched", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def one_line_refusal(result: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvsched: error: "), result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+SMALL = ["--requests", "20", "--num-gpu-blocks", "256", "--max-model-len", "512"]
+
+
+@pytest.mark.parametrize("options", [
+    ["--allocation", "full"], ["--allocation", "prompt"],
+    ["--preemption", "swap", "--num-cpu-blocks", "8"], ["--watermark-blocks", "4"],
+    ["--long-prefill-token-threshold", "32"], ["--step-mix", "any"]])
+def test_simulate_refuses_what_sglangs_step_ignores(options: list[str], tmp_path: Path
+                                                    ) -> None:
+    out = tmp_path / "t.jsonl"
+    result = kvsched("simulate", "--profile", "sglang@0.5.23", *SMALL, *options, "--check",
+                     "--out", str(out))
+    one_line_refusal(result, "profile sglang@0.5.23: SGLang's step does not honour")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("scheduler", ["compiled", "reference", "auto"])
+def test_simulate_refuses_an_sglang_step_mix_under_vllm_with_every_scheduler(
+        scheduler: str) -> None:
+    result = kvsched("simulate", "--profile", "vllm-v1", "--step-mix", "prefill_or_decode",
+                     "--scheduler", scheduler, *SMALL)
+    one_line_refusal(result, "vLLM v1's step does not honour step_mix prefill_or_decode")
+
+
+def test_the_fast_schedulers_refuse_through_the_same_table() -> None:
+    compiled = pytest.importorskip("kvsched.optimized.compiled")
+    config = replace(Config(), step_mix="prefill_or_decode")
+    with pytest.raises(ValueError, match="does not honour step_mix prefill_or_decode"):
+        compiled.CompiledScheduler(config)
+    from kvsched.optimized.knobs import unsupported_config
+
+    assert unsupported_config(config, "torch") == (
+        f"the torch scheduler runs vLLM v1's step: {refusal('v1', config)}")
+
+
+def test_a_default_the_profile_sets_is_not_refused(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    result = kvsched("simulate", "--profile", "sglang@0.5.23", *SMALL, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["config"]["step_mix"] == "prefill_or_decode"
+
+
+def test_diff_and_fuzz_refuse_what_the_profiles_step_ignores(tmp_path: Path) -> None:
+    diff = kvsched("diff", "sglang@0.5.23", "sglang@0.5.23", *SMALL, "--watermark-blocks",
+                   "4")
+    one_line_refusal(diff, "SGLang's step does not honour watermark_blocks 4")
+    out = tmp_path / "found.jsonl"
+    fuzz = kvsched("fuzz", "kvsched.testing.implementations:reference", "--profile",
+                   "sglang@0.5.23", "--allocation", "full", "--examples", "1", "--out",
+                   str(out))
+    one_line_refusal(fuzz, "SGLang's step does not honour allocation full")
+    assert not out.exists()
+
+
+def test_the_pytest_plugin_refuses_what_the_profiles_step_ignores() -> None:
+    from kvsched.pytest_plugin import wrap
+    from kvsched.reference import SGLangScheduler
+
+    config = replace(SGLANG_CONFIG, allocation="full")  # SGLang's step would ignore it
+    with pytest.raises(ValueError, match=r"^kvsched_checked: profile sglang@0.5.23: "
+                                         r"SGLang's step does not honour allocation full"):
+        wrap(SGLangScheduler, config, profile="sglang@0.5.23")
+
+
+SGLANG_TRACE = Path(__file__).parent / "data" / "sglang" / "chunked.jsonl.gz"
+
+
+@pytest.mark.parametrize(("checker", "profile"), [
+    *((checker, profile) for checker in ("spec", "vectorized")
+      for profile in ("vllm-v1", "vllm-v1@0.32", "sarathi")),
+    ("spec", "vllm-v0")])  # the vectorized checker does not replay V0's step at all
+def test_a_vllm_profile_on_an_sglang_trace_is_a_verdict_of_bad_input(
+        checker: str, profile: str, tmp_path: Path) -> None:
+    if checker == "vectorized":
+        pytest.importorskip("kvsched.optimized.state")
+    junit = tmp_path / "junit.xml"
+    result = kvsched("check", "--checker", checker, "--profile", profile, str(SGLANG_TRACE),
+                     "--junit", str(junit), "--format", "json")
+    assert result.returncode == 2, result.stderr
+    why = (f"{SGLANG_TRACE}: profile {profile} cannot replay this trace: the trace's header "
+           "has step_mix prefill_or_decode")
+    assert result.stderr.startswith(f"kvsched: error: {why}") and "Traceback" not in (
+        result.stderr), result.stderr
+    assert json.loads(result.stdout)[0]["malformed"].startswith(why)
+    assert why in junit.read_text()
+
+
+def test_the_sglang_profile_on_a_vllm_trace_is_a_verdict_of_bad_input(tmp_path: Path
+                                                                      ) -> None:
+    trace = tmp_path / "vllm.jsonl"
+    assert kvsched("simulate", *SMALL, "--out", str(trace)).returncode == 0
+    junit = tmp_path / "junit.xml"
+    result = kvsched("check", "--profile", "sglang@0.5.23", str(trace), str(SGLANG_TRACE),
+                     "--junit", str(junit), "--format", "json")
+    assert result.returncode == 2, result.stderr
+    verdicts = json.loads(result.stdout)
+    assert verdicts[0]["malformed"].startswith(
+        f"{trace}: profile sglang@0.5.23 cannot replay this trace: the trace's header has "
+        "step_mix any, which SGLang's step does not honour")
+    assert verdicts[1]["ok"] is True  # the run goes on to the next trace
+    assert "Traceback" not in result.stderr and "cannot replay" in junit.read_text()

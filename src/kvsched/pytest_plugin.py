@@ -39,7 +39,7 @@ from kvsched.spec import should
 from kvsched.spec.checker import Report
 from kvsched.spec.interface import Scheduler
 from kvsched.spec.model import Config, Decision, Request, RequestView, StepRecord
-from kvsched.spec.profiles import resolve_profile
+from kvsched.spec.profiles import PROFILES, resolve_profile
 from kvsched.spec.violation import SHOULD, Violation
 from kvsched.workload import WorkItem
 
@@ -83,8 +83,11 @@ class CheckedScheduler:
         self.stall_steps = stall_steps
         # A release names its profile (vllm-v1@0.27.1); an unknown name is an
         # UnknownProfile (a ValueError) naming the nearest known ones.
-        self.checker = new_checker(self.config,
-                                   profile=resolve_profile(profile) if profile else None,
+        named = resolve_profile(profile) if profile else None
+        ignored = PROFILES[named].refusal(self.config) if named else None
+        if ignored is not None:  # a config field the profile's step would ignore
+            raise ValueError(f"kvsched_checked: {ignored}")
+        self.checker = new_checker(self.config, profile=named,
                                    strict=strict,
                                    max_preemptions=max_preemptions, stall_steps=stall_steps,
                                    starve_steps=starve_steps)

@@ -140,8 +140,12 @@ def verdict_of(path: str, settings: CheckSettings, progress: bool | None = False
 def refuse_other_config(path: str, profile: str, header: Header) -> None:
     """Bad input (BadInput) when the trace's header gives a config field that `profile`
     fixes (Profile.fixes) another value: the trace was not recorded under the profile,
-    and its replay would certify what the profile's name denies."""
-    why = get_profile(profile).disagreement(header.config)
+    and its replay would certify what the profile's name denies; or a value the
+    profile's step kind does not honour (another family's trace: its step_mix, its
+    engine's fields), which the profile cannot replay."""
+    named = get_profile(profile)
+    why = (named.refusal(header.config, "the trace's header has")
+           or named.disagreement(header.config))
     if why is not None:
         fail(f"{path}: {why}")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvsched.commands.options import (
+    DEFAULT_CONFIG,
     POSITIVE,
     PROFILE,
     atomic_output,
@@ -35,7 +36,7 @@ from kvsched.commands.options import (
 from kvsched.fuzz import DEFAULT_EXAMPLE_SECONDS, DEFAULT_SHARD_EXAMPLES, unpinned
 from kvsched.outputs import check_writable, in_place
 from kvsched.progress import Reporter
-from kvsched.spec.profiles import DEFAULT_PROFILE
+from kvsched.spec.profiles import DEFAULT_PROFILE, get_profile
 from kvsched.spec.violation import DEFAULT_STALL_STEPS, DEFAULT_STARVE_STEPS
 from kvsched.verdict import printable
 
@@ -139,6 +140,12 @@ def fuzz_command(factory: str, examples: int, seed: int, out_path: Path,
     for name, value in pinned.items():
         if isinstance(value, int) and not isinstance(value, bool) and value < 0:
             fail(f"--{name.replace('_', '-')} must not be negative, got {value}")
+    if profile is not None:  # a pinned field the profile's step would silently ignore
+        named = get_profile(profile)
+        ignored = named.refusal(named.configure(replace(DEFAULT_CONFIG, **pinned),
+                                                frozenset(pinned)))
+        if ignored is not None:
+            fail(ignored)
     for path in (out_path, junit_path):
         if path is not None:
             check_writable(path)  # before the campaign, not after it

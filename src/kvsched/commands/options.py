@@ -355,6 +355,9 @@ def build_config(profile: str, given: dict[str, Any]) -> Config:
     denied = named.disagreement(config, "the options ask for")
     if denied is not None:  # a run under the profile's name is what the name says
         fail(f"{denied}: leave the option out, or name another profile")
+    ignored = named.refusal(config)
+    if ignored is not None:  # a field the profile's step would silently ignore
+        fail(ignored)
     if config.preemption != "recompute" and config.num_cpu_blocks == 0:
         fail(f"--preemption {config.preemption} moves victims to host blocks, but "
              "--num-cpu-blocks is 0: give host blocks, or --preemption recompute")
