@@ -26,7 +26,12 @@ class Scheduler(Protocol):
 
     def add_request(self, request: Request) -> None: ...
 
-    def abort_request(self, request_id: str) -> None: ...
+    def abort_request(self, request_id: str) -> None:
+        """The client cancels `request_id`: it ends before this step's schedule(),
+        waiting, running, swapped or mid-chunk, and gives back every block it holds (what
+        a cache keeps of its content stays cached). Every step kind models it (SGLang's
+        in its own way: kvsched.reference.sglang). An id no longer live is ignored."""
+        ...
 
     def schedule(self) -> Decision: ...
 
