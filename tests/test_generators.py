@@ -376,3 +376,38 @@ def test_parse_lengths() -> None:
         parse_lengths("1024;256")
 
 
+
+
+def test_level_weight_priorities_reach_sglangs_priority_preemption() -> None:
+    """Levels 0 and 20 are further apart than SGLang's threshold (10): at the seat limit a
+    waiting priority-20 request preempts running priority-0 ones, which a mix of
+    neighbouring levels never makes happen."""
+    from kvsched.reference import reference_scheduler
+    from kvsched.simulate import run
+    from kvsched.spec.model import Config
+    from kvsched.spec.profiles import get_profile
+
+    mix = parse_priorities("0:0.8,20:0.2")
+    assert mix == (0.8, *[0.0] * 19, 0.2)
+    profile = get_profile("sglang@0.5.23")
+    config = profile.configure(Config(max_num_seqs=4, policy="priority"),
+                               frozenset({"max_num_seqs", "policy"}))
+    items = {w.id: w for w in generate("sharegpt", 100, 0, priorities=mix)}
+    assert {w.priority for w in items.values()} == {0, 20}
+
+    def preempting_steps(workload: dict[str, WorkItem]) -> int:
+        steps = 0
+        for rec in run(reference_scheduler(profile, config), list(workload.values())):
+            if rec.preempted:
+                assert {workload[p.id].priority for p in rec.preempted} == {0}
+                assert any(workload[rid].priority == 20 for rid, _ in rec.scheduled)
+                steps += 1
+        return steps
+
+    assert preempting_steps(items) > 0
+    near = {w.id: w for w in generate("sharegpt", 100, 0, priorities=(0.8, 0.2))}
+    assert preempting_steps(near) == 0
+    with pytest.raises(ValueError, match="LEVEL:WEIGHT"):
+        parse_priorities("0:1,x:2")
+    with pytest.raises(ValueError, match="each named once"):
+        parse_priorities("3:1,3:2")

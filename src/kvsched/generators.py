@@ -47,7 +47,9 @@ Arrivals, in steps (rate = mean arrivals per step):
 - `batch`: every request at step 0 (rate is ignored).
 
 Priorities: optional weights w0, w1, ... for priorities 0, 1, ...; None makes every
-request priority 0 (lower value = more urgent).
+request priority 0 (lower value = more urgent, as in vLLM; SGLang's priority policy runs
+the higher value first). The CLI also takes LEVEL:WEIGHT pairs (parse_priorities), so
+that a mix can set levels further apart than SGLang's priority-preemption threshold.
 
 Shared prefixes (what prefix caching can reuse; kvsched.workload's `prefix` field):
 - system prompts: K shared prompts of given lengths, ids sys-0 .. sys-(K-1); each
@@ -223,14 +225,34 @@ def _priority_draw(priorities: Sequence[float] | None, seed: int) -> Callable[[]
     return lambda: min(bisect_right(cumulative, rng.random() * total), last)
 
 
+# The highest priority a LEVEL:WEIGHT mix may name (its weights are listed densely).
+MAX_PRIORITY_LEVEL = 1000
+
+
 def parse_priorities(text: str) -> tuple[float, ...]:
-    """'3,1' -> (3.0, 1.0): weights of priorities 0, 1, ... as the CLI takes them."""
-    try:
-        weights = tuple(float(part) for part in text.split(","))
-    except ValueError:
-        raise ValueError(f"priorities must be comma-separated weights like 3,1, "
-                         f"got {text!r}") from None
-    return weights
+    """Weights of priorities 0, 1, ... as the CLI takes them: '3,1' -> (3.0, 1.0); or
+    LEVEL:WEIGHT pairs for levels far apart, the others weighing 0: '0:3,20:1' -> 3.0,
+    nineteen 0.0, 1.0 (gaps wider than SGLang's priority-preemption threshold, 10)."""
+    parts = text.split(",")
+    if not any(":" in part for part in parts):
+        try:
+            return tuple(float(part) for part in parts)
+        except ValueError:
+            raise ValueError(f"priorities must be comma-separated weights like 3,1 or "
+                             f"LEVEL:WEIGHT pairs like 0:3,20:1, got {text!r}") from None
+    mix: dict[int, float] = {}
+    for part in parts:
+        level, _, weight = part.partition(":")
+        try:
+            at, w = int(level), float(weight)
+        except ValueError:
+            raise ValueError(f"priorities: {part!r} is not LEVEL:WEIGHT (a level 0 to "
+                             f"{MAX_PRIORITY_LEVEL}, a weight), in {text!r}") from None
+        if not 0 <= at <= MAX_PRIORITY_LEVEL or at in mix:
+            raise ValueError(f"priorities: level {level!r} must be 0 to "
+                             f"{MAX_PRIORITY_LEVEL}, each named once, in {text!r}")
+        mix[at] = w
+    return tuple(mix.get(i, 0.0) for i in range(max(mix) + 1))
 
 
 def _number(name: str, value: object, low: float, what: str) -> float:
