@@ -73,8 +73,8 @@ STEP_KINDS: dict[SchedulerKind, StepKind] = {
          "watermark_scope": ("running",), "long_prefill_token_threshold": (0,)},
         {"step_mix": "SGLang's steps run prefill work or decodes, or with "
                      "--enable-mixed-chunk decodes joining a chunked prefill",
-         "preemption": "SGLang retracts by recompute",
-         "num_cpu_blocks": "SGLang has no swap space",
+         "preemption": "SGLang retracts by recompute and has no swap space",
+         "num_cpu_blocks": "SGLang retracts by recompute and has no swap space",
          "allocation": "SGLang hands out pages as tokens fill them",
          "watermark_blocks": "SGLang keeps no watermark",
          "watermark_scope": "SGLang keeps no watermark",

@@ -174,3 +174,30 @@ def test_the_sglang_profile_on_a_vllm_trace_is_a_verdict_of_bad_input(tmp_path: 
         "step_mix any, which SGLang's step does not honour")
     assert verdicts[1]["ok"] is True  # the run goes on to the next trace
     assert "Traceback" not in result.stderr and "cannot replay" in junit.read_text()
+
+
+def test_kvsched_help_lists_every_recorder() -> None:
+    shown = kvsched("--help").stdout
+    for engine in ("vllm", "vllm-v0", "sglang"):
+        assert f"kvsched record {engine} " in shown, shown
+
+
+def test_options_of_a_command_of_one_step_kind_offer_only_what_it_honours() -> None:
+    import click
+    from click.testing import CliRunner
+
+    from kvsched.commands.options import config_options
+
+    @click.command()
+    @config_options(kind="sglang")
+    def command(**given: object) -> None:
+        click.echo(" ".join(sorted(k for k, v in given.items() if v is not None)))
+
+    shown = CliRunner().invoke(command, ["--help"]).output
+    for gone in ("--preemption", "--num-cpu-blocks", "--watermark-blocks",
+                 "--watermark-scope", "--allocation", "--long-prefill-token-threshold"):
+        assert gone not in shown, shown
+    assert "[prefill_or_decode|mixed_chunk]" in shown and "--first-block-id" in shown
+    refused = CliRunner().invoke(command, ["--step-mix", "any"])
+    assert refused.exit_code == 2 and "'any' is not one of" in refused.output
+    assert CliRunner().invoke(command, ["--policy", "priority"]).output == "policy\n"

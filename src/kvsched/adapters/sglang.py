@@ -43,6 +43,7 @@ from kvsched.adapters.vllm import (
 from kvsched.reference.sglang import max_req_len, output_room
 from kvsched.spec.model import Config, Preemption, StepRecord
 from kvsched.spec.prefix import keys
+from kvsched.spec.step_kinds import refusal
 from kvsched.spec.trace import step_dict
 from kvsched.workload import WorkItem, item_dict
 
@@ -61,18 +62,9 @@ def sglang_settings(config: Config) -> dict[str, Any]:
     problems = config.problems()
     if problems:
         raise AdapterError(problems[0])
-    if config.preemption != "recompute" or config.num_cpu_blocks != 0:
-        raise AdapterError("SGLang retracts by recompute and has no swap space: use "
-                           "preemption recompute and num_cpu_blocks 0")
-    if config.allocation != "lazy" or config.watermark_blocks != 0:
-        raise AdapterError("SGLang hands out pages as tokens fill them and keeps no "
-                           "watermark: use allocation lazy and watermark_blocks 0")
-    if config.long_prefill_token_threshold != 0:
-        raise AdapterError("SGLang has no long-prefill threshold: use "
-                           "long_prefill_token_threshold 0")
-    if config.step_mix == "any":
-        raise AdapterError("SGLang's steps run prefill work or decodes: use step_mix "
-                           "prefill_or_decode, or mixed_chunk (--enable-mixed-chunk)")
+    ignored = refusal("sglang", config)  # what SGLang's step does not express
+    if ignored is not None:
+        raise AdapterError(ignored)
     if config.max_num_seqs > config.max_num_batched_tokens:
         raise AdapterError(f"max_num_seqs ({config.max_num_seqs}) above "
                            f"max_num_batched_tokens ({config.max_num_batched_tokens}): a "

@@ -61,6 +61,7 @@ from kvsched.spec.profiles import (
     resolve_profile,
     resolve_vllm_release,
 )
+from kvsched.spec.step_kinds import STEP_KINDS, SchedulerKind
 from kvsched.spec.violation import DEFAULT_STALL_STEPS, DEFAULT_STARVE_STEPS
 from kvsched.workload import WorkItem, read_workload
 
@@ -224,26 +225,37 @@ def profile_default(name: str) -> str:
 
 
 @overload
-def config_options(f: Callable[..., Any], /, *, defaults: Callable[[str], str] = ...
+def config_options(f: Callable[..., Any], /, *, defaults: Callable[[str], str] = ...,
+                   kind: SchedulerKind | None = ..., leave_out: frozenset[str] = ...
                    ) -> Callable[..., Any]: ...
 
 
 @overload
-def config_options(*, defaults: Callable[[str], str]
+def config_options(*, defaults: Callable[[str], str] = ..., kind: SchedulerKind | None = ...,
+                   leave_out: frozenset[str] = ...
                    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
 def config_options(f: Callable[..., Any] | None = None, /, *,
-                   defaults: Callable[[str], str] = profile_default) -> Any:
+                   defaults: Callable[[str], str] = profile_default,
+                   kind: SchedulerKind | None = None,
+                   leave_out: frozenset[str] = frozenset()) -> Any:
     """One option per Config field; unset options keep the profile's or built-in default
     (shown in --help). `defaults(field)` says, for --help, what an unset option means
     when that is not the run's default (`kvsched fuzz`: drawn):
-    `@config_options(defaults=...)`."""
+    `@config_options(defaults=...)`. With `kind`, a command that runs only that step
+    kind (a recorder) offers only what the kind honours (kvsched.spec.step_kinds): no
+    option for a field it takes at one value, and only the values it takes; `leave_out`:
+    fields the command does not offer at all."""
     if f is None:
-        return lambda g: config_options(g, defaults=defaults)
+        return lambda g: config_options(g, defaults=defaults, kind=kind, leave_out=leave_out)
 
     def default(name: str) -> str:
         return f" [default: {defaults(name)}]"
+
+    def choice(name: str, words: tuple[str, ...]) -> click.Choice[str]:
+        taken = STEP_KINDS[kind].takes.get(name) if kind is not None else None
+        return click.Choice([w for w in words if taken is None or w in taken])
 
     opts = [
         click.option("--block-size", type=int, help="Tokens per KV block." + default("block_size")),
@@ -262,18 +274,18 @@ def config_options(f: Callable[..., Any] | None = None, /, *,
         click.option("--long-prefill-token-threshold", type=int,
                      help="Cap on one prefill chunk when others wait (0 = off)."
                           + default("long_prefill_token_threshold")),
-        click.option("--policy", type=click.Choice(POLICIES),
+        click.option("--policy", type=choice("policy", POLICIES),
                      help="Queue order." + default("policy")),
-        click.option("--preemption", type=click.Choice(PREEMPTION_MODES),
+        click.option("--preemption", type=choice("preemption", PREEMPTION_MODES),
                      help="How victims give up their blocks." + default("preemption")),
         click.option("--watermark-blocks", type=int,
                      help="Blocks an admission or a swap-in leaves free (while others run, "
                           "or always: --watermark-scope)." + default("watermark_blocks")),
-        click.option("--watermark-scope", type=click.Choice(WATERMARK_SCOPES),
+        click.option("--watermark-scope", type=choice("watermark_scope", WATERMARK_SCOPES),
                      help="When the watermark applies: only while some request runs "
                           "(running, vLLM v1) or at every admission and swap-in (always, "
                           "vLLM V0)." + default("watermark_scope")),
-        click.option("--allocation", type=click.Choice(ALLOCATIONS),
+        click.option("--allocation", type=choice("allocation", ALLOCATIONS),
                      help="What an admission or a swap-in takes: the blocks of its chunk "
                           "(lazy, vLLM v1), of all its known tokens (prompt, vLLM V0), or "
                           "of its longest sequence, min(prompt + max_tokens, max_model_len) "
@@ -286,15 +298,22 @@ def config_options(f: Callable[..., Any] | None = None, /, *,
                      help="Cache full KV blocks by content, so that a request starting with "
                           "the same tokens hits them (profile vllm-v1 turns it on, as vLLM "
                           "does)." + default("prefix_caching")),
-        click.option("--step-mix", type=click.Choice(STEP_MIXES),
+        click.option("--step-mix", type=choice("step_mix", STEP_MIXES),
                      help="What one step may combine: running decodes and new prefills "
                           "(any, vLLM), prefill work or decodes (prefill_or_decode, "
                           "SGLang), or decodes joining a chunked prefill step "
                           "(mixed_chunk, SGLang's --enable-mixed-chunk)."
                           + default("step_mix")),
     ]
-    for opt in reversed(opts):
-        f = opt(f)
+    names = ("block_size", "num_gpu_blocks", "num_cpu_blocks", "max_num_batched_tokens",
+             "max_num_seqs", "max_model_len", "chunked_prefill",
+             "long_prefill_token_threshold", "policy", "preemption", "watermark_blocks",
+             "watermark_scope", "allocation", "first_block_id", "prefix_caching", "step_mix")
+    for name, opt in reversed(list(zip(names, opts, strict=True))):
+        honoured = kind is None or name in STEP_KINDS[kind].reads or len(
+            STEP_KINDS[kind].takes[name]) > 1
+        if honoured and name not in leave_out:
+            f = opt(f)
     return f
 
 
