@@ -201,3 +201,16 @@ def test_options_of_a_command_of_one_step_kind_offer_only_what_it_honours() -> N
     refused = CliRunner().invoke(command, ["--step-mix", "any"])
     assert refused.exit_code == 2 and "'any' is not one of" in refused.output
     assert CliRunner().invoke(command, ["--policy", "priority"]).output == "policy\n"
+
+
+def test_record_sglang_offers_only_what_sglangs_step_honours() -> None:
+    shown = kvsched("record", "sglang", "--help").stdout
+    for gone in ("--preemption", "--num-cpu-blocks", "--watermark-blocks",
+                 "--watermark-scope", "--allocation", "--first-block-id",
+                 "--long-prefill-token-threshold", "unless the profile sets it"):
+        assert gone not in shown, shown
+    assert "[prefill_or_decode|mixed_chunk]" in shown
+    assert "--prefix-caching" in shown and "--policy" in shown
+    v0 = kvsched("record", "vllm-v0", "--help").stdout
+    assert "--allocation" in v0 and "--long-prefill-token-threshold" not in v0
+    assert "--first-block-id" not in v0  # each engine's block ids are its own

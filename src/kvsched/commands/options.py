@@ -317,6 +317,30 @@ def config_options(f: Callable[..., Any] | None = None, /, *,
     return f
 
 
+def recorded_config_options(f: Callable[..., Any], profile: str) -> Callable[..., Any]:
+    """The config options of a recorder whose engine runs `profile`'s step: only what its
+    step kind honours (config_options(kind=...)), none for the first block id (each
+    engine's ids are its own: vLLM's run from 1, V0's from 0, SGLang's pages from 1),
+    and each unset option shown as the value the profile's defaults give it."""
+    named = get_profile(profile)
+    configured = named.configure(DEFAULT_CONFIG)
+
+    def default(name: str) -> str:
+        if name == "watermark_blocks" and named.defaults.watermark_fraction is not None:
+            return (f"{named.defaults.watermark_fraction:.0%} of num_gpu_blocks, as profile "
+                    f"{named.name} sets it")
+        if name == "num_cpu_blocks" and named.defaults.host_blocks_as_gpu:
+            return f"num_gpu_blocks, as profile {named.name} sets it"
+        value = getattr(configured, name)
+        shown = ("on" if value else "off") if isinstance(value, bool) else str(value)
+        if value != getattr(DEFAULT_CONFIG, name):
+            return f"{shown}, as profile {named.name} sets it"
+        return shown
+
+    return config_options(f, defaults=default, kind=named.scheduler,
+                          leave_out=frozenset({"first_block_id"}))
+
+
 class ProfileName(click.ParamType[str, Any]):
     """A profile, as kvsched.spec.profiles.resolve_profile reads its name: the profile's
     own or a release's (vllm-v1@0.27.1, vllm-v1@0.27, sglang); the value is the profile's

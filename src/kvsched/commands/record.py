@@ -17,10 +17,10 @@ from rich.text import Text
 from kvsched.commands.options import (
     VLLM_RELEASE,
     build_config,
-    config_options,
     err,
     fail,
     out,
+    recorded_config_options,
 )
 from kvsched.outputs import check_writable
 from kvsched.verdict import printable
@@ -32,11 +32,12 @@ if TYPE_CHECKING:
 
 
 def recorder_options(engine: str, python_default: str, python_flag: str = "--vllm-python",
-                     undersized: bool = True) -> Callable[[Callable[..., Any]],
-                                                          Callable[..., Any]]:
-    """The options of a recorder of `engine` (its name in the help), after the config's:
-    its environment's Python as `python_flag`, and, where the engine refuses a cache that
-    cannot hold one max_model_len sequence (`undersized`), the flag that allows one."""
+                     undersized: bool = True, profile: str = "vllm-v1"
+                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The options of a recorder of `engine` (its name in the help), after the config's
+    (those the step of its `profile` honours): its environment's Python as `python_flag`,
+    and, where the engine refuses a cache that cannot hold one max_model_len sequence
+    (`undersized`), the flag that allows one."""
     options = [
         click.option("--workload", "workload_path", type=click.Path(path_type=Path),
                      required=True, help="Workload JSONL file."),
@@ -57,7 +58,7 @@ def recorder_options(engine: str, python_default: str, python_flag: str = "--vll
     def apply(f: Callable[..., Any]) -> Callable[..., Any]:
         for option in reversed(options):
             f = option(f)
-        return config_options(f)
+        return recorded_config_options(f, profile)
 
     return apply
 
@@ -126,7 +127,8 @@ def record_vllm(release: str | None, workload_path: Path, out_path: Path,
 
 
 @record.command("vllm-v0")
-@recorder_options("V0", ".venv-vllm-v0/bin/python; make vllm-v0-env creates it")
+@recorder_options("V0", ".venv-vllm-v0/bin/python; make vllm-v0-env creates it",
+                  profile="vllm-v0")
 def record_vllm_v0(workload_path: Path, out_path: Path, vllm_python: Path | None,
                    max_steps: int | None, allow_undersized_cache: bool,
                    **config_given: Any) -> None:
@@ -167,7 +169,7 @@ def record_vllm_v0(workload_path: Path, out_path: Path, vllm_python: Path | None
 
 @record.command("sglang")
 @recorder_options("SGLang", ".venv-sglang/bin/python; make sglang-env creates it",
-                  "--sglang-python", undersized=False)
+                  "--sglang-python", undersized=False, profile="sglang@0.5.23")
 def record_sglang(workload_path: Path, out_path: Path, sglang_python: Path | None,
                   max_steps: int | None, **config_given: Any) -> None:
     """Record SGLang 0.5.23's real scheduler (in its own environment) on a workload.
