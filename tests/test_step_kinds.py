@@ -214,3 +214,18 @@ def test_record_sglang_offers_only_what_sglangs_step_honours() -> None:
     v0 = kvsched("record", "vllm-v0", "--help").stdout
     assert "--allocation" in v0 and "--long-prefill-token-threshold" not in v0
     assert "--first-block-id" not in v0  # each engine's block ids are its own
+
+
+def test_spec_md_shows_the_table_as_it_is() -> None:
+    page = (Path(__file__).parent.parent / "docs" / "spec.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): [c.strip() for c in line.split("|")[2:5]]
+            for line in page.split("### What each step kind reads")[1].splitlines()
+            if line.startswith("| `")}
+    restricted = {name for step in STEP_KINDS.values() for name in step.takes}
+    assert set(rows) == restricted
+    for column, kind in enumerate(STEP_KINDS):
+        for name in restricted:
+            taken = STEP_KINDS[kind].takes.get(name)
+            shown = "every value" if taken is None else ", ".join(
+                f"`{v}`" if isinstance(v, str) else str(v) for v in taken)
+            assert rows[name][column] == shown, (kind, name)
