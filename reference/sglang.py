@@ -39,7 +39,9 @@ first (preempt_to_schedule, schedule_policy.py:1707).
 
 A client's abort ends its request before the step (abort_request): a waiting one leaves
 the queue; a running or chunked one is released as a finished one is, its computed KV
-cached, and the running batch, shrunk, is no longer full.
+cached, and the running batch, shrunk, is no longer full. An arrival that can never
+complete, or whose prompt fills max_model_len, is rejected in its arrival step (SGLang's
+front end refuses those, and more: prompts from max_req_len - 5 tokens on).
 
 The rules are kvsched.spec.knobs.SGLangKnobs, so that each can be flipped.
 """
@@ -53,8 +55,17 @@ from itertools import count
 
 from kvsched.reference.allocator import FreeList
 from kvsched.reference.radix import Node, RadixTree
+from kvsched.spec.blocks import rejectable
 from kvsched.spec.knobs import Knobs, SGLangKnobs
-from kvsched.spec.model import Config, Decision, Preemption, Request, RequestView, Status
+from kvsched.spec.model import (
+    Config,
+    Decision,
+    Preemption,
+    Rejection,
+    Request,
+    RequestView,
+    Status,
+)
 from kvsched.spec.prefix import KeyBook
 
 # SGLang's FCFS pass re-stamps the waiting requests' cached prefixes every this many
@@ -152,6 +163,7 @@ class SGLangScheduler:
         self.hits: dict[str, tuple[int, ...]] = {}  # this step's prefix hits
         self.new_blocks: dict[str, tuple[int, ...]] = {}  # this step's new pages
         self.deduplicated: dict[str, tuple[int, ...]] = {}  # the last update's
+        self.arrived: list[SGLangRequest] = []  # added since the last step
 
     # -- the Scheduler interface --------------------------------------------------------
 
@@ -161,7 +173,9 @@ class SGLangScheduler:
         if request.id in self.live:
             raise ValueError(f"request {request.id!r} is already live")
         room = output_room(self.config, request.prompt_len)
-        self._queue(SGLangRequest(request, max(1, min(request.max_tokens, room))))
+        r = SGLangRequest(request, max(1, min(request.max_tokens, room)))
+        self._queue(r)
+        self.arrived.append(r)
 
     def add_block_keys(self, request_id: str, keys: Sequence[str],
                        start: int | None = None) -> None:
@@ -225,6 +239,7 @@ class SGLangScheduler:
         return bool(self.live)
 
     def schedule(self) -> Decision:
+        rejected = self._reject_arrivals()
         self._merge_last_batch()
         preempted: list[Preemption] = []
         self.hits = {}
@@ -241,7 +256,8 @@ class SGLangScheduler:
                 self.ratio = self.init_ratio
         self.last_batch = [self.live[rid] for rid, _ in scheduled]
         self.sampled = [r for r in self.last_batch if r.computed == r.known]
-        return Decision(preempted=tuple(preempted), scheduled=tuple(scheduled),
+        return Decision(rejected=rejected, preempted=tuple(preempted),
+                        scheduled=tuple(scheduled),
                         sampled=tuple(r.id for r in self.sampled),
                         new_blocks=dict(self.new_blocks), prefix_hits=dict(self.hits))
 
@@ -357,6 +373,22 @@ class SGLangScheduler:
         self.running = [r for r in self.running if r.id in self.live]
         if len(self.running) < before:
             self.batch_is_full = False
+
+    def _reject_arrivals(self) -> tuple[Rejection, ...]:
+        """SGLang's front end refuses a prompt it cannot hold (validate_input_length):
+        the arrivals that can never complete, or whose prompt fills max_model_len, are
+        rejected in their arrival step."""
+        out = []
+        for r in self.arrived:
+            why = rejectable(self.config, r.request.prompt_len, r.request.max_tokens)
+            if why is not None and r.id in self.live:
+                self.waiting.remove(r)
+                del self.live[r.id]
+                self.book.forget(r.id)
+                r.status = Status.REJECTED
+                out.append(Rejection(r.id, why))
+        self.arrived = []
+        return tuple(out)
 
     def _clip(self, tokens: int) -> int:
         return min(tokens, self.rules.clip_max_new_tokens)

@@ -47,6 +47,7 @@ from kvsched.loading import FactoryError
 from kvsched.simulate import run, step_bound, unending
 from kvsched.spec.interface import Scheduler
 from kvsched.spec.model import Allocation, Config, WatermarkScope
+from kvsched.spec.profiles import get_profile
 from kvsched.spec.should import DEFAULT_STALL_STEPS, DEFAULT_STARVE_STEPS, Stalled
 from kvsched.spec.violation import SHOULD, Violation
 from kvsched.workload import WorkItem
@@ -231,6 +232,8 @@ def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int 
         raise FuzzUnavailable("kvsched fuzz needs hypothesis: "
                               "pip install 'kvsched[hypothesis]'") from None
     fixed = dict(pinned or {})
+    # A profile's step kind honours only some configs: draw those (kvsched.spec.step_kinds).
+    kind = None if profile is None else get_profile(profile).scheduler
     chunked = fixed.get("chunked_prefill")
     if chunked is None and fixed.get("long_prefill_token_threshold", 0) > 0:
         chunked = True  # a threshold needs chunked prefill (Config.problems)
@@ -240,7 +243,7 @@ def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int 
         # Allocation and watermark scope are the engine's rules, not its load: an engine
         # that follows others says so by pinning them.
         config = replace(draw(configs(chunked_prefill=chunked, allocation=ALLOCATION,
-                                      watermark_scope=WATERMARK_SCOPE)), **fixed)
+                                      watermark_scope=WATERMARK_SCOPE, kind=kind)), **fixed)
         assume(not config.problems())
         return config, tuple(draw(workloads(config)))
 

@@ -22,6 +22,7 @@ Needs the "hypothesis" extra (pip install kvsched[hypothesis]).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -36,17 +37,22 @@ from kvsched.spec.model import (
     WatermarkScope,
 )
 from kvsched.spec.profiles import PROFILES, SchedulerKind, get_profile
+from kvsched.spec.step_kinds import SCHEDULER_KINDS, STEP_KINDS, ignored_fields
 from kvsched.workload import WorkItem, validate
 
-__all__ = ["configs", "knobs", "output_lens", "profiles", "prompt_lens", "workloads"]
+__all__ = ["configs", "honoured", "knobs", "output_lens", "profiles", "prompt_lens",
+           "workloads"]
 
 
 @st.composite
 def configs(draw: st.DrawFn, *, max_gpu_blocks: int = 16, max_model_len: int = 64,
             chunked_prefill: bool | None = None, prefix_caching: bool = False,
             allocation: Allocation | None = None,
-            watermark_scope: WatermarkScope | None = None) -> Config:
-    """A well-formed Config (no `problems()`) with small, tight numbers.
+            watermark_scope: WatermarkScope | None = None,
+            kind: SchedulerKind | None = None) -> Config:
+    """A well-formed Config (no `problems()`) with small, tight numbers; with `kind`, one
+    that step kind honours: each field it does not read takes one of the values it does
+    (kvsched.spec.step_kinds).
 
     Mostly a cache just big enough for one max_model_len sequence (vLLM refuses a
     smaller one), so that a few requests fill it; otherwise any size from 1 to
@@ -87,8 +93,29 @@ def configs(draw: st.DrawFn, *, max_gpu_blocks: int = 16, max_model_len: int = 6
         watermark_scope=(draw(st.sampled_from(WATERMARK_SCOPES)) if watermark_scope is None
                          else watermark_scope),
     )
+    if kind is not None:
+        config = honoured(config, kind)
+        for name, values in STEP_KINDS[kind].takes.items():
+            # Of the values it honours, those well-formed with the rest as drawn.
+            fine = [v for v in values if not _set(config, name, v).problems()]
+            if len(fine) > 1:
+                config = _set(config, name, draw(st.sampled_from(fine)))
     assert not config.problems(), config.problems()
     return config
+
+
+def honoured(config: Config, kind: SchedulerKind) -> Config:
+    """`config` with each field step kind `kind` does not honour at its value set to the
+    first value it does (kvsched.spec.step_kinds)."""
+    takes = STEP_KINDS[kind].takes
+    for name in ignored_fields(kind, config):
+        config = _set(config, name, takes[name][0])
+    return config
+
+
+def _set(config: Config, name: str, value: object) -> Config:
+    fields: dict[str, Any] = {name: value}
+    return replace(config, **fields)
 
 
 def knobs(torch: bool = False) -> st.SearchStrategy[Knobs]:
@@ -108,15 +135,17 @@ def knobs(torch: bool = False) -> st.SearchStrategy[Knobs]:
     )
 
 
-def profiles(scheduler: SchedulerKind = "v1", torch: bool = False) -> st.SearchStrategy[str]:
+def profiles(scheduler: SchedulerKind | None = "v1", torch: bool = False
+             ) -> st.SearchStrategy[str]:
     """The name of a profile in kvsched.spec.profiles.PROFILES whose rules are this
-    scheduler's (Profile.scheduler). vLLM V0's (vllm-v0) are drawn only when asked: they
-    reproduce V0's stalls and livelocks, and the fast schedulers refuse them. With
-    `torch`, only those the torch scheduler runs."""
+    step kind's (Profile.scheduler); None: of every step kind (v1, v0 and sglang). vLLM
+    V0's and SGLang's are drawn only when asked: the compiled and torch schedulers refuse
+    them. With `torch`, only those the torch scheduler runs."""
     from kvsched.optimized.knobs import unsupported_knobs
 
+    kinds = SCHEDULER_KINDS if scheduler is None else (scheduler,)
     return st.sampled_from(sorted(
-        name for name, p in PROFILES.items() if p.scheduler == scheduler
+        name for name, p in PROFILES.items() if p.scheduler in kinds
         and not (torch and unsupported_knobs(p.knobs, "torch") is not None)))
 
 
@@ -128,11 +157,13 @@ def policies(torch: bool = False) -> st.SearchStrategy[str | Knobs]:
 
 def resolve(config: Config, policy: str | Knobs) -> tuple[Config, Knobs]:
     """The config and knobs a drawn policy stands for: a profile sets its config
-    defaults (but prefix caching, which stays as drawn) and its knobs; bare knobs leave
-    the config as drawn."""
+    defaults (but prefix caching, which stays as drawn) and its knobs, and the fields its
+    step kind does not honour take a value it does (`honoured`); bare knobs leave the
+    config as drawn."""
     if isinstance(policy, str):
         profile = get_profile(policy)
-        return profile.configure(config, frozenset({"prefix_caching"})), profile.knobs
+        configured = profile.configure(config, frozenset({"prefix_caching"}))
+        return honoured(configured, profile.scheduler), profile.knobs
     return config, policy
 
 

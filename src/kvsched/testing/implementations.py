@@ -25,6 +25,14 @@ BUILDS = {"reference": ("reference", "cpu"), "compiled": ("compiled", "cpu"),
           "optimized": ("torch", "cpu"), "optimized-cuda": ("torch", "cuda")}
 
 
+def sglang_reference(config: Config) -> InspectableScheduler:
+    """The reference of SGLang's step with profile sglang@0.5.23's rules on `config`, as
+    `kvsched fuzz kvsched.testing.implementations:sglang_reference --profile
+    sglang@0.5.23` builds it."""
+    return build_scheduler("reference", config, get_profile("sglang@0.5.23").knobs,
+                           "sglang", "cpu")
+
+
 class SchedulerFactory:
     """Builds schedulers of one implementation: "reference", "compiled" (the compiled
     scheduler), "optimized" (the torch scheduler on cpu) or "optimized-cuda" (on

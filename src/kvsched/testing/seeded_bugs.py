@@ -23,6 +23,7 @@ from kvsched.reference import reference_scheduler
 from kvsched.reference.allocator import BlockAllocator, Pool
 from kvsched.reference.requests import LiveRequest, WaitingQueue
 from kvsched.reference.scheduler import ReferenceScheduler, StepPlan
+from kvsched.reference.sglang import SGLangRequest, SGLangScheduler
 from kvsched.simulate import run
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.interface import Scheduler
@@ -363,6 +364,22 @@ class SeededBug:
             for rec in run(chosen, self.workload, max_steps=self.max_steps):
                 records.append(rec)
         return records
+
+
+class SGLangNoReservedOutput(SGLangScheduler):
+    """SGLang's step whose admission ignores the running requests' reserved future
+    output: it admits as if they would generate nothing more, so the batch it fills must
+    retract sooner than SGLang's (a PROFILE divergence, legal under the spec)."""
+
+    def _reserved(self, r: SGLangRequest) -> float:
+        return 0.0
+
+
+def sglang_no_reserved_output(config: Config) -> Scheduler:
+    """SGLangNoReservedOutput with profile sglang@0.5.23's rules on `config`, as `kvsched
+    fuzz kvsched.testing.seeded_bugs:sglang_no_reserved_output --profile sglang@0.5.23`
+    builds it."""
+    return SGLangNoReservedOutput(config, get_profile("sglang@0.5.23").knobs)
 
 
 def planted(cls: type[ReferenceScheduler], profile: str) -> Callable[[Config], Scheduler]:
