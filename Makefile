@@ -9,6 +9,7 @@ DEMO   ?= demo
 VLLM_VENV ?= .venv-vllm
 VLLM033_VENV ?= .venv-vllm-0.33
 VLLM_V0_VENV ?= .venv-vllm-v0
+SGLANG_VENV ?= .venv-sglang
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -104,15 +105,17 @@ conformance-vllm: $(STAMP)
 # SGLang 0.5.23's real scheduler against the spec and profile sglang@0.5.23: the named
 # cases and 200 random ones recorded, checked, their sensitivity to each flipped rule,
 # and every trace the store (tests/data/sglang/) keeps for its case compared with it
-# (creates .venv-sglang once: scripts/sglang_env.sh, 2.4 GB). ARGS go to the suite
-# (conformance.sglang: --keep rewrites the store, --list, case names).
+# (creates $(SGLANG_VENV) once: scripts/sglang_env.sh, 2.4 GB). ARGS go to the suite
+# (conformance.sglang: --keep rewrites the store, --list, case names); --list needs no
+# SGLang, so it builds nothing.
 conformance-sglang: $(STAMP)
-	@scripts/sglang_env.sh > /dev/null
-	$(BIN)/python -m conformance.sglang $(ARGS)
+	@case " $(ARGS) " in *" --list "*) ;; \
+		*) PYTHON=$(PYTHON) SGLANG_VENV=$(SGLANG_VENV) scripts/sglang_env.sh > /dev/null;; esac
+	$(BIN)/python -m conformance.sglang --sglang-python $(SGLANG_VENV)/bin/python $(ARGS)
 
 # SGLang's environment alone, for `kvsched record sglang`.
 sglang-env:
-	@scripts/sglang_env.sh
+	@PYTHON=$(PYTHON) SGLANG_VENV=$(SGLANG_VENV) scripts/sglang_env.sh
 
 # The same suite on vLLM 0.33's scheduler against vllm-v1@0.33 (creates $(VLLM033_VENV)
 # once: the vllm 0.33.0 wheel over $(VLLM_VENV), scripts/vllm_env.sh says how).

@@ -17,7 +17,6 @@ comparing them; `make test` checks the store again without SGLang.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import io
 import random
@@ -27,9 +26,20 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from conformance.vllm import Variant, Verdict, check_stream, line, print_sensitivity, summary
-from kvsched.adapters.sglang import DEFAULT_SGLANG_PYTHON, record_jobs, served_as_asked
-from kvsched.adapters.vllm import AdapterError, Job
+from conformance.common import (
+    Variant,
+    Verdict,
+    check_stream,
+    line,
+    list_cases,
+    print_sensitivity,
+    refused,
+    suite_parser,
+    summary,
+)
+from kvsched.adapters.recording import AdapterError, Job
+from kvsched.adapters.sglang import DEFAULT_SGLANG_PYTHON, served_as_asked
+from kvsched.adapters.sglang import ENGINE as SGLANG
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile
 from kvsched.workload import WorkItem, validate
@@ -262,7 +272,7 @@ def run(cases: Sequence[Case], out: Path, python: Path) -> dict[str, bytes]:
     out.mkdir(parents=True, exist_ok=True)
     jobs = [Job(c.name, c.config, c.workload(c.config), out / f"{c.name}.jsonl", MAX_STEPS)
             for c in cases]
-    for r in record_jobs(jobs, python):
+    for r in SGLANG.record_jobs(jobs, python):
         if r.stopped is not None:
             print(f"STOP {r.job.name}: SGLang did something in step {r.steps} that trace "
                   f"v1 cannot say: {r.stopped}")
@@ -270,26 +280,15 @@ def run(cases: Sequence[Case], out: Path, python: Path) -> dict[str, bytes]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.sglang",
-                                     description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("names", nargs="*", help="run only these cases")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the traces")
-    parser.add_argument("--sglang-python", type=Path, default=DEFAULT_SGLANG_PYTHON)
-    parser.add_argument("--random", type=int, default=DEFAULT_RANDOM, metavar="N",
-                        help=f"also N small random cases (default {DEFAULT_RANDOM})")
-    parser.add_argument("--seed", type=int, default=0, help="first random case's seed")
+    parser = suite_parser("conformance.sglang", __doc__, "--sglang-python",
+                          DEFAULT_SGLANG_PYTHON, DEFAULT_OUT, DEFAULT_RANDOM, "")
     parser.add_argument("--keep", action="store_true",
                         help="write the traces into the store (tests/data/sglang/)")
-    parser.add_argument("--list", action="store_true", help="list the cases and stop")
     args = parser.parse_args(argv)
-    if args.random < 0:
-        print(f"conformance.sglang: error: --random must not be negative, got {args.random}",
-              file=sys.stderr)
+    if refused("conformance.sglang", {"--random": args.random}):
         return 2
     if args.list:
-        for c in CASES:
-            print(f"{c.name}: {c.what}")
-        return 0
+        return list_cases(CASES)
     try:
         named = [case_named(n) for n in args.names] if args.names else list(CASES)
     except KeyError as e:

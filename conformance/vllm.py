@@ -11,38 +11,46 @@ names are given), all recorded in one vLLM process.
 
 Exit 0 when every trace, with prefix caching on or off, is MUST-clean and equal to the
 profile step for step (hits included), except the divergences listed in
-KNOWN_DIVERGENCES, each explained in docs/conformance/vllm.md with the vLLM source line
-behind it. Exit 1 otherwise, 2 on bad input or a missing vLLM environment.
+conformance.common.KNOWN_DIVERGENCES, each explained in docs/conformance/vllm.md with
+the vLLM source line behind it. Exit 1 otherwise, 2 on bad input or a missing vLLM environment.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import random
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
-import orjson
-
-from kvsched.adapters.vllm import DEFAULT_VLLM_PYTHON, AdapterError, Job, record_jobs
-from kvsched.conformance import checker as new_checker
+from conformance.common import (
+    Case,
+    Variant,
+    Verdict,
+    line,
+    list_cases,
+    never_fitting,
+    over_max_model_len,
+    print_sensitivity,
+    random_workload,
+    refused,
+    suite_parser,
+    summary,
+    with_aborts,
+)
+from conformance.common import check_stream as check_stream_under
+from kvsched.adapters.recording import AdapterError, Job
+from kvsched.adapters.vllm import DEFAULT_VLLM_PYTHON
+from kvsched.adapters.vllm import ENGINE as VLLM
 from kvsched.generators import generate
-from kvsched.implementations import replay_refused
-from kvsched.optimized.checker import check_trace_vectorized
-from kvsched.reference import scheduler_for
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
-from kvsched.spec.profiles import PROFILES, SchedulerKind, get_profile, pinned_profile
-from kvsched.spec.replay import ProfileReplay
+from kvsched.spec.profiles import PROFILES, get_profile, pinned_profile
 from kvsched.spec.trace import TraceReader
-from kvsched.spec.violation import INVARIANTS, MUST, SHOULD, Violation
 from kvsched.workload import WorkItem, validate
 
 FAMILY = "vllm-v1"  # a trace of vLLM X.Y is checked under FAMILY@X.Y
@@ -51,51 +59,6 @@ DEFAULT_RANDOM = 200  # small random configs and workloads beside the named case
 DEFAULT_RANDOM_PREFIX = 40  # the same with prefix caching and shared prefixes
 # Every case ends well before this; a trace that does not is a liveness failure.
 MAX_STEPS = 100_000
-
-# Case name -> why vLLM decides otherwise than the profile (docs/conformance/vllm.md).
-KNOWN_DIVERGENCES: dict[str, str] = {}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One workload of the suite: what it exercises, its config, its requests."""
-
-    name: str
-    what: str
-    config: Config
-    workload: Callable[[], list[WorkItem]]
-
-
-def with_aborts(items: list[WorkItem], seed: int, fraction: float,
-                latest: int) -> list[WorkItem]:
-    """Cancel a seeded `fraction` of the requests 0..latest steps after they arrive."""
-    rng = random.Random(f"kvsched/vllm-aborts/{seed}")
-    return [replace(w, abort=w.arrival + rng.randint(0, latest)) if rng.random() < fraction
-            else w for w in items]
-
-
-def never_fitting(items: list[WorkItem], max_model_len: int, seed: int,
-                  count: int) -> list[WorkItem]:
-    """Add `count` requests whose prompts leave no room for an output token."""
-    rng = random.Random(f"kvsched/vllm-too-long/{seed}")
-    last = max(w.arrival for w in items)
-    extra = [WorkItem(f"long{i}", rng.randint(0, last), max_model_len + rng.randint(0, 40),
-                      1, rng.randint(1, 16)) for i in range(count)]
-    return validate(items + extra)
-
-
-def over_max_model_len(items: list[WorkItem], max_model_len: int, seed: int) -> list[WorkItem]:
-    """Ask some requests for more tokens than max_model_len leaves them (they finish at
-    max_model_len, as a client that set max_tokens too high)."""
-    rng = random.Random(f"kvsched/vllm-over-len/{seed}")
-    out = []
-    for w in items:
-        if rng.random() < 0.4:
-            room = max_model_len - w.prompt_len
-            w = replace(w, max_tokens=room + rng.randint(1, 50), output_len=room + 50)
-        out.append(w)
-    return out
-
 
 def cfg(**fields: object) -> Config:
     return replace(Config(), **fields)  # type: ignore[arg-type]
@@ -285,23 +248,6 @@ CASES: tuple[Case, ...] = (
 )
 
 
-def random_workload(rng: random.Random, max_model_len: int) -> list[WorkItem]:
-    """A random case's requests: up to 60, in bursts, at the edges of max_model_len
-    (one over it too), some aborted, priorities from -1 to 2."""
-    items = []
-    step = 0
-    for k in range(rng.randint(1, 60)):
-        step += rng.choice([0, 0, 0, 1, 2, 5])
-        prompt = max(1, rng.choice([1, 2, rng.randint(1, max_model_len), rng.randint(1, 16),
-                                    max_model_len - 1, max_model_len - 1, max_model_len,
-                                    max_model_len + 3, *[rng.randint(1, max_model_len)] * 4]))
-        max_tokens = rng.choice([1, 2, rng.randint(1, max_model_len), max_model_len])
-        abort = step + rng.choice([0, 0, 1, 3, 10]) if rng.random() < 0.15 else None
-        items.append(WorkItem(f"q{k}", step, prompt, rng.randint(1, max_tokens), max_tokens,
-                              rng.choice([-1, 0, 0, 1, 2]), abort))
-    return validate(items)
-
-
 def random_case(seed: int) -> Case:
     """A small seeded config and workload that vLLM accepts: corner values on purpose
     (block size 1, a cache of exactly one max_model_len sequence, a budget of
@@ -388,35 +334,6 @@ def case_named(name: str) -> Case:
     raise KeyError(f"no case {name!r}")
 
 
-@dataclass
-class Verdict:
-    """One case's checks: MUST and SHOULD counts and the first profile divergence."""
-
-    case: str
-    steps: int
-    requests: int
-    preemptions: int
-    rejected: int
-    complete: bool
-    must: Counter[str]
-    should: Counter[str]
-    divergence: Violation | None
-    prefix_caching: bool = False
-    hits: int = 0  # requests admitted with a prefix hit
-    hit_blocks: int = 0
-    profile: str = FAMILY
-
-    @property
-    def exact(self) -> bool:
-        """Equal to the profile step for step, or diverging only as KNOWN_DIVERGENCES
-        explains."""
-        return self.divergence is None or self.case in KNOWN_DIVERGENCES
-
-    @property
-    def ok(self) -> bool:
-        return not self.must and self.complete and self.exact
-
-
 class NoProfile(Exception):
     """A trace of a vLLM release that has no profile of its own; str() is one line."""
 
@@ -433,41 +350,18 @@ def release_profile(engine: dict[str, str]) -> str:
 
 
 def check_case(case: str, path: Path, profile: str | None = None) -> Verdict:
-    """One trace's checks against `profile`, by default the profile of the vLLM release
-    its header names."""
+    """One trace's checks (conformance.common.check_case) against `profile`, by default
+    the profile of the vLLM release its header names."""
     with path.open("rb") as stream:
         return check_stream(case, stream, profile)
 
 
 def check_stream(case: str, stream: BinaryIO, profile: str | None = None) -> Verdict:
-    """check_case on a trace read from `stream`, by the vectorized checker (the spec's
-    report, kvsched.optimized.checker) where the compiled scheduler replays the profile,
-    else by the spec's; the counts of preemptions, rejections and hits from its step
-    lines."""
+    """check_case on a trace read from `stream`."""
     data = stream.read()
-    reader = TraceReader(io.BytesIO(data))
-    header = reader.header
     if profile is None:
-        profile = release_profile(header.engine)
-    if replay_refused(profile) is None:
-        report = check_trace_vectorized(io.BytesIO(data), profile=profile)
-    else:  # vLLM V0's step: the reference replays it
-        report = new_checker(header.config, profile=profile,
-                             preempted_order=header.preempted_order).run_trace(reader)
-    preemptions = rejected = hits = hit_blocks = 0
-    for line in data.splitlines()[1:]:
-        rec = orjson.loads(line)
-        preemptions += len(rec.get("preempted", ()))
-        rejected += len(rec.get("rejected", ()))
-        found = rec.get("prefix_hits", {})
-        hits += len(found)
-        hit_blocks += sum(len(ids) for ids in found.values())
-    divergence = next((v for v in report.violations if v.invariant == "profile"), None)
-    must = Counter({k: n for k, n in report.counts.items() if INVARIANTS[k] == MUST})
-    should = Counter({k: n for k, n in report.counts.items() if INVARIANTS[k] == SHOULD})
-    return Verdict(case, report.steps, report.requests, preemptions, rejected,
-                   report.complete, must, should, divergence, header.config.prefix_caching,
-                   hits, hit_blocks, profile)
+        profile = release_profile(TraceReader(io.BytesIO(data)).header.engine)
+    return check_stream_under(case, io.BytesIO(data), profile)
 
 
 # Each knob of the profile, flipped: the suite must tell every one of these from vLLM,
@@ -495,129 +389,36 @@ def knob_variants(profile: str) -> dict[str, Knobs]:
     return variants
 
 
-def first_divergence(path: Path, knobs: Knobs, profile: str,
-                     config_changes: Mapping[str, object] | None = None,
-                     scheduler: SchedulerKind | None = None) -> int | None:
-    """The first step where the reference with `knobs` (on the trace's config with
-    `config_changes`; the step of `scheduler`, by default the profile's) decides
-    otherwise than the trace."""
-    with path.open("rb") as stream:
-        reader = TraceReader(stream)
-        config = replace(reader.header.config,
-                         **(config_changes or {}))  # type: ignore[arg-type]
-        kind = scheduler if scheduler is not None else get_profile(profile).scheduler
-        replay = ProfileReplay(profile, scheduler_for(config, knobs, kind))
-        for rec in reader:
-            if replay.step(rec) is not None:
-                return rec.step
-    return None
-
-
-# A flipped rule: other knobs, changes to the trace's config (a rule an engine declares
-# in its header, as V0's allocation), and the scheduler whose step runs them
-# (Profile.scheduler).
-Variant = tuple[Knobs, Mapping[str, object], SchedulerKind]
-
-
-def print_sensitivity(paths: Sequence[Path], profile: str, engine: str,
-                      variants: Mapping[str, Variant] | None = None) -> list[str]:
-    """Print where the traces tell each flipped rule (sensitivity) from `engine`; the
-    rules no trace tells, which make a suite's run fail."""
-    blind = []
-    for name, where in sensitivity(paths, profile, variants).items():
-        print(f"{'OK  ' if where else 'FAIL'} {profile} with {name} diverges from {engine}: "
-              f"{where or 'on no trace: the suite cannot tell this rule'}")
-        if where is None:
-            blind.append(name)
-    return blind
-
-
-def sensitivity(paths: Sequence[Path], profile: str,
-                variants: Mapping[str, Variant] | None = None) -> dict[str, str | None]:
-    """For each flipped knob (by default `knob_variants(profile)`), the first trace (and
-    step) that tells it from the engine."""
-    if variants is None:
-        kind = get_profile(profile).scheduler
-        variants = {name: (knobs, {}, kind) for name, knobs in knob_variants(profile).items()}
-    found: dict[str, str | None] = {}
-    for name, (knobs, changes, scheduler) in variants.items():
-        found[name] = None
-        for path in paths:
-            step = first_divergence(path, knobs, profile, changes, scheduler)
-            if step is not None:
-                found[name] = f"{path.stem} step {step}"
-                break
-    return found
+def v1_variants(profile: str) -> dict[str, Variant]:
+    """knob_variants as the sensitivity check takes them: on the trace's own config, by
+    the profile's step."""
+    kind = get_profile(profile).scheduler
+    return {name: (knobs, {}, kind) for name, knobs in knob_variants(profile).items()}
 
 
 def run(cases: Sequence[Case], out: Path, vllm_python: Path) -> list[Verdict]:
     out.mkdir(parents=True, exist_ok=True)
     jobs = [Job(c.name, c.config, c.workload(), out / f"{c.name}.jsonl", MAX_STEPS)
             for c in cases]
-    for r in record_jobs(jobs, vllm_python):
+    for r in VLLM.record_jobs(jobs, vllm_python):
         if r.stopped is not None:  # its trace keeps the steps before: INCOMPLETE below
             print(f"STOP {r.job.name}: vLLM {r.engine.get('version', '?')} did something in "
                   f"step {r.steps} that trace v1 cannot say: {r.stopped}")
     return [check_case(c.name, out / f"{c.name}.jsonl") for c in cases]
 
 
-def counts(c: Counter[str]) -> str:
-    return ", ".join(f"{k} x{n}" for k, n in sorted(c.items())) or "0"
-
-
-def line(v: Verdict) -> str:
-    """One case's verdict in a line."""
-    mark = "OK  " if v.ok else "FAIL"
-    if v.divergence is None:
-        divergence = "none"
-    elif v.case in KNOWN_DIVERGENCES:
-        divergence = "known: " + KNOWN_DIVERGENCES[v.case]
-    else:
-        divergence = f"step {v.divergence.step}"
-    caching = (f"caching on, {v.hits} hits of {v.hit_blocks} blocks" if v.prefix_caching
-               else "caching off")
-    return (f"{mark} {v.case}: {caching}; {v.steps} steps, {v.requests} requests, "
-            f"{v.preemptions} preemptions, {v.rejected} rejected; MUST {counts(v.must)}; "
-            f"SHOULD {counts(v.should)}; {v.profile} divergence {divergence}"
-            + ("" if v.complete else "; INCOMPLETE"))
-
-
-def summary(what: str, verdicts: Sequence[Verdict]) -> str:
-    """The random cases of one kind in a line."""
-    exact = (f", {sum(v.exact for v in verdicts)} exact under {verdicts[0].profile}, "
-             f"{sum(v.hits for v in verdicts)} hits" if verdicts and verdicts[0].prefix_caching
-             else "")
-    return (f"{what}: {sum(v.ok for v in verdicts)} of {len(verdicts)} conform{exact}, "
-            f"{sum(v.steps for v in verdicts)} steps, "
-            f"{sum(v.preemptions for v in verdicts)} preemptions, "
-            f"{sum(v.rejected for v in verdicts)} rejected; SHOULD "
-            f"{counts(sum((v.should for v in verdicts), Counter()))}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.vllm",
-                                     description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("names", nargs="*", help="run only these cases")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the traces")
-    parser.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON)
-    parser.add_argument("--random", type=int, default=DEFAULT_RANDOM, metavar="N",
-                        help=f"also N small random cases, prefix caching off (default "
-                             f"{DEFAULT_RANDOM})")
+    parser = suite_parser("conformance.vllm", __doc__, "--vllm-python", DEFAULT_VLLM_PYTHON,
+                          DEFAULT_OUT, DEFAULT_RANDOM, ", prefix caching off")
     parser.add_argument("--random-prefix", type=int, default=DEFAULT_RANDOM_PREFIX,
                         metavar="M", help=f"also M small random cases with shared prefixes, "
                                           f"prefix caching on (default {DEFAULT_RANDOM_PREFIX})")
-    parser.add_argument("--seed", type=int, default=0, help="first random case's seed")
-    parser.add_argument("--list", action="store_true", help="list the cases and stop")
     args = parser.parse_args(argv)
-    for flag, n in (("--random", args.random), ("--random-prefix", args.random_prefix)):
-        if n < 0:
-            print(f"conformance.vllm: error: {flag} must not be negative, got {n}",
-                  file=sys.stderr)
-            return 2
+    if refused("conformance.vllm", {"--random": args.random,
+                                    "--random-prefix": args.random_prefix}):
+        return 2
     if args.list:
-        for c in CASES:
-            print(f"{c.name}: {c.what}")
-        return 0
+        return list_cases(CASES)
     known = {c.name for c in CASES}
     unknown = [n for n in args.names if n not in known]
     if unknown:
@@ -662,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # quickest; the free list's order is told only with it on)
         named = sorted(cases, key=lambda c: c.config.prefix_caching)
         blind = print_sensitivity([args.out / f"{c.name}.jsonl" for c in named], profile,
-                                  "vLLM")
+                                  "vLLM", v1_variants(profile))
     print(f"{time.monotonic() - started:.0f} s")
     return 1 if failed or blind else 0
 

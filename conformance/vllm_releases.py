@@ -42,17 +42,17 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from conformance.common import Case, Verdict
 from conformance.vllm import (
     CASES,
     MAX_STEPS,
-    Case,
     NoProfile,
-    Verdict,
     check_stream,
     random_case,
     random_prefix_case,
 )
-from kvsched.adapters.vllm import AdapterError, Job, record_jobs
+from kvsched.adapters.recording import AdapterError, Job
+from kvsched.adapters.vllm import ENGINE as VLLM
 from kvsched.adapters.vllm_releases import ReleaseError, build, release_env, site_packages
 from kvsched.spec.profiles import (
     VLLM_V1_EPOCHS,
@@ -209,7 +209,7 @@ def record(release: str, chosen: Sequence[Case], store: Path = STORE) -> list[Ve
         steps = NO_EPOCH_STEPS if release in NO_EPOCH else MAX_STEPS
         jobs = [Job(c.name, c.config, c.workload(), Path(tmp) / f"{c.name}.jsonl", steps)
                 for c in runnable]
-        record_jobs(jobs, env.python)
+        VLLM.record_jobs(jobs, env.python)
         traces = {job.name: job.out.read_bytes() for job in jobs}
     keep(store, release, traces, skipped)
     return [check(s) for s in stored(store, [release])]

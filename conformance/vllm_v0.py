@@ -23,7 +23,6 @@ some named case diverge; 1 otherwise; 2 on bad input or a missing V0 environment
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
@@ -32,20 +31,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from conformance.vllm import (
+from conformance.common import (
     Case,
     Variant,
     Verdict,
     check_case,
     counts,
+    list_cases,
     never_fitting,
     over_max_model_len,
     print_sensitivity,
     random_workload,
+    refused,
+    suite_parser,
     with_aborts,
 )
-from kvsched.adapters.vllm import AdapterError, Job
-from kvsched.adapters.vllm_v0 import DEFAULT_VLLM_V0_PYTHON, RecordedV0, record_jobs
+from kvsched.adapters.recording import AdapterError, Job
+from kvsched.adapters.vllm_v0 import DEFAULT_VLLM_V0_PYTHON, RecordedV0
+from kvsched.adapters.vllm_v0 import ENGINE as V0
 from kvsched.generators import generate
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config
@@ -287,7 +290,7 @@ STORED: tuple[str, ...] = (*(c.name for c in (*KINDS, *EDGES)),
 
 @dataclass
 class Outcome:
-    """One case's verdict (conformance.vllm.Verdict) and how V0 ran."""
+    """One case's verdict (conformance.common.Verdict) and how V0 ran."""
 
     verdict: Verdict
     engine_error: str | None
@@ -334,7 +337,7 @@ def run(cases: Sequence[Case], out: Path, vllm_python: Path,
     jobs = [Job(c.name, c.config, c.workload(), out / f"{c.name}.jsonl",
                 max_steps.get(c.name, MAX_STEPS)) for c in cases]
     recorded: Mapping[str, RecordedV0] = {r.job.name: r
-                                          for r in record_jobs(jobs, vllm_python)}
+                                          for r in V0.record_jobs(jobs, vllm_python)}
     return [Outcome(check_case(c.name, out / f"{c.name}.jsonl", PROFILE),
                     recorded[c.name].engine_error, recorded[c.name].stalled) for c in cases]
 
@@ -360,30 +363,19 @@ def faults(outcomes: Sequence[Outcome]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.vllm_v0",
-                                     description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("names", nargs="*", help="run only these cases")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the traces")
-    parser.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_V0_PYTHON)
-    parser.add_argument("--random", type=int, default=DEFAULT_RANDOM, metavar="N",
-                        help=f"also N small random cases (default {DEFAULT_RANDOM})")
-    parser.add_argument("--seed", type=int, default=0, help="first random case's seed")
-    parser.add_argument("--list", action="store_true", help="list the cases and stop")
+    parser = suite_parser("conformance.vllm_v0", __doc__, "--vllm-python",
+                          DEFAULT_VLLM_V0_PYTHON, DEFAULT_OUT, DEFAULT_RANDOM, "")
     parser.add_argument("--stored", action="store_true",
                         help="only the kinds and the defects (tests/data/vllm-v0/)")
     args = parser.parse_args(argv)
     if args.stored:
         args.names = [*args.names, *STORED]
-    if args.random < 0:
-        print(f"conformance.vllm_v0: error: --random must not be negative, got "
-              f"{args.random}", file=sys.stderr)
+    if refused("conformance.vllm_v0", {"--random": args.random}):
         return 2
     defects = {d.case.name: d for d in DEFECTS}
     named = [*CASES, *(d.case for d in DEFECTS)]
     if args.list:
-        for c in named:
-            print(f"{c.name}: {c.what}")
-        return 0
+        return list_cases(named)
     unknown = [n for n in args.names if n not in {c.name for c in named}]
     if unknown:
         print(f"conformance.vllm_v0: error: unknown case {unknown[0]!r}; see --list",

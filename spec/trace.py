@@ -34,6 +34,14 @@ STEP_KEYS = frozenset({"step", "arrivals", "aborted", "rejected", "preempted", "
                        "scheduled", "finished", "free_blocks", "new_blocks", "time_ms",
                        "prefix_hits", "block_keys", "dedup"})
 HEADER_KEYS = frozenset({"kvsched", "version", "engine", "config", "preempted_order"})
+# The step keys each engine's adapter (kvsched.adapters) adds to trace v1's, by the
+# header's engine name: known, so that kvsched's own traces get no "ignored unknown
+# keys" note (vLLM V0's free swap blocks; SGLang's step mode, its free and evictable
+# page counts, the new-token ratio its admission used).
+ENGINE_STEP_KEYS: dict[str, frozenset[str]] = {
+    "vllm": frozenset({"free_host_blocks"}),
+    "sglang": frozenset({"mode", "free_pages", "evictable_pages", "new_token_ratio"}),
+}
 
 
 class TraceError(ValueError):
@@ -281,6 +289,12 @@ def _block_map(obj: dict[str, Any], key: str, line: int) -> dict[str, tuple[int,
     return out
 
 
+def engine_step_keys(header: Header) -> frozenset[str]:
+    """The step keys of the header's engine's own (ENGINE_STEP_KEYS), which a reader
+    ignores without a note."""
+    return ENGINE_STEP_KEYS.get(header.engine.get("name", ""), frozenset())
+
+
 class TraceReader:
     """Streams a trace from a binary file: `header` first, then iterate the steps.
 
@@ -297,6 +311,7 @@ class TraceReader:
         if first is END_OF_FILE:
             raise TraceError(1, "empty file: expected a trace header line")
         self.header = parse_header(first, self._line)
+        self._known = STEP_KEYS | engine_step_keys(self.header)
 
     def _next_object(self) -> Any:
         """The next non-blank line's JSON value, or END_OF_FILE."""
@@ -326,7 +341,7 @@ class TraceReader:
                 raise TraceError(self._line, f"expected step {expected}, got {rec.step} "
                                              "(steps are numbered from 0 without gaps)")
             for key in obj:
-                if key not in STEP_KEYS and key not in self.unknown_keys:
+                if key not in self._known and key not in self.unknown_keys:
                     self.unknown_keys[key] = self._line
             expected += 1
             yield rec

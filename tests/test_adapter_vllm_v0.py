@@ -30,13 +30,12 @@ import pytest
 
 from conformance.vllm_v0 import DEFECTS, EDGES, KIND_WORKLOAD, KINDS
 from kvsched.adapters import vllm_v0_driver
-from kvsched.adapters.vllm import AdapterError, Job, read_events
+from kvsched.adapters.recording import AdapterError, Job, read_events
+from kvsched.adapters.vllm_v0 import ENGINE as V0
 from kvsched.adapters.vllm_v0 import (
     VLLM_V0_VERSION,
     RecordedV0,
-    assemble,
     config_from_v0,
-    record_jobs,
     step_record,
     v0_settings,
     v0_watermark,
@@ -210,7 +209,7 @@ def read_trace(path: Path) -> tuple[Header, list[StepRecord], bool, dict[str, in
 
 def test_assembled_trace_reads_back_with_free_host_blocks(tmp_path: Path) -> None:
     job = Job("t", SWAP_CONFIG, SWAP_WORKLOAD, tmp_path / "t.jsonl")
-    [result] = assemble([job], iter(SWAP_EVENTS))
+    [result] = V0.assemble([job], iter(SWAP_EVENTS))
     assert isinstance(result, RecordedV0) and result.complete and result.steps == 5
     assert (result.preemptions, result.swaps, result.swap_ins) == (1, 1, 1)
     assert result.config == SWAP_CONFIG and result.engine_error is None
@@ -223,7 +222,8 @@ def test_assembled_trace_reads_back_with_free_host_blocks(tmp_path: Path) -> Non
     adapter = header.extra["adapter"]
     assert adapter["allocation"].startswith("prompt") and \
         adapter["watermark_scope"].startswith("always")
-    assert unknown == {"free_host_blocks": 2}  # V0's own key, on every step line
+    # V0's own key, on every step line, is a known one (spec.trace.ENGINE_STEP_KEYS).
+    assert unknown == {}
     assert [json.loads(line).get("free_host_blocks") for line in lines[1:-1]] == [
         8, 6, 6, 6, 8]
 
@@ -232,7 +232,7 @@ def test_v0s_worst_case_reserve_is_a_should_warning_not_a_must_error(tmp_path: P
     # Step 1's swap is V0's rule (one free block per running request), which the spec
     # sees as a preemption the step did not need.
     job = Job("t", SWAP_CONFIG, SWAP_WORKLOAD, tmp_path / "t.jsonl")
-    assemble([job], iter(SWAP_EVENTS))
+    V0.assemble([job], iter(SWAP_EVENTS))
     with job.out.open("rb") as f:
         report = check_trace(TraceReader(f))
     assert report.counts == {"needed-preemption": 1} and report.unchecked == {}
@@ -243,7 +243,7 @@ def test_v0s_worst_case_reserve_is_a_should_warning_not_a_must_error(tmp_path: P
 def test_a_job_v0_failed_in_keeps_its_steps_without_an_end_line(tmp_path: Path) -> None:
     job = Job("t", SWAP_CONFIG, SWAP_WORKLOAD, tmp_path / "t.jsonl")
     error = "AssertionError at vllm/core/scheduler.py:1077: Waiting sequence group ..."
-    [result] = assemble([job], iter([*SWAP_EVENTS[:3], {"done": "t", "complete": False,
+    [result] = V0.assemble([job], iter([*SWAP_EVENTS[:3], {"done": "t", "complete": False,
                                                         "steps": 2, "engine_error": error}]))
     assert not result.complete and result.steps == 2 and result.engine_error == error
     _, records, complete, _ = read_trace(job.out)
@@ -254,15 +254,15 @@ def test_a_config_v0_changed_is_refused_and_leaves_no_file(tmp_path: Path) -> No
     job = Job("t", SWAP_CONFIG, SWAP_WORKLOAD, tmp_path / "t.jsonl")
     changed = dict(HEADER, config=effective(v0_settings(SWAP_CONFIG), max_model_len=6))
     with pytest.raises(AdapterError, match="V0 changed the config: max_model_len: asked 8"):
-        assemble([job], iter([changed, *SWAP_EVENTS[1:]]))
+        V0.assemble([job], iter([changed, *SWAP_EVENTS[1:]]))
     assert not job.out.exists() and not list(tmp_path.iterdir())
 
 
 def test_an_error_event_is_one_line_and_leaves_no_partial_file(tmp_path: Path) -> None:
     job = Job("t", SWAP_CONFIG, SWAP_WORKLOAD, tmp_path / "t.jsonl")
     lines = [json.dumps(e).encode() for e in SWAP_EVENTS[:2]] + [b'{"error": "boom"}']
-    with pytest.raises(AdapterError, match=r"^vLLM: boom$"):
-        assemble([job], read_events(lines))
+    with pytest.raises(AdapterError, match=r"^V0: boom$"):
+        V0.assemble([job], read_events(lines, "V0"))
     assert not list(tmp_path.iterdir())
 
 
@@ -308,14 +308,14 @@ def fake_python(tmp_path: Path, events: list[dict[str, Any]], status: int = 0) -
 
 def test_record_jobs_streams_the_driver_output_into_traces(tmp_path: Path) -> None:
     job = Job("t", SWAP_CONFIG, SWAP_WORKLOAD, tmp_path / "t.jsonl")
-    [result] = record_jobs([job], fake_python(tmp_path, SWAP_EVENTS))
+    [result] = V0.record_jobs([job], fake_python(tmp_path, SWAP_EVENTS))
     assert result.complete and result.steps == 5 and result.swaps == 1
 
 
 def test_a_driver_that_fails_is_reported_with_its_last_words(tmp_path: Path) -> None:
     job = Job("t", SWAP_CONFIG, SWAP_WORKLOAD, tmp_path / "t.jsonl")
     with pytest.raises(AdapterError, match="V0 driver exited with status 3: V0 says goodbye"):
-        record_jobs([job], fake_python(tmp_path, SWAP_EVENTS[:2], status=3))
+        V0.record_jobs([job], fake_python(tmp_path, SWAP_EVENTS[:2], status=3))
     assert not job.out.exists()
 
 
@@ -324,13 +324,13 @@ def test_the_real_driver_without_vllm_fails_in_one_line(tmp_path: Path) -> None:
     # the adapter's own vllm.py from shadowing the real package.
     job = Job("t", SWAP_CONFIG, SWAP_WORKLOAD, tmp_path / "t.jsonl")
     with pytest.raises(AdapterError, match=r"^V0: ModuleNotFoundError: No module named"):
-        record_jobs([job], Path(sys.executable))
+        V0.record_jobs([job], Path(sys.executable))
 
 
 def test_a_missing_environment_says_how_to_create_it(tmp_path: Path) -> None:
     job = Job("t", SWAP_CONFIG, SWAP_WORKLOAD, tmp_path / "t.jsonl")
     with pytest.raises(AdapterError, match="make vllm-v0-env"):
-        record_jobs([job], tmp_path / "nowhere" / "python")
+        V0.record_jobs([job], tmp_path / "nowhere" / "python")
 
 
 def kvsched(*args: str) -> subprocess.CompletedProcess[str]:
@@ -418,7 +418,7 @@ def v0_traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Re
     steps = {d.case.name: d.max_steps for d in DEFECTS}
     jobs = [Job(name, c.config, c.workload(), folder / f"{name}.jsonl",
                 max_steps=steps.get(name, 400)) for name, c in LIVE.items()]
-    yield {r.job.name: r for r in record_jobs(jobs, python)}
+    yield {r.job.name: r for r in V0.record_jobs(jobs, python)}
 
 
 def verdict(path: Path) -> Report:

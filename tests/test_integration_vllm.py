@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from conformance.vllm import check_case
-from kvsched.adapters.vllm import Job, driver_input
+from kvsched.adapters.recording import Job
+from kvsched.adapters.vllm import ENGINE as VLLM
 from kvsched.integrations.vllm_trace import (
     TraceSetupError,
     open_trace,
@@ -145,10 +146,10 @@ def jobs() -> list[dict[str, Any]]:
             ("fcfs", CONFIG, MIXED),
             ("priority", replace(CONFIG, policy="priority"), MIXED),
             ("caching", replace(CONFIG, prefix_caching=True), PREFIXED)):
-        job = driver_input(Job(name, config, workload, Path("unused")))
+        job = VLLM.driver_input(Job(name, config, workload, Path("unused")))
         job["late_aborts"] = LATE
         out.append(job)
-    broken = driver_input(Job("broken", CONFIG, MIXED, Path("unused")))
+    broken = VLLM.driver_input(Job("broken", CONFIG, MIXED, Path("unused")))
     broken["break_trace_after"] = BROKEN_AFTER
     return [*out, broken]
 

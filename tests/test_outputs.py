@@ -190,10 +190,11 @@ def test_a_full_disk_under_a_recording_is_one_adapter_error() -> None:
     before = device("/dev/full")
     from test_adapter_vllm import CONFIG, EVENTS, SMALL
 
-    from kvsched.adapters.vllm import AdapterError, Job, assemble
+    from kvsched.adapters.recording import AdapterError, Job
+    from kvsched.adapters.vllm import ENGINE as VLLM
 
     with pytest.raises(AdapterError) as caught:
-        assemble([Job("t", CONFIG, SMALL, Path("/dev/full"))], iter(EVENTS))
+        VLLM.assemble([Job("t", CONFIG, SMALL, Path("/dev/full"))], iter(EVENTS))
     assert str(caught.value) == "/dev/full: no space left on device"
     assert still_the_device("/dev/full", before)
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from conformance.common import Verdict, first_divergence
 from conformance.sglang import CASES, FLIPS, PROFILE, check, stored, variants
-from conformance.vllm import Verdict, first_divergence
 
 NAMED = [c.name for c in CASES]
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from conformance.vllm import check_stream
+from conformance.common import check_stream
 from tools.engines_side_by_side import (
     ENGINES,
     OUT,

@@ -21,12 +21,11 @@ import pytest
 
 from conformance.vllm import CASES
 from kvsched.adapters import vllm_driver
+from kvsched.adapters.recording import Job
+from kvsched.adapters.vllm import ENGINE as VLLM
 from kvsched.adapters.vllm import (
     REQUIRED_ENGINE_SETTINGS,
-    Job,
-    assemble,
     config_from_vllm,
-    record_jobs,
     vllm_settings,
 )
 from kvsched.adapters.vllm_releases import (
@@ -477,7 +476,7 @@ EVENTS = [step(0, arrivals=["a"], scheduled=[["a", 6]], new_block_ids={"a": [1, 
 
 def test_the_shims_that_fired_are_the_traces_engine_field(tmp_path: Path) -> None:
     job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
-    [result] = assemble([job], iter([header(["no-watermark", "request-eos"]), *EVENTS,
+    [result] = VLLM.assemble([job], iter([header(["no-watermark", "request-eos"]), *EVENTS,
                                      {"done": "t", "complete": True, "steps": 3}]))
     assert result.engine == {"name": "vllm", "version": "0.11.2",
                              "shims": "no-watermark,request-eos"}
@@ -488,7 +487,7 @@ def test_the_shims_that_fired_are_the_traces_engine_field(tmp_path: Path) -> Non
     checked = kvsched("check", str(job.out))
     assert checked.returncode == 0, checked.stdout + checked.stderr
     # None fired (0.31-0.33): the header is as it always was.
-    [plain] = assemble([replace(job, out=tmp_path / "p.jsonl")], iter([
+    [plain] = VLLM.assemble([replace(job, out=tmp_path / "p.jsonl")], iter([
         header([]), *EVENTS, {"done": "t", "complete": True, "steps": 3}]))
     assert plain.engine == {"name": "vllm", "version": "0.11.2"}
 
@@ -509,7 +508,7 @@ STOPPED = {"done": "t", "complete": False, "steps": 2,
 
 def test_a_driver_stop_keeps_the_steps_before_it(tmp_path: Path) -> None:
     job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
-    [result] = record_jobs([job], fake_python(tmp_path, [header([]), *EVENTS[:2], STOPPED]))
+    [result] = VLLM.record_jobs([job], fake_python(tmp_path, [header([]), *EVENTS[:2], STOPPED]))
     assert not result.complete and result.steps == 2 and result.stopped == STOPPED["stopped"]
     with job.out.open("rb") as f:
         reader = TraceReader(f)

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.vllm import check_case, first_divergence, sensitivity
+from conformance.common import check_case, first_divergence, sensitivity
 from conformance.vllm_v0 import (
     DEFECTS,
     EDGES,

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from kvsched.adapters import sglang as sglang_adapter
 from kvsched.adapters import vllm as vllm_adapter
-from kvsched.adapters.vllm import Job
+from kvsched.adapters.recording import AdapterError, Job
 from kvsched.generators import generate
 from kvsched.metrics import Metrics, metrics_of_trace
 from kvsched.spec.model import Config
@@ -90,7 +90,7 @@ def record(vllm_python: Path, sglang_python: Path, out: Path) -> None:
     for engine, python in (("vllm", vllm_python), ("sglang", sglang_python)):
         jobs = [Job(w.name, config_of(engine), items(w), out / f"{w.name}-{engine}.jsonl")
                 for w in WORKLOADS]
-        adapter = vllm_adapter if engine == "vllm" else sglang_adapter
+        adapter = vllm_adapter.ENGINE if engine == "vllm" else sglang_adapter.ENGINE
         for r in adapter.record_jobs(jobs, python):
             if not r.complete:
                 raise SystemExit(f"{r.job.name}: {engine} stopped early: {r.stopped}")
@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.what == "record":
         try:
             record(args.vllm_python, args.sglang_python, args.out)
-        except vllm_adapter.AdapterError as e:
+        except AdapterError as e:
             print(f"engines_side_by_side: error: {e}", file=sys.stderr)
             return 2
     OUT.write_text(render())

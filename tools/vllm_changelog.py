@@ -28,7 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from conformance.vllm import CASES, FLIPPABLE, Verdict, case_named
+from conformance.common import Verdict
+from conformance.vllm import CASES, FLIPPABLE, case_named
 from conformance.vllm_releases import NO_EPOCH, STORE, Stored, checked, stored
 from kvsched.diff import Divergence, Stream, diff_streams, simulated, trace_stream
 from kvsched.implementations import build_scheduler

@@ -20,7 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-from kvsched.adapters.vllm import Job, record_jobs
+from kvsched.adapters.recording import Job
+from kvsched.adapters.vllm import ENGINE as VLLM
 from kvsched.generators import generate
 from kvsched.spec.model import Config
 from kvsched.workload import WorkItem, item_dict
@@ -48,7 +49,7 @@ def record(pythons: dict[str, Path], out: Path = DATA) -> list[Path]:
     paths = []
     for release in RELEASES:
         path = out / f"vllm-{release}.jsonl"
-        [recorded] = record_jobs([Job(f"vllm-{release}", CONFIG, items, path)],
+        [recorded] = VLLM.record_jobs([Job(f"vllm-{release}", CONFIG, items, path)],
                                  pythons[release])
         if not recorded.complete:
             raise SystemExit(f"vllm_releases: vLLM {release}'s trace did not complete")

@@ -13,7 +13,7 @@ line per job on standard output. `bench` times the scheduler calls of both on th
 same workload in interleaved rounds. From kvsched's Python, `run_lockstep` and
 `bench_tracing` run these and read the answers back.
 
-A job is the vLLM driver's (kvsched.adapters.vllm.driver_input) plus "late_aborts":
+A job is the vLLM driver's (kvsched.adapters.vllm.ENGINE.driver_input) plus "late_aborts":
 {step: [ids]}, aborted between schedule() and update_from_output(), as the engine core
 does with a client's abort that arrives during the forward pass, and for `lockstep`
 "break_trace_after": a step after which the trace's file fails under the plugin.
@@ -266,7 +266,8 @@ def bench_tracing(rounds: int = 7, vllm_python: Path = VLLM_PYTHON) -> list[dict
     workload, in lockstep, for each of TRACING_LOADS. The ratio of a round is its
     traced over its untraced time; the answer is the geometric mean over the rounds.
     Which scheduler goes first alternates step by step (bench)."""
-    from kvsched.adapters.vllm import Job, driver_input
+    from kvsched.adapters.recording import Job
+    from kvsched.adapters.vllm import ENGINE as VLLM
     from kvsched.generators import SHARED_PROMPTS, generate
     from kvsched.spec.model import Config
 
@@ -278,7 +279,7 @@ def bench_tracing(rounds: int = 7, vllm_python: Path = VLLM_PYTHON) -> list[dict
                         long_prefill_token_threshold=0, policy="fcfs",
                         preemption="recompute", watermark_blocks=0, prefix_caching=True)
         workload = generate(SHARED_PROMPTS, n, seed=1, rate=rate, max_model_len=2048)
-        jobs.append(driver_input(Job(name, config, workload, Path("unused"))))
+        jobs.append(VLLM.driver_input(Job(name, config, workload, Path("unused"))))
     results = []
     for (name, seqs, n, *_), answer in zip(
             TRACING_LOADS, in_vllm("bench", jobs, str(rounds), vllm_python), strict=True):

