@@ -13,6 +13,11 @@ Half the configs turn prefix caching on; then a rule brings a workload whose pro
 start with shared prefixes or with whole earlier requests (conversation turns), so
 that hits, shared blocks, evictions and vLLM's free-list order all occur.
 
+vLLM V0's and SGLang's steps are the reference's alone (the fast schedulers refuse
+them): on those, `test_reference_only_step_kinds_agree_with_their_profile_replay`
+compares what applies, the reference's runs against the spec's checker and the
+profile's replay.
+
 Profiles: `ci` runs 60 programs of up to 50 rules in `make test`; `deep` (make
 fuzz-deep) runs 2000 programs of up to 500 rules. The same machine runs on cuda when
 torch sees a GPU.
@@ -20,12 +25,13 @@ torch sees a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from unittest import TestCase
 
 import pytest
 import torch
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -38,18 +44,24 @@ from hypothesis.stateful import (
     rule,
 )
 
+from kvsched.conformance import check_profile
 from kvsched.optimized.compiled import CompiledScheduler
-from kvsched.reference import ReferenceScheduler
-from kvsched.spec import Config, Decision, Request
+from kvsched.reference import ReferenceScheduler, scheduler_for
+from kvsched.simulate import run
+from kvsched.spec import Config, Decision, Request, StepRecord, check_steps
+from kvsched.spec.profiles import get_profile
+from kvsched.spec.should import Stalled
 from kvsched.strategies import (
     configs,
     output_lens,
     policies,
+    profiles,
     prompt_lens,
     resolve,
+    step_kind,
     workloads,
 )
-from kvsched.testing.implementations import SchedulerFactory
+from kvsched.testing.implementations import SchedulerFactory, servable
 
 # Per-step tensors are small: intra-op threads only wait on each other (and pytest -n 2
 # already gives each of the 2 cores a worker).
@@ -237,3 +249,30 @@ TestLockstepCuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="torch.cuda.is_available() is False: no CUDA GPU on this machine")(
     lockstep_test_case("optimized-cuda"))
+
+
+# -- the step kinds the fast schedulers refuse ----------------------------------------------
+
+@settings(max_examples=30, deadline=None)
+@given(config=st.one_of(configs(), configs(prefix_caching=True)),
+       name=profiles(scheduler=None).filter(lambda n: get_profile(n).scheduler != "v1"),
+       data=st.data())
+def test_reference_only_step_kinds_agree_with_their_profile_replay(
+        config: Config, name: str, data: st.DataObject) -> None:
+    """vLLM V0's and SGLang's steps are the reference's alone: the compiled and torch
+    schedulers refuse them (checked here). What applies on those kinds is the reference
+    against the spec: its run (aborts included) is MUST-clean, and the profile's replay
+    of the trace, from the spec's replay of the arrivals and finishes, agrees with it
+    step by step. V0's runs are cut at 300 steps (its profile reproduces V0's stalls)."""
+    kind = step_kind(name)
+    config, knobs = resolve(config, name)
+    config = servable(config, kind)
+    with pytest.raises(ValueError):
+        SchedulerFactory("compiled")(config, knobs, kind)
+    items = data.draw(workloads(config, shared=config.prefix_caching), label="workload")
+    records: list[StepRecord] = []
+    with contextlib.suppress(Stalled):
+        records.extend(run(scheduler_for(config, knobs, kind), items, max_steps=300))
+    report = check_steps(config, records, complete=False)
+    assert report.errors() == 0, [v.message for v in report.violations]
+    assert check_profile(config, records, name) == []

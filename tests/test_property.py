@@ -35,8 +35,8 @@ from kvsched.spec.blocks import (
     rejectable,
 )
 from kvsched.spec.profiles import get_profile
-from kvsched.strategies import configs, knobs, profiles, workloads
-from kvsched.testing.implementations import SchedulerFactory
+from kvsched.strategies import configs, honoured, knobs, profiles, workloads
+from kvsched.testing.implementations import SchedulerFactory, servable
 from kvsched.workload import WorkItem
 
 MAX_STEPS = 2000  # far above any drawn workload's need; running out is a liveness failure
@@ -67,18 +67,24 @@ def assert_obeys(report: Report, should: tuple[str, ...]) -> None:
 
 
 @st.composite
-def profile_runs(draw: st.DrawFn, torch: bool) -> tuple[str, Config, list[WorkItem]]:
-    """A profile (one the torch scheduler runs, with `torch`), a config it configured,
-    and a workload for that config."""
-    name = draw(profiles(torch=torch))
-    config = get_profile(name).configure(draw(configs()))
+def profile_runs(draw: st.DrawFn, factory: SchedulerFactory
+                 ) -> tuple[str, Config, list[WorkItem]]:
+    """A profile (one `factory`'s scheduler runs: the reference's of vLLM v1's and
+    SGLang's steps), a config it configured and its engine serves, and a workload for
+    that config. vLLM V0's profile, which reproduces V0's stalls, keeps out."""
+    reference = factory.implementation == "reference"
+    name = draw(st.one_of(profiles(torch=factory.torch),
+                          *([profiles("sglang")] if reference else [])))
+    profile = get_profile(name)
+    kind = profile.scheduler
+    config = servable(honoured(profile.configure(draw(configs())), kind), kind)
     return name, config, draw(workloads(config))
 
 
 @given(data=st.data())
 def test_every_profile_obeys_the_spec(scheduler_factory: SchedulerFactory,
                                       data: st.DataObject) -> None:
-    name, config, items = data.draw(profile_runs(scheduler_factory.torch), label="setup")
+    name, config, items = data.draw(profile_runs(scheduler_factory), label="setup")
     _, report = simulate(config, scheduler_factory.profile(name, config), items)
     promised = LIVENESS + (("no-thrash",) if name == "vllm-v1" else ())
     assert_obeys(report, promised)

@@ -40,8 +40,8 @@ from kvsched.spec.profiles import PROFILES, SchedulerKind, get_profile
 from kvsched.spec.step_kinds import SCHEDULER_KINDS, STEP_KINDS, ignored_fields
 from kvsched.workload import WorkItem, validate
 
-__all__ = ["configs", "honoured", "knobs", "output_lens", "profiles", "prompt_lens",
-           "workloads"]
+__all__ = ["configs", "honoured", "knobs", "output_lens", "policies", "profiles",
+           "prompt_lens", "resolve", "step_kind", "workloads"]
 
 
 @st.composite
@@ -143,16 +143,29 @@ def profiles(scheduler: SchedulerKind | None = "v1", torch: bool = False
     them. With `torch`, only those the torch scheduler runs."""
     from kvsched.optimized.knobs import unsupported_knobs
 
-    kinds = SCHEDULER_KINDS if scheduler is None else (scheduler,)
+    if scheduler is None:  # each kind as often, whatever its number of profiles
+        return st.one_of(*(profiles(kind, torch) for kind in SCHEDULER_KINDS
+                           if any(p.scheduler == kind for p in PROFILES.values())))
     return st.sampled_from(sorted(
-        name for name, p in PROFILES.items() if p.scheduler in kinds
+        name for name, p in PROFILES.items() if p.scheduler == scheduler
         and not (torch and unsupported_knobs(p.knobs, "torch") is not None)))
 
 
-def policies(torch: bool = False) -> st.SearchStrategy[str | Knobs]:
-    """A profile name or a free combination of knobs; resolve it with `resolve`. With
-    `torch`, only those the torch scheduler runs."""
-    return st.one_of(profiles(torch=torch), knobs(torch))
+def policies(torch: bool = False, scheduler: SchedulerKind | None = "v1"
+             ) -> st.SearchStrategy[str | Knobs]:
+    """A profile name (of step kind `scheduler`, None: of every kind, each as often) or
+    a free combination of vLLM v1's knobs; resolve it with `resolve`, and build it with
+    `step_kind`'s step. With `torch`, only those the torch scheduler runs."""
+    if scheduler is None:
+        return st.one_of(*(profiles(kind, torch) for kind in SCHEDULER_KINDS
+                           if any(p.scheduler == kind for p in PROFILES.values())),
+                         knobs(torch))
+    return st.one_of(profiles(scheduler, torch=torch), knobs(torch))
+
+
+def step_kind(policy: str | Knobs) -> SchedulerKind:
+    """The step kind a drawn policy runs: its profile's; bare knobs are vLLM v1's."""
+    return get_profile(policy).scheduler if isinstance(policy, str) else "v1"
 
 
 def resolve(config: Config, policy: str | Knobs) -> tuple[Config, Knobs]:
