@@ -33,8 +33,7 @@ from kvsched.spec.knobs import Knobs
 from kvsched.spec.profiles import PROFILES, get_profile
 from kvsched.spec.should import Stalled
 from kvsched.spec.trace import TraceWriter
-from kvsched.strategies import configs, policies, resolve, step_kind, workloads
-from kvsched.testing.implementations import servable
+from kvsched.strategies import configs, policies, resolve, servable, step_kind, workloads
 from kvsched.testing.seeded_bugs import SEEDED_BUGS
 
 MAX_STEPS = 300

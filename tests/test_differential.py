@@ -58,10 +58,11 @@ from kvsched.strategies import (
     profiles,
     prompt_lens,
     resolve,
+    servable,
     step_kind,
     workloads,
 )
-from kvsched.testing.implementations import SchedulerFactory, servable
+from kvsched.testing.implementations import SchedulerFactory
 
 # Per-step tensors are small: intra-op threads only wait on each other (and pytest -n 2
 # already gives each of the 2 cores a worker).

@@ -35,8 +35,8 @@ from kvsched.spec.blocks import (
     rejectable,
 )
 from kvsched.spec.profiles import get_profile
-from kvsched.strategies import configs, honoured, knobs, profiles, workloads
-from kvsched.testing.implementations import SchedulerFactory, servable
+from kvsched.strategies import configs, honoured, knobs, profiles, servable, workloads
+from kvsched.testing.implementations import SchedulerFactory
 from kvsched.workload import WorkItem
 
 MAX_STEPS = 2000  # far above any drawn workload's need; running out is a liveness failure

@@ -1,16 +1,11 @@
-"""`kvsched fuzz` on SGLang's step: it draws only configs the step kind honours, the
-SGLang reference passes it, and a seeded SGLang bug is found.
-
-Known gap, pinned here: SGLang's front end refuses prompts of max_req_len - 5 tokens or
-more, and its start-up refuses a chunk that is not a multiple of the page; the spec
-cannot say either yet, so a pool close to the context length, or pages of more than one
-token, let fuzz find runs SGLang itself never admits. The pins (pages of 1 token, a pool
-of twice the longest context drawn) keep clear of both.
+"""`kvsched fuzz` on SGLang's step: it draws only configs the step kind honours, grown
+to ones SGLang starts with and serves (kvsched.strategies.servable), the SGLang
+reference passes it, and a seeded SGLang bug is found.
 """
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kvsched.fuzz import fuzz
@@ -20,13 +15,12 @@ from kvsched.spec import check_steps
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.step_kinds import SCHEDULER_KINDS, SchedulerKind, refusal
-from kvsched.strategies import configs
+from kvsched.strategies import configs, servable
 from kvsched.testing.implementations import sglang_reference
 from kvsched.testing.seeded_bugs import sglang_no_reserved_output
 from kvsched.workload import WorkItem, validate
 
 PROFILE = "sglang@0.5.23"
-CLEAR = {"block_size": 1, "num_gpu_blocks": 128}  # the module's pins
 
 
 @settings(max_examples=60, deadline=None)
@@ -43,16 +37,32 @@ def test_the_sglang_reference_factory_builds_sglangs_step() -> None:
 
 
 def test_fuzz_passes_the_sglang_reference() -> None:
-    result = fuzz(sglang_reference, examples=60, seed=0, pinned=CLEAR, profile=PROFILE)
+    result = fuzz(sglang_reference, examples=200, seed=0, profile=PROFILE)
     assert result.finding is None, result.finding
-    assert result.runs == 60
+    assert result.runs == 200
+
+
+@settings(max_examples=60, deadline=None)
+@given(config=configs(kind="sglang"))
+def test_a_servable_config_admits_the_longest_request_sglang_takes(config: Config) -> None:
+    """Below it SGLang's start-up refuses the config, or its front end the prompt, and
+    the step, which models neither, would admit nothing: a pool of two pages beyond
+    max_model_len, a chunk of a page or more, no more seats than the token budget."""
+    grown = servable(config, "sglang")
+    assert refusal("sglang", grown) is None and not grown.problems()
+    assert grown.num_gpu_blocks * grown.block_size >= grown.max_model_len + 2 * grown.block_size
+    assert grown.max_num_seqs <= grown.max_num_batched_tokens
+    assert not grown.chunked_prefill or grown.max_num_batched_tokens >= grown.block_size
+    assume(grown.max_model_len >= 2)  # a prompt of max_model_len is rejected
+    items = validate([WorkItem("r0", 0, grown.max_model_len - 1, 1, 1)])
+    records = list(run(sglang_reference(grown), items))
+    assert [rid for r in records for rid in r.finished] == ["r0"]
 
 
 def test_fuzz_finds_the_seeded_sglang_bug() -> None:
     """Admission that ignores the running requests' reserved future output admits what
     SGLang would not: legal under the spec, a divergence from the profile."""
-    result = fuzz(sglang_no_reserved_output, examples=200, seed=3, pinned=CLEAR,
-                  profile=PROFILE)
+    result = fuzz(sglang_no_reserved_output, examples=200, seed=0, profile=PROFILE)
     assert result.finding is not None
     assert result.finding.invariant == "profile", result.finding.message
     assert f"first divergence from {PROFILE}" in result.finding.message

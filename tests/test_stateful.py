@@ -27,9 +27,10 @@ from kvsched.strategies import (
     policies,
     prompt_lens,
     resolve,
+    servable,
     step_kind,
 )
-from kvsched.testing.implementations import SchedulerFactory, servable
+from kvsched.testing.implementations import SchedulerFactory
 
 # To finish what is live at the end: a request alone needs at most max_model_len steps
 # (prefill at one token a step, then decodes); 200 leaves room for waiting and

@@ -1,7 +1,8 @@
 """`kvsched fuzz module:factory`: hypothesis-drawn workloads against a user's scheduler.
 
 Each example draws a config (kvsched.strategies.configs(), with vLLM v1's lazy
-allocation and watermark scope, and the fields the user pinned replaced) and a
+allocation and watermark scope; under a profile, one its step kind honours, grown to one
+its engine serves; and the fields the user pinned replaced) and a
 workload for it (kvsched.strategies.workloads(config)), builds the scheduler with the
 user's factory, runs it through the simulation loop and checks
 every step with the spec's checker: MUST invariants always, the first divergence from
@@ -227,12 +228,13 @@ def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int 
         from hypothesis import strategies as st
         from hypothesis.errors import NoSuchExample, Unsatisfiable
 
-        from kvsched.strategies import configs, workloads
+        from kvsched.strategies import configs, servable, workloads
     except ImportError:
         raise FuzzUnavailable("kvsched fuzz needs hypothesis: "
                               "pip install 'kvsched[hypothesis]'") from None
     fixed = dict(pinned or {})
-    # A profile's step kind honours only some configs: draw those (kvsched.spec.step_kinds).
+    # A profile's step kind honours only some configs: draw those (kvsched.spec.step_kinds),
+    # grown to ones its engine starts with and serves (strategies.servable).
     kind = None if profile is None else get_profile(profile).scheduler
     chunked = fixed.get("chunked_prefill")
     if chunked is None and fixed.get("long_prefill_token_threshold", 0) > 0:
@@ -242,8 +244,9 @@ def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int 
     def cases(draw: st.DrawFn) -> tuple[Config, tuple[WorkItem, ...]]:
         # Allocation and watermark scope are the engine's rules, not its load: an engine
         # that follows others says so by pinning them.
-        config = replace(draw(configs(chunked_prefill=chunked, allocation=ALLOCATION,
-                                      watermark_scope=WATERMARK_SCOPE, kind=kind)), **fixed)
+        drawn = draw(configs(chunked_prefill=chunked, allocation=ALLOCATION,
+                             watermark_scope=WATERMARK_SCOPE, kind=kind))
+        config = replace(drawn if kind is None else servable(drawn, kind), **fixed)
         assume(not config.problems())
         return config, tuple(draw(workloads(config)))
 

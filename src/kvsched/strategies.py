@@ -41,7 +41,7 @@ from kvsched.spec.step_kinds import SCHEDULER_KINDS, STEP_KINDS, ignored_fields
 from kvsched.workload import WorkItem, validate
 
 __all__ = ["configs", "honoured", "knobs", "output_lens", "policies", "profiles",
-           "prompt_lens", "resolve", "step_kind", "workloads"]
+           "prompt_lens", "resolve", "servable", "step_kind", "workloads"]
 
 
 @st.composite
@@ -116,6 +116,30 @@ def honoured(config: Config, kind: SchedulerKind) -> Config:
 def _set(config: Config, name: str, value: object) -> Config:
     fields: dict[str, Any] = {name: value}
     return replace(config, **fields)
+
+
+def servable(config: Config, kind: SchedulerKind) -> Config:
+    """`config` grown to one its step kind's engine starts with and serves every request
+    the strategies draw in: for vLLM V0's, a cache of one max_model_len sequence (V0
+    refuses a smaller one at start-up; below it the profile reproduces V0's stalls); for
+    SGLang's, a pool of two pages more than max_model_len, a chunk of at least a page, no
+    more seats than the token budget; vLLM v1's config as given.
+
+    Known gaps, which the spec cannot say yet: below these SGLang's start-up refuses the
+    config (a chunk that is not a multiple of the page; its adapter refuses more seats
+    than the token budget) or its front end refuses the prompt (from max_req_len - 5
+    tokens on), and the step, which models neither, admits nothing."""
+    pages = -(-config.max_model_len // config.block_size)
+    if kind == "v0":
+        return replace(config, num_gpu_blocks=max(config.num_gpu_blocks, pages))
+    if kind != "sglang":
+        return config
+    pages += 2
+    batched = (max(config.max_num_batched_tokens, config.block_size)
+               if config.chunked_prefill else config.max_num_batched_tokens)
+    return replace(config, num_gpu_blocks=max(config.num_gpu_blocks, pages),
+                   max_num_batched_tokens=batched,
+                   max_num_seqs=min(config.max_num_seqs, batched))
 
 
 def knobs(torch: bool = False) -> st.SearchStrategy[Knobs]:

@@ -13,8 +13,6 @@ caught.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from kvsched.implementations import build_scheduler
 from kvsched.spec.interface import InspectableScheduler
 from kvsched.spec.knobs import Knobs
@@ -25,30 +23,6 @@ IMPLEMENTATIONS: tuple[str, ...] = ("reference", "compiled", "optimized", "optim
 # Each one's scheduler and device (kvsched.implementations.build_scheduler).
 BUILDS = {"reference": ("reference", "cpu"), "compiled": ("compiled", "cpu"),
           "optimized": ("torch", "cpu"), "optimized-cuda": ("torch", "cuda")}
-
-
-def servable(config: Config, kind: SchedulerKind) -> Config:
-    """`config` grown to one its step kind's engine starts with and serves every request
-    the strategies draw in: for vLLM V0's, a cache of one max_model_len sequence (V0
-    refuses a smaller one at start-up; below it the profile reproduces V0's stalls); for
-    SGLang's, a pool of two pages more than max_model_len, a chunk of at least a page, no
-    more seats than the token budget; vLLM v1's config as given.
-
-    Known gaps, which the spec cannot say yet: below these SGLang's start-up refuses the
-    config (a chunk that is not a multiple of the page; its adapter refuses more seats
-    than the token budget) or its front end refuses the prompt (from max_req_len - 5
-    tokens on), and the step, which models neither, admits nothing."""
-    pages = -(-config.max_model_len // config.block_size)
-    if kind == "v0":
-        return replace(config, num_gpu_blocks=max(config.num_gpu_blocks, pages))
-    if kind != "sglang":
-        return config
-    pages += 2
-    batched = (max(config.max_num_batched_tokens, config.block_size)
-               if config.chunked_prefill else config.max_num_batched_tokens)
-    return replace(config, num_gpu_blocks=max(config.num_gpu_blocks, pages),
-                   max_num_batched_tokens=batched,
-                   max_num_seqs=min(config.max_num_seqs, batched))
 
 
 def sglang_reference(config: Config) -> InspectableScheduler:
