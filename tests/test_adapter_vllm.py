@@ -30,7 +30,7 @@ from conformance.vllm import (
     random_prefix_case,
     release_profile,
 )
-from kvsched.adapters import vllm_driver
+from kvsched.adapters import driver_host, vllm_driver
 from kvsched.adapters.recording import AdapterError, Job, config_changes, read_events
 from kvsched.adapters.vllm import ENGINE as VLLM
 from kvsched.adapters.vllm import (
@@ -271,8 +271,8 @@ def test_driver_splits_an_admitted_table_into_hit_and_fresh_blocks() -> None:
         vllm_driver.step_blocks(odd, 4)
 
 
-def contents(*items: WorkItem) -> vllm_driver.Contents:
-    return vllm_driver.Contents([item_dict(w) for w in validate(items)])
+def contents(*items: WorkItem) -> driver_host.Contents:
+    return driver_host.Contents([item_dict(w) for w in validate(items)])
 
 
 def test_driver_tokens_follow_the_prefix_chain() -> None:
@@ -287,8 +287,8 @@ def test_driver_tokens_follow_the_prefix_chain() -> None:
     # Outputs are the content's tokens after the prompt, end-of-sequence last: a next
     # turn that holds a's whole sequence holds the tokens a was given.
     assert [c.output("a", j) for j in range(5)] == a[30:]
-    assert a[-1] == vllm_driver.EOS_TOKEN_ID and c.output("a", 9) == vllm_driver.EOS_TOKEN_ID
-    assert all(vllm_driver.FIRST_TOKEN_ID <= t < vllm_driver.VOCAB_SIZE for t in a[:-1])
+    assert a[-1] == driver_host.EOS_TOKEN_ID and c.output("a", 9) == driver_host.EOS_TOKEN_ID
+    assert all(driver_host.FIRST_TOKEN_ID <= t < driver_host.VOCAB_SIZE for t in a[:-1])
     assert c.prompt("t2") == t2[:50]
     assert len(set(b[12:])) == len(b) - 12  # its own tokens are not a repeated filler
     assert contents(WorkItem("a", 0, 30, 5, 8, prefix=("sys", 20))).sequence("a") == a
@@ -296,15 +296,28 @@ def test_driver_tokens_follow_the_prefix_chain() -> None:
 
 # -- the driver process ---------------------------------------------------------------
 
-def test_driver_imports_only_the_standard_library() -> None:
-    # It runs in vLLM's environment, where kvsched is not installed; vLLM it imports
-    # by name at run time.
-    tree = ast.parse(Path(vllm_driver.__file__).read_text())
-    modules = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+def imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    modules = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
                for a in node.names}
-    modules |= {node.module.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom) and node.module}
-    assert modules - {"__future__"} <= set(sys.stdlib_module_names)
+    return modules | {node.module for node in ast.walk(tree)
+                      if isinstance(node, ast.ImportFrom) and node.module}
+
+
+@pytest.mark.parametrize("driver", ["vllm_driver", "vllm_v0_driver", "sglang_driver",
+                                    "driver_host"])
+def test_a_driver_imports_only_the_standard_library(driver: str) -> None:
+    # It runs in its engine's environment, where kvsched is not installed; the engine it
+    # imports by name at run time, driver_host.py by its path. Only where kvsched is
+    # installed (vLLM's tracing plugin) does vllm_driver import the host as a module.
+    path = Path(vllm_driver.__file__).with_name(f"{driver}.py")
+    modules = imports(path) - {"__future__"}
+    if driver == "vllm_driver":
+        modules -= {"kvsched.adapters.driver_host"}
+    assert {m.split(".")[0] for m in modules} <= set(sys.stdlib_module_names), modules
+    # No driver loads another engine's: what they share is driver_host.py's.
+    others = {"vllm_driver.py", "vllm_v0_driver.py", "sglang_driver.py"} - {f"{driver}.py"}
+    assert not [o for o in others if f'"{o}"' in path.read_text()]
 
 
 def fake_python(tmp_path: Path, events: list[dict[str, Any]], status: int = 0) -> Path:
@@ -679,7 +692,7 @@ def test_vllm_block_keys_are_equal_exactly_where_the_tokens_are(
         for rid, ks in rec.block_keys.items():
             keys.setdefault(rid, []).extend(ks)
     # The tokens the driver gave each request (prompt, then the outputs it sampled).
-    tokens = vllm_driver.Contents([item_dict(w) for w in PREFIXED])
+    tokens = driver_host.Contents([item_dict(w) for w in PREFIXED])
     bs = CONFIG.block_size
     # p0 and p1 share the 24-token system prompt: six blocks, then their own text.
     assert keys["p0"][:6] == keys["p1"][:6] and keys["p0"][6] != keys["p1"][6]

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvsched.adapters import driver_host
 from kvsched.adapters import vllm_driver as driver
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +63,7 @@ class Side:
         self.busy += time.thread_time() - started
         return out
 
-    def add(self, item: dict[str, Any], order: int, contents: driver.Contents) -> None:
+    def add(self, item: dict[str, Any], order: int, contents: driver_host.Contents) -> None:
         request = driver.make_request(item, order, contents, self.hasher)
         self.live[item["id"]] = request
         self.timed(self.scheduler.add_request, request)
@@ -72,7 +73,7 @@ class Side:
         if self.live.pop(rid, None) is not None:
             self.timed(self.scheduler.finish_requests, rid, status.FINISHED_ABORTED)
 
-    def runner_output(self, output: Any, contents: driver.Contents) -> Any:
+    def runner_output(self, output: Any, contents: driver_host.Contents) -> Any:
         outputs_mod = importlib.import_module("vllm.v1.outputs")
         ids = list(output.num_scheduled_tokens)
         sampled: list[list[int]] = []
@@ -101,7 +102,7 @@ def run_job(job: dict[str, Any], model_dir: Path, sides: Sequence[Side],
     gets (step, [decision per side]) after each step. With `alternate`, the sides take
     each step's calls in the other order every other step (two sides: each goes first
     in half the steps)."""
-    contents = driver.Contents(job["requests"])
+    contents = driver_host.Contents(job["requests"])
     pending = sorted(job["requests"], key=lambda w: w["arrival"])
     aborts: dict[int, list[str]] = {}
     for w in pending:

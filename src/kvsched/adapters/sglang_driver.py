@@ -2,7 +2,7 @@
 
     <sglang-venv>/bin/python sglang_driver.py JOBS.jsonl
 
-This file imports only the standard library, SGLang and vllm_driver.py beside it (by its
+This file imports only the standard library, SGLang and driver_host.py beside it (by its
 path, for the process around the jobs and the token contents; never kvsched, which need
 not be installed in SGLang's environment). It reads one job per line of JOBS.jsonl and
 writes raw events, one JSON object per line, to its standard output;
@@ -28,7 +28,7 @@ loop schedules the next batch before it has processed the last batch's results, 
 sees a finish one step late; that loop is outside what is recorded
 (docs/conformance/sglang.md says why).
 
-NOTE on tokens: prompts and outputs are vllm_driver.Contents' token ids, so a request
+NOTE on tokens: prompts and outputs are driver_host.Contents' token ids, so a request
 whose workload prefix names a shared text or an earlier request's whole sequence really
 shares those tokens, and SGLang's own radix tree decides the hits. They are drawn from
 2**31 - 1 ids (VOCAB; SGLang keeps them in int32), not a model's vocabulary: SGLang's
@@ -62,9 +62,9 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.metadata
-import importlib.util
 import itertools
 import os
+import runpy
 import sys
 import types
 from array import array
@@ -480,15 +480,16 @@ def deduplicated(s: Any, reqs: dict[str, Any], computed: dict[str, int],
     return out
 
 
-def run_job(g: SimpleNamespace, v1: Any, job: dict[str, Any], emit: Any) -> None:
+def run_job(g: SimpleNamespace, host: SimpleNamespace, job: dict[str, Any],
+            emit: Any) -> None:
     """Record one job: its header, a step event per step, its done event."""
     cfg = job["config"]
-    contents = v1.Contents(job["requests"], VOCAB)
+    contents = host.Contents(job["requests"], VOCAB)
     items = job["requests"]
     by_arrival: dict[int, list[dict[str, Any]]] = {}
     for w in items:
         by_arrival.setdefault(w["arrival"], []).append(w)
-    eos = v1.EOS_TOKEN_ID
+    eos = host.EOS_TOKEN_ID
 
     def sample(req: Any) -> int:
         return int(contents.output(req.rid, len(req.output_ids)))
@@ -591,31 +592,23 @@ def run_job(g: SimpleNamespace, v1: Any, job: dict[str, Any], emit: Any) -> None
     emit({"done": job["name"], "complete": True, "steps": step})
 
 
-def _v1_driver() -> Any:
-    """kvsched.adapters.vllm_driver, the file beside this one: its driver_main is the
-    process around the jobs and its Contents the token ids; loaded by its path, since this
-    script runs in SGLang's Python, isolated, without kvsched installed."""
-    name = "kvsched_vllm_driver"
-    spec = importlib.util.spec_from_file_location(
-        name, Path(__file__).resolve().with_name("vllm_driver.py"))
-    if spec is None or spec.loader is None:
-        raise ImportError("vllm_driver.py is missing beside sglang_driver.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def _host() -> SimpleNamespace:
+    """driver_host.py beside this file (the process around the jobs, the token ids),
+    loaded by its path: this script runs in SGLang's Python, isolated, without kvsched."""
+    here = Path(__file__).resolve()
+    return SimpleNamespace(**runpy.run_path(str(here.with_name("driver_host.py"))))
 
 
 def main(argv: list[str]) -> int:
-    v1 = _v1_driver()
+    host = _host()
 
     def run_jobs(jobs: list[dict[str, Any]], emit: Any) -> None:
         g = _import_sglang()
         watch_releases(g)
         for job in jobs:
-            run_job(g, v1, job, emit)
+            run_job(g, host, job, emit)
 
-    return int(v1.driver_main(argv, "sglang_driver.py", run_jobs))
+    return int(host.driver_main(argv, "sglang_driver.py", run_jobs))
 
 
 if __name__ == "__main__":

@@ -2,11 +2,11 @@
 
     <vllm-venv>/bin/python vllm_driver.py JOBS.jsonl
 
-This file imports only the standard library and vLLM (never kvsched, which need not be
-installed in vLLM's environment). Its functions that read vLLM's objects
-(effective_config, step_blocks, BlockKeys, finishes) are the only such code:
-kvsched's tracing plugin (kvsched.integrations.vllm), which runs inside vLLM with
-kvsched installed, imports them from here.
+This file imports only the standard library, vLLM and driver_host.py beside it (by its
+path; never kvsched, which need not be installed in vLLM's environment). Its functions
+that read vLLM's objects (effective_config, step_blocks, BlockKeys, finishes) are the
+only such code: kvsched's tracing plugin (kvsched.integrations.vllm), which runs inside
+vLLM with kvsched installed, imports them from here.
 
 It is written against vLLM 0.32 and drives every v1 release kvsched knows, 0.11.0 to
 0.34.0 (kvsched.spec.profiles.VLLM_V1_RELEASE_LIST; kvsched.adapters.vllm_releases
@@ -31,14 +31,8 @@ break as kvsched's (priority, arrival step, arrival order) because each request'
 arrival_time is its arrival order.
 
 NOTE on tokens: with prefix caching vLLM's own block hashes decide the hits, so every
-request carries real token ids (`Contents`). A request's content is its whole sequence,
-prompt then outputs; its first `prefix.len` tokens are those of the content its
-`prefix` names (a named shared text, or an earlier request's whole sequence: a
-conversation's next turn), the rest are its own. Token p of a content of its own is a
-pseudo-random id in [3, vocab) drawn from (content id, p), except the last, where
-the request's hidden output length puts end-of-sequence. The fake model samples, as
-output j of request r, token P_r + j of r's content, so a next turn holds exactly the
-tokens r was given and hashes as r's blocks did.
+request carries real token ids (`Contents`, driver_host.py's, which every driver shares
+with the process around its jobs, `driver_main`).
 
 Events:
     {"job": name, "vllm": version, "null_block": id, "config": {..., "shims": [names]},
@@ -65,11 +59,11 @@ import base64
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import importlib
 import inspect
 import json
 import os
+import runpy
 import sys
 import tempfile
 import weakref
@@ -77,15 +71,25 @@ from collections.abc import Callable, Iterator
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import SimpleNamespace
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any
 
-# End-of-sequence ends a request at its hidden output length; no other token is below
-# FIRST_TOKEN_ID.
-EOS_TOKEN_ID = 2
-FIRST_TOKEN_ID = 3
-# A large vocabulary, so that unrelated blocks (one token each with block size 1) do
-# not share contents by chance: vLLM would hit them, kvsched's workload would not.
-VOCAB_SIZE = 1 << 20
+if TYPE_CHECKING or __package__:  # kvsched.adapters.vllm_driver (the tracing plugin)
+    from kvsched.adapters.driver_host import (
+        EOS_TOKEN_ID,
+        FIRST_TOKEN_ID,
+        VOCAB_SIZE,
+        Contents,
+        Emit,
+        driver_main,
+        token_id,
+    )
+else:  # a script in vLLM's own Python, without kvsched: driver_host.py beside it
+    _host = runpy.run_path(str(Path(__file__).resolve().with_name("driver_host.py")))
+    EOS_TOKEN_ID, FIRST_TOKEN_ID, VOCAB_SIZE = (
+        _host["EOS_TOKEN_ID"], _host["FIRST_TOKEN_ID"], _host["VOCAB_SIZE"])
+    Contents, Emit, driver_main, token_id = (
+        _host["Contents"], _host["Emit"], _host["driver_main"], _host["token_id"])
+
 
 
 def key_text(block_hash: bytes) -> str:
@@ -108,55 +112,6 @@ class DriverError(Exception):
 
 def _module(name: str) -> Any:
     return importlib.import_module(name)
-
-
-def token_id(content: str, position: int, vocab: int = VOCAB_SIZE) -> int:
-    """Token `position` of a content of its own: pseudo-random, the same in every run.
-
-    post: FIRST_TOKEN_ID <= __return__ < vocab
-    """
-    digest = hashlib.blake2b(f"{content}\0{position}".encode(), digest_size=8).digest()
-    return FIRST_TOKEN_ID + int.from_bytes(digest, "big") % (vocab - FIRST_TOKEN_ID)
-
-
-class Contents:
-    """The token ids of a job's requests: each one's whole sequence, prompt then
-    outputs, built from the contents its prefix names (see NOTE on tokens)."""
-
-    def __init__(self, items: list[dict[str, Any]], vocab: int = VOCAB_SIZE) -> None:
-        self.items = {w["id"]: w for w in items}
-        self.sequences: dict[str, list[int]] = {}
-        self.vocab = vocab
-
-    def tokens(self, content: str, length: int) -> list[int]:
-        """The first `length` tokens of `content`: a request's, or a named shared text."""
-        if content in self.items:
-            return self.sequence(content)[:length]
-        return [token_id(content, p, self.vocab) for p in range(length)]
-
-    def sequence(self, rid: str) -> list[int]:
-        """Request `rid`'s whole sequence: prompt_len + output_len tokens, the last one
-        end-of-sequence (where the fake model ends it)."""
-        seq = self.sequences.get(rid)
-        if seq is None:
-            w = self.items[rid]
-            prefix = w.get("prefix")
-            seq = self.tokens(prefix["id"], prefix["len"]) if prefix else []
-            seq += [token_id(rid, p, self.vocab)
-                    for p in range(len(seq), w["prompt_len"] + w["output_len"])]
-            seq[-1] = EOS_TOKEN_ID
-            self.sequences[rid] = seq
-        return seq
-
-    def prompt(self, rid: str) -> list[int]:
-        return self.sequence(rid)[:self.items[rid]["prompt_len"]]
-
-    def output(self, rid: str, j: int) -> int:
-        """What the fake model samples as output j of `rid`: end-of-sequence at its
-        hidden output length."""
-        seq = self.sequence(rid)
-        at = self.items[rid]["prompt_len"] + j
-        return seq[at] if at < len(seq) else EOS_TOKEN_ID
 
 
 # == What differs between releases =====================================================
@@ -856,45 +811,6 @@ def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
         emit({"done": job["name"], "complete": False, "steps": step, "stopped": str(e)})
         return
     emit({"done": job["name"], "complete": True, "steps": step})
-
-
-Emit = Callable[[dict[str, Any]], None]
-
-
-def driver_main(argv: list[str], script: str,
-                run_jobs: Callable[[list[dict[str, Any]], Emit], None]) -> int:
-    """A driver process around an engine's run: the jobs file in argv[1], one JSON event
-    a line on standard output (whatever the engine prints goes to standard error), and
-    any failure as one {"error": ...} event and exit status 3. V0's driver runs its jobs
-    in it too (vllm_v0_driver.py)."""
-    # This folder holds kvsched's own vllm.py: it must not shadow the real vLLM.
-    here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
-    # Keep standard output for events; whatever vLLM prints goes to standard error.
-    events: IO[str] = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-    def emit(obj: dict[str, Any]) -> None:
-        events.write(json.dumps(obj, separators=(",", ":")) + "\n")
-
-    if len(argv) != 2:
-        emit({"error": f"usage: {script} JOBS.jsonl"})
-        return 2
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
-                       ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1")):
-        os.environ.setdefault(key, value)
-    try:
-        with open(argv[1]) as f:
-            jobs = [json.loads(line) for line in f if line.strip()]
-        run_jobs(jobs, emit)
-    except Exception as e:  # every failure reaches the adapter as one line
-        message = " ".join(str(e).split()) or type(e).__name__
-        emit({"error": f"{type(e).__name__}: {message}"})
-        return 3
-    finally:
-        events.flush()
-    return 0
 
 
 def main(argv: list[str]) -> int:

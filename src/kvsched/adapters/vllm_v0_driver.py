@@ -3,8 +3,9 @@ V0's own Python.
 
     <.venv-vllm-v0>/bin/python vllm_v0_driver.py JOBS.jsonl
 
-This file imports only the standard library and vLLM (never kvsched, which is not
-installed in V0's environment). It reads one job per line of JOBS.jsonl and writes
+This file imports only the standard library, vLLM and driver_host.py beside it (by its
+path, for the process around the jobs; never kvsched, which is not installed in V0's
+environment). It reads one job per line of JOBS.jsonl and writes
 raw events, one JSON object per line, to its standard output;
 kvsched.adapters.vllm_v0 turns them into trace v1. Anything vLLM prints goes to
 standard error.
@@ -61,10 +62,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import importlib.util
+import runpy
 import sys
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 EOS_TOKEN_ID = 2
@@ -330,20 +332,12 @@ def run_job(job: dict[str, Any], emit: Any) -> None:
     emit({"done": job["name"], "complete": True, "steps": step})
 
 
-def _v1_driver() -> Any:
-    """kvsched.adapters.vllm_driver, the file beside this one, whose driver_main is the
-    process around the jobs: loaded by its path, since this script runs in V0's Python
-    (isolated, without kvsched installed) and this folder may not be on sys.path (its
-    vllm.py would shadow vLLM)."""
-    name = "kvsched_vllm_driver"
-    spec = importlib.util.spec_from_file_location(
-        name, Path(__file__).resolve().with_name("vllm_driver.py"))
-    if spec is None or spec.loader is None:
-        raise ImportError("vllm_driver.py is missing beside vllm_v0_driver.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def _host() -> SimpleNamespace:
+    """driver_host.py beside this file (the process around the jobs), loaded by its
+    path: this script runs in V0's Python (isolated, without kvsched installed) and this
+    folder may not be on sys.path (its vllm.py would shadow vLLM)."""
+    here = Path(__file__).resolve()
+    return SimpleNamespace(**runpy.run_path(str(here.with_name("driver_host.py"))))
 
 
 def main(argv: list[str]) -> int:
@@ -351,7 +345,7 @@ def main(argv: list[str]) -> int:
         for job in jobs:
             run_job(job, emit)
 
-    return int(_v1_driver().driver_main(argv, "vllm_v0_driver.py", run_jobs))
+    return int(_host().driver_main(argv, "vllm_v0_driver.py", run_jobs))
 
 
 if __name__ == "__main__":
