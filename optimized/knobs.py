@@ -28,8 +28,8 @@ FastScheduler = Literal["compiled", "torch"]
 
 # The most blocks of a pool the fast schedulers take: they make their free lists (an
 # entry per block, 8 bytes or more; some 150 with prefix caching and the compiled state
-# the simulation's metrics follow) at start, where the reference's memory follows the
-# blocks it hands out (kvsched.reference.allocator.FreeList).
+# the simulation's metrics follow) at start, where the reference scheduler's memory
+# follows the blocks it hands out (docs/cli.md, the pool sizes each scheduler takes).
 MAX_POOL_BLOCKS = 1 << 22
 
 
