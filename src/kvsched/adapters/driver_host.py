@@ -1,5 +1,6 @@
-"""What every engine's driver shares: the process around its jobs (driver_main) and
-the token ids of a job's requests (Contents). Standard library only: a driver runs in
+"""What every engine's driver shares: the process around its jobs (driver_main), the
+loop of a job's steps (run_job) and the token ids of a job's requests (Contents).
+Standard library only: a driver runs in
 its engine's own Python (`python -I DRIVER.py JOBS.jsonl`), where kvsched is not
 installed, and loads this file, beside it, by its path:
 
@@ -20,6 +21,22 @@ except the last, where the request's hidden output length puts end-of-sequence. 
 fake model samples, as output j of request r, token P_r + j of r's content, so a next
 turn holds exactly the tokens r was given and hashes as r's blocks did.
 
+NOTE on the loop (run_job): every driver runs a job through the same loop, and supplies
+only its engine's side of a step (Hooks). At step s, in this order: the job is over
+when nothing is left to arrive and the engine holds no request (a done event, complete);
+it has stalled when its last STALL_STEPS steps decided nothing while nothing was left to
+arrive or to abort (a done event, complete, with "stalled" the step the stall began:
+the engine is deterministic and would decide nothing forever, and the requests it holds
+are what kvsched's completion check names); it stops at the job's max_steps (a done
+event, not complete). Otherwise the requests that arrive at s are handed to the engine
+in arrival order (Hooks.arrive: the engine admits one, or refuses it with its own
+message), then the aborts the workload puts at s are delivered for the requests the
+engine holds (Hooks.abort), then the engine runs one step (Hooks.step). The step event
+is {"step": s, "arrivals": [ids], "refused": [{"id", "reason"}], "aborted": [ids], ...}
+and the engine's own fields. An exception the engine's hooks name (Hooks.stopped) ends
+the job early with a done event, not complete, carrying what they say (a "stopped" line
+for something trace v1 cannot say, or the engine's own failure); the next job goes on.
+
 The events a driver writes, one JSON object a line, are kvsched.adapters.recording's.
 """
 
@@ -31,7 +48,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 # End-of-sequence ends a request at its hidden output length; no other token is below
 # FIRST_TOKEN_ID.
@@ -129,3 +146,90 @@ def driver_main(argv: list[str], script: str,
     finally:
         events.flush()
     return 0
+
+
+# Steps in a row that decide nothing, with no input left, after which an engine never
+# will: one may still sort a queue (a step that admits nothing can), the next is as it.
+STALL_STEPS = 2
+
+
+class Hooks(Protocol):
+    """An engine's side of run_job's loop, for one job (the NOTE on the loop)."""
+
+    def arrive(self, item: dict[str, Any], order: int) -> str | None:
+        """Hand the engine a request that arrives (`order`: 1 for the job's first):
+        None when it took it, else why it refused it, in the engine's own words."""
+        ...
+
+    def abort(self, rid: str) -> bool:
+        """Deliver the abort of a request the engine holds: True when the engine let it
+        go at once (the step's "aborted"), False when it ends in a later step's
+        finishes."""
+        ...
+
+    def step(self, step: int) -> tuple[dict[str, Any], list[str], bool]:
+        """Run one engine step: the step event's own fields, the requests that left the
+        engine in it (finished, or dropped), and whether it decided anything (a batch,
+        a preemption, a finish ...)."""
+        ...
+
+    def stopped(self, error: Exception) -> dict[str, Any] | None:
+        """The done event's fields when `error` ends the job early ({"stopped": one
+        line}, or the engine's own failure), or None when it is the driver's failure."""
+        ...
+
+
+def aborts_by_step(items: list[dict[str, Any]]) -> dict[int, list[str]]:
+    """The aborts a job's requests carry ("abort": step), by step, in request order."""
+    aborts: dict[int, list[str]] = {}
+    for w in items:
+        if w.get("abort") is not None:
+            aborts.setdefault(w["abort"], []).append(w["id"])
+    return aborts
+
+
+def run_job(job: dict[str, Any], hooks: Hooks, emit: Emit) -> None:
+    """Run one job's steps through an engine's hooks: a step event a step, then its done
+    event (the NOTE on the loop)."""
+    name = job["name"]
+    pending = sorted(job["requests"], key=lambda w: w["arrival"])
+    aborts = aborts_by_step(pending)
+    max_steps = job.get("max_steps")
+    live: set[str] = set()  # the requests the engine holds
+    nxt = step = idle = 0  # idle: steps in a row that decided nothing, with no input left
+    try:
+        while nxt < len(pending) or live:
+            if idle == STALL_STEPS:
+                emit({"done": name, "complete": True, "steps": step, "stalled": step - idle})
+                return
+            if max_steps is not None and step >= max_steps:
+                emit({"done": name, "complete": False, "steps": step})
+                return
+            arrivals: list[str] = []
+            refused: list[dict[str, str]] = []
+            while nxt < len(pending) and pending[nxt]["arrival"] <= step:
+                w = pending[nxt]
+                nxt += 1
+                arrivals.append(w["id"])
+                reason = hooks.arrive(w, nxt)
+                if reason is None:
+                    live.add(w["id"])
+                else:
+                    refused.append({"id": w["id"], "reason": reason})
+            aborted = [rid for rid in aborts.pop(step, ()) if rid in live and hooks.abort(rid)]
+            live.difference_update(aborted)
+            fields, ended, decided = hooks.step(step)
+            live.difference_update(ended)
+            emit({"step": step, "arrivals": arrivals, "refused": refused, "aborted": aborted,
+                  **fields})
+            waiting = nxt < len(pending) or any(rid in live for ids in aborts.values()
+                                                for rid in ids)
+            idle = 0 if decided or arrivals or aborted or waiting else idle + 1
+            step += 1
+    except Exception as e:
+        extra = hooks.stopped(e)
+        if extra is None:
+            raise
+        emit({"done": name, "complete": False, "steps": step, **extra})
+        return
+    emit({"done": name, "complete": True, "steps": step})

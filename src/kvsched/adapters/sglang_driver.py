@@ -148,6 +148,9 @@ def _import_sglang() -> SimpleNamespace:
     g.sched_module = sched
     batch = m("sglang.srt.managers.schedule_batch")
     g.Req, g.ScheduleBatch = batch.Req, batch.ScheduleBatch
+    g.FINISH_ABORT = batch.FINISH_ABORT
+    g.AbortReq = m("sglang.srt.managers.io_struct").AbortReq
+    g.validate_input_length = m("sglang.srt.managers.utils").validate_input_length
     g.GenerationBatchResult = m("sglang.srt.managers.utils").GenerationBatchResult
     g.SamplingParams = m("sglang.srt.sampling.sampling_params").SamplingParams
     g.TokenAllocator = m("sglang.srt.mem_cache.allocator.token").TokenToKVPoolAllocator
@@ -384,6 +387,17 @@ def effective_config(s: Any) -> dict[str, Any]:
 
 # -- one job ------------------------------------------------------------------------------
 
+# A request's rid in SGLang is its workload id and RID_END: SGLang's abort_request aborts
+# every request whose rid starts with the one named, and no workload id may be the
+# start of another's rid then ("r1" and "r10").
+RID_END = "\x00"
+
+
+def wid(req: Any) -> str:
+    """The workload id of one of SGLang's requests."""
+    return str(req.rid).removesuffix(RID_END)
+
+
 RELEASED: list[str] = []  # victims in the order SGLang released them, this step
 PRIORITY_VICTIMS: list[str] = []  # those of them preempted for priority, in that order
 
@@ -394,7 +408,7 @@ def watch_releases(g: SimpleNamespace) -> None:
     original = g.ScheduleBatch.release_req
 
     def release_req(self: Any, idx: int, *args: Any, **kwargs: Any) -> Any:
-        RELEASED.append(self.reqs[idx].rid)
+        RELEASED.append(wid(self.reqs[idx]))
         return original(self, idx, *args, **kwargs)
 
     g.ScheduleBatch.release_req = release_req
@@ -420,10 +434,10 @@ def requeue_in_release_order(s: Any) -> None:
     if len(PRIORITY_VICTIMS) < 2:
         return
     queue = s.waiting_queue
-    places = [i for i, q in enumerate(queue) if q.rid in PRIORITY_VICTIMS]
+    places = [i for i, q in enumerate(queue) if wid(q) in PRIORITY_VICTIMS]
     if len(places) != len(PRIORITY_VICTIMS):
         raise DriverError("the victims of a priority preemption are not all waiting")
-    victims = sorted((queue[i] for i in places), key=lambda q: PRIORITY_VICTIMS.index(q.rid))
+    victims = sorted((queue[i] for i in places), key=lambda q: PRIORITY_VICTIMS.index(wid(q)))
     times = sorted(q.time_stats.wait_queue_entry_time for q in victims)
     for i, q, t in zip(places, victims, times, strict=True):
         queue[i] = q
@@ -480,116 +494,146 @@ def deduplicated(s: Any, reqs: dict[str, Any], computed: dict[str, int],
     return out
 
 
-def run_job(g: SimpleNamespace, host: SimpleNamespace, job: dict[str, Any],
-            emit: Any) -> None:
-    """Record one job: its header, a step event per step, its done event."""
-    cfg = job["config"]
-    contents = host.Contents(job["requests"], VOCAB)
-    items = job["requests"]
-    by_arrival: dict[int, list[dict[str, Any]]] = {}
-    for w in items:
-        by_arrival.setdefault(w["arrival"], []).append(w)
-    eos = host.EOS_TOKEN_ID
+def inert_aborts(s: Any) -> None:
+    """The collaborators SGLang's abort path calls that decide nothing: the abort output
+    to the tokenizer, the grammar queue (this driver has none) and the multimodal
+    receiver (none)."""
+    s.send_abort_output = lambda abort_req, req: None
+    s.grammar_manager.abort_requests = lambda abort_req: None
+    s.mm_receiver = None
 
-    def sample(req: Any) -> int:
-        return int(contents.output(req.rid, len(req.output_ids)))
 
-    s = build(g, cfg, sample)
-    patch_clock(LogicalClock())
-    emit({"job": job["name"], "sglang": importlib.metadata.version("sglang"),
-          "config": effective_config(s)})
-    alloc, page, tree = s.token_to_kv_pool_allocator, s.page_size, s.tree_cache
-    computed: dict[str, int] = {}  # kvsched's C: what each live request has computed
-    tables: dict[str, list[int]] = {}  # each request's pages, as the trace has said them
-    reqs: dict[str, Any] = {}
-    live = 0
-    last = max(by_arrival) if by_arrival else 0
-    max_steps = job.get("max_steps")
-    step = 0
-    try:
-        while True:
-            if max_steps is not None and step >= max_steps:
-                emit({"done": job["name"], "complete": False, "steps": step})
-                return
-            if step > last and live == 0:
-                break
-            arrivals = []
-            for w in by_arrival.get(step, []):
-                sp = g.SamplingParams(max_new_tokens=w["max_tokens"])
-                sp.normalize(None)  # as the tokenizer manager does
-                sp.verify(VOCAB)
-                req = g.Req(rid=w["id"], origin_input_text="",
-                            origin_input_ids=array("q", contents.prompt(w["id"])),
-                            sampling_params=sp, eos_token_ids={eos}, vocab_size=VOCAB,
-                            priority=w["priority"] if cfg["enable_priority_scheduling"] else None)
-                s.init_req_max_new_tokens(req)  # SGLang's own clip (scheduler.py:2700)
-                if req.sampling_params.max_new_tokens != w["max_tokens"]:
-                    raise DriverError(f"SGLang clips max_new_tokens of {w['id']} from "
-                                      f"{w['max_tokens']} to {req.sampling_params.max_new_tokens}")
-                s._add_request_to_queue(req)
-                reqs[w["id"]] = req
-                arrivals.append(w["id"])
-                computed[w["id"]] = 0
-                live += 1
-            RELEASED.clear()
-            PRIORITY_VICTIMS.clear()
-            ratio = float(s.new_token_ratio_tracker.current)
-            plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
-            requeue_in_release_order(s)
-            s.running_batch = plan.running_batch
-            batch = plan.batch_to_run
-            preempted = list(RELEASED)
-            for rid in preempted:
-                computed[rid] = 0
-                tables.pop(rid, None)
-            scheduled, new_pages, hits = [], {}, {}
-            if batch:
-                for q, p, e, new, old in batch_rows(s, batch):
-                    rid = q.rid
-                    if computed[rid] == 0:
-                        tables[rid] = list(old)
-                        if p > 0:
-                            hits[rid] = old
-                    elif p != computed[rid]:
-                        raise DriverError(f"SGLang scheduled {rid} from token {p}, but it had "
-                                          f"computed {computed[rid]}")
-                    computed[rid] = p + e
-                    tables[rid] += new
-                    scheduled.append([rid, e])
-                    if new:
-                        new_pages[rid] = new
-                s.process_batch_result(batch, s.run_batch(batch))
-                chunked = s.chunked_req
-                if chunked is not None and chunked.extend_end > chunked.prefix_len:
-                    # The next step's get_next_batch_to_run caches the middle chunk first
-                    # thing (scheduler.py:3918); done here, the step that computed it says
-                    # what it deduplicated (nothing touches the cache in between).
-                    s.stash_chunked_request(chunked)
-                finished = [q.rid for q in batch.reqs if q.finished()]
-            else:
-                s._sched_idled = True
-                if s.is_fully_idle():  # Scheduler.on_idle's one scheduling effect
-                    s.new_token_ratio_tracker.reset()
-                finished = []
-            s.last_batch = batch
-            for rid in finished:
-                computed.pop(rid, None)
-                tables.pop(rid, None)
-                reqs.pop(rid, None)
-            live -= len(finished)
-            dedup = deduplicated(s, reqs, computed, tables)
-            emit({"step": step, "arrivals": arrivals, "preempted": preempted,
-                  "mode": batch.forward_mode.name if batch else None, "scheduled": scheduled,
-                  "new_block_ids": new_pages, "prefix_hits": hits, "finished": finished,
-                  "dedup": dedup,
-                  "free_pages": int(alloc.available_size()) // page,
-                  "evictable_pages": int(tree.evictable_size()) // page,
-                  "new_token_ratio": ratio})
-            step += 1
-    except DriverError as e:
-        emit({"done": job["name"], "complete": False, "steps": step, "stopped": str(e)})
-        return
-    emit({"done": job["name"], "complete": True, "steps": step})
+class Job:
+    """One job on SGLang's scheduler: its side of driver_host.run_job's loop (arrive,
+    abort, step, stopped), writing the job's header event when built."""
+
+    def __init__(self, g: SimpleNamespace, host: SimpleNamespace, job: dict[str, Any],
+                 emit: Any) -> None:
+        self.g = g
+        self.enable_priority = job["config"]["enable_priority_scheduling"]
+        self.contents = host.Contents(job["requests"], VOCAB)
+        self.aborts = host.aborts_by_step(job["requests"])
+        self.eos = host.EOS_TOKEN_ID
+        self.s = s = build(g, job["config"], self.sample)
+        inert_aborts(s)
+        patch_clock(LogicalClock())
+        emit({"job": job["name"], "sglang": importlib.metadata.version("sglang"),
+              "config": effective_config(s)})
+        self.computed: dict[str, int] = {}  # kvsched's C: what each live request computed
+        self.tables: dict[str, list[int]] = {}  # each request's pages, as said so far
+        self.reqs: dict[str, Any] = {}  # the requests SGLang holds, by workload id
+
+    def sample(self, req: Any) -> int:
+        return int(self.contents.output(wid(req), len(req.output_ids)))
+
+    def forget(self, rid: str) -> None:
+        self.computed.pop(rid, None)
+        self.tables.pop(rid, None)
+        self.reqs.pop(rid, None)
+
+    def arrive(self, w: dict[str, Any], order: int) -> str | None:
+        """A request as SGLang's scheduler takes one (handle_generate_request): its
+        prompt checked by SGLang's own validate_input_length (a prompt of
+        max_req_input_len tokens or more is refused, with SGLang's message), its
+        max_new_tokens clipped by SGLang's own init_req_max_new_tokens, then queued."""
+        g, s = self.g, self.s
+        sp = g.SamplingParams(max_new_tokens=w["max_tokens"])
+        sp.normalize(None)  # as the tokenizer manager does
+        sp.verify(VOCAB)
+        req = g.Req(rid=w["id"] + RID_END, origin_input_text="",
+                    origin_input_ids=array("q", self.contents.prompt(w["id"])),
+                    sampling_params=sp, eos_token_ids={self.eos}, vocab_size=VOCAB,
+                    priority=w["priority"] if self.enable_priority else None)
+        reason = g.validate_input_length(req, s.max_req_input_len, False)
+        if reason:
+            return str(reason)
+        s.init_req_max_new_tokens(req)  # SGLang's own clip (scheduler.py:2700)
+        if req.sampling_params.max_new_tokens != w["max_tokens"]:
+            raise DriverError(f"SGLang clips max_new_tokens of {w['id']} from "
+                              f"{w['max_tokens']} to {req.sampling_params.max_new_tokens}")
+        s._add_request_to_queue(req)
+        self.reqs[w["id"]] = req
+        self.computed[w["id"]] = 0
+        return None
+
+    def abort(self, rid: str) -> bool:
+        """SGLang's own Scheduler.abort_request, as its loop delivers an AbortReq before
+        the step's get_next_batch_to_run: a waiting request is popped at once, the one
+        being chunked is released at the top of the step (process_pending_chunked_abort):
+        both are let go now. A running one is marked to finish: it runs one more forward
+        and finishes with FINISH_ABORT."""
+        s, q = self.s, self.reqs[rid]
+        released = s.chunked_req is q or any(r is q for r in s.waiting_queue)
+        s.abort_request(self.g.AbortReq(rid=q.rid))
+        if released:
+            self.forget(rid)
+        return released
+
+    def step(self, step: int) -> tuple[dict[str, Any], list[str], bool]:
+        """One pass of event_loop_normal's body after the ingest (the module's NOTE)."""
+        s, computed, tables = self.s, self.computed, self.tables
+        RELEASED.clear()
+        PRIORITY_VICTIMS.clear()
+        ratio = float(s.new_token_ratio_tracker.current)
+        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+        requeue_in_release_order(s)
+        s.running_batch = plan.running_batch
+        batch = plan.batch_to_run
+        preempted = list(RELEASED)
+        for rid in preempted:
+            computed[rid] = 0
+            tables.pop(rid, None)
+        scheduled, new_pages, hits = [], {}, {}
+        finished: list[str] = []
+        abort_finished: list[str] = []
+        if batch:
+            for q, p, e, new, old in batch_rows(s, batch):
+                rid = wid(q)
+                if computed[rid] == 0:
+                    tables[rid] = list(old)
+                    if p > 0:
+                        hits[rid] = old
+                elif p != computed[rid]:
+                    raise DriverError(f"SGLang scheduled {rid} from token {p}, but it had "
+                                      f"computed {computed[rid]}")
+                computed[rid] = p + e
+                tables[rid] += new
+                scheduled.append([rid, e])
+                if new:
+                    new_pages[rid] = new
+            s.process_batch_result(batch, s.run_batch(batch))
+            chunked = s.chunked_req
+            if chunked is not None and chunked.extend_end > chunked.prefix_len \
+                    and wid(chunked) not in self.aborts.get(step + 1, ()):
+                # The next step's get_next_batch_to_run caches the middle chunk first
+                # thing (scheduler.py:3918); done here, the step that computed it says
+                # what it deduplicated (nothing touches the cache in between). Not when
+                # the next step aborts it: SGLang releases it before that (3897).
+                s.stash_chunked_request(chunked)
+            for q in batch.reqs:
+                if q.finished():
+                    finished.append(wid(q))
+                    if isinstance(q.finished_reason, self.g.FINISH_ABORT):
+                        abort_finished.append(wid(q))
+        else:
+            s._sched_idled = True
+            if s.is_fully_idle():  # Scheduler.on_idle's one scheduling effect
+                s.new_token_ratio_tracker.reset()
+        s.last_batch = batch
+        for rid in finished:
+            self.forget(rid)
+        dedup = deduplicated(s, self.reqs, computed, tables)
+        alloc, page = s.token_to_kv_pool_allocator, s.page_size
+        return ({"preempted": preempted, "mode": batch.forward_mode.name if batch else None,
+                 "scheduled": scheduled, "new_block_ids": new_pages, "prefix_hits": hits,
+                 "finished": finished, "abort_finished": abort_finished, "dedup": dedup,
+                 "free_pages": int(alloc.available_size()) // page,
+                 "evictable_pages": int(s.tree_cache.evictable_size()) // page,
+                 "new_token_ratio": ratio},
+                finished, bool(batch or preempted or finished))
+
+    def stopped(self, error: Exception) -> dict[str, Any] | None:
+        return {"stopped": str(error)} if isinstance(error, DriverError) else None
 
 
 def _host() -> SimpleNamespace:
@@ -606,7 +650,7 @@ def main(argv: list[str]) -> int:
         g = _import_sglang()
         watch_releases(g)
         for job in jobs:
-            run_job(g, host, job, emit)
+            host.run_job(job, Job(g, host, job, emit), emit)
 
     return int(host.driver_main(argv, "sglang_driver.py", run_jobs))
 
