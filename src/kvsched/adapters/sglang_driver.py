@@ -3,10 +3,10 @@
     <sglang-venv>/bin/python sglang_driver.py JOBS.jsonl
 
 This file imports only the standard library, SGLang and driver_host.py beside it (by its
-path, for the process around the jobs and the token contents; never kvsched, which need
-not be installed in SGLang's environment). It reads one job per line of JOBS.jsonl and
-writes raw events, one JSON object per line, to its standard output;
-kvsched.adapters.sglang turns them into trace v1.
+path, for the process around the jobs, the loop of a job's steps and the token contents;
+never kvsched, which need not be installed in SGLang's environment). It reads one job
+per line of JOBS.jsonl and writes raw events, one JSON object per line, to its standard
+output; kvsched.adapters.sglang turns them into trace v1.
 
 NOTE on what runs. SGLang's Scheduler cannot be constructed on a CPU (its __init__ loads
 a model and sizes CUDA pools), but its scheduling methods run unchanged on an object made
@@ -40,13 +40,36 @@ the request's queue entry time; both are in the decision path (LRU eviction, the
 equal priorities). The driver replaces SGLang's clock with a logical one that advances by
 one at every reading, so a recording's decisions are the same in every run.
 
+NOTE on the job: driver_host.run_job runs its steps (arrivals, aborts, the max_steps and
+stall stops); Job is SGLang's side. An arrival is taken as the scheduler's
+handle_generate_request takes it: SGLang's own validate_input_length refuses a prompt of
+max_req_input_len (max_req_len - 5) tokens or more, with its message, and such a request
+never reaches the queue; else init_req_max_new_tokens clips its max_new_tokens (a clip
+stops the job: the trace would not say what was served) and it is queued. An abort is
+SGLang's own Scheduler.abort_request(AbortReq), delivered before the step's
+get_next_batch_to_run as SGLang's loop delivers one: a waiting request is popped at once,
+the request being chunked is released at the top of the step
+(process_pending_chunked_abort; its last chunk is then never cached), and a running one
+is marked to finish: it runs one more forward and finishes with FINISH_ABORT. SGLang
+aborts every request whose rid starts with the one named, so a request's rid is its
+workload id followed by RID_END. Its abort outputs go nowhere (inert_aborts).
+
 Events:
     {"job": name, "sglang": version, "config": {...}}   the settings SGLang built with
-    {"step": s, "arrivals": [ids], "preempted": [ids], "mode": "EXTEND"|"DECODE"|"MIXED"|
-     null, "scheduled": [[id, n]], "new_block_ids": {id: [ids]}, "prefix_hits": {id: [ids]},
-     "finished": [ids], "free_pages": n, "evictable_pages": n, "new_token_ratio": x}
-    {"done": name, "complete": bool, "steps": n[, "stopped": "one line"]}
+    {"step": s, "arrivals": [ids], "refused": [{"id", "reason"}], "aborted": [ids],
+     "preempted": [ids], "mode": "EXTEND"|"DECODE"|"MIXED"|null, "scheduled": [[id, n]],
+     "new_block_ids": {id: [ids]}, "prefix_hits": {id: [ids]}, "finished": [ids],
+     "abort_finished": [ids], "dedup": {id: [ids]}, "free_pages": n,
+     "evictable_pages": n, "new_token_ratio": x}
+    {"done": name, "complete": bool, "steps": n[, "stopped": "one line"][, "stalled": s]}
     {"error": "one line"}    (then exit status 3)
+`arrivals` lists every request that arrived, `refused` those SGLang refused (never
+queued); `aborted` the requests SGLang let go because of an abort before the step's
+batch (waiting ones, and the one being chunked); `finished` every request that finished
+in the step, `abort_finished` those of them that finished with SGLang's abort (running
+requests that ran their last forward). A job "stopped" when SGLang did something trace v1
+cannot say; it "stalled" from step s when its steps from s on decided nothing with
+nothing left to arrive or abort (a chunk smaller than a page admits nothing).
 Page ids are SGLang's own (slot // page_size; id 0 is SGLang's padding page, never
 handed out). A request's pages are read from SGLang's req_to_token row: for a request
 scheduled with prefix length p and extend length e, its new pages are those of row[p:p+e]
