@@ -5,7 +5,8 @@ An engine's scheduler runs in the engine's own virtual environment, driven by a 
 script (run as `python -I driver.py jobs.jsonl`) that writes raw events on its standard
 output, one JSON object a line: for each job a header event ({"job": name, "config":
 what the engine really built, ...}), its step events ({"step": k, ...}) and a done event
-({"done": name, "complete": bool, "stopped": why or None, ...}); an error event
+({"done": name, "complete": bool, "stopped": why or None, "stalled": step or None, ...});
+an error event
 ({"error": one line}) ends the run. The engine's adapter module says only what is its
 own: its settings for a config (and its refusals), the config its scheduler really
 built, how one step event becomes a step line, and its header fields. This module runs
@@ -48,6 +49,10 @@ class Job:
     out: Path
     max_steps: int | None = None
     allow_undersized_cache: bool = False
+    # The engine's settings that are its profile's knobs, knob name to value
+    # (StepKind.settings): the driver starts the engine with them and the trace's header
+    # declares them (its "knobs"), so that the profile replays it with them.
+    settings: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -63,6 +68,9 @@ class Recorded:
     rejected: int = 0
     # Why the driver stopped the job early (one line), its trace holding the steps before.
     stopped: str | None = None
+    # The step from which the engine stalled: it decided nothing more with requests left
+    # and nothing to arrive or abort (driver_host.run_job); the trace is complete.
+    stalled: int | None = None
 
 
 def config_changes(asked: Config, built: Config, engine: str) -> list[str]:
@@ -116,6 +124,8 @@ class TraceFile:
         self.result.complete = complete
         stopped = event.get("stopped")
         self.result.stopped = None if stopped is None else str(stopped)
+        stalled = event.get("stalled")
+        self.result.stalled = None if stalled is None else int(stalled)
         return self.result
 
     def discard(self) -> None:
@@ -225,7 +235,10 @@ def run_driver(driver: Path, python: Path, inputs: Sequence[dict[str, Any]], nam
 
 def stopped_by_engine(engine: Engine[Any], result: Recorded) -> str | None:
     """Why the engine, not the user, ended a recorded job early (one line), or None: a
-    step that trace v1 cannot say."""
+    step that trace v1 cannot say, or a stall."""
+    if result.stalled is not None:
+        return (f"{engine.label} stalled from step {result.stalled}: it decides nothing "
+                "more with requests left (the trace ends there; kvsched check names them)")
     if result.stopped is None:
         return None
     return (f"{engine.label} {result.engine.get('version', '?')} did something in step "
@@ -234,6 +247,29 @@ def stopped_by_engine(engine: Engine[Any], result: Recorded) -> str | None:
 
 
 RecordedT = TypeVar("RecordedT", bound=Recorded)  # what an engine's recording comes to
+
+
+@dataclass(frozen=True)
+class EngineOption:
+    """One of an engine's own options that `kvsched record NAME` offers beside the
+    config's: `flag` as the engine spells it, `help`; `choices` (its words), `switch`
+    (a flag without a value) or else an integer; `knob`, the setting of its step kind
+    it sets (StepKind.settings; "" for none), and `as_knob`, each word's knob value where
+    they differ; `refused`, each word the adapter refuses, with why (one clause)."""
+
+    flag: str
+    help: str
+    knob: str = ""
+    choices: tuple[str, ...] = ()
+    switch: bool = False
+    as_knob: Mapping[str, object] = field(default_factory=dict)
+    refused: Mapping[str, str] = field(default_factory=dict)
+    default: str = ""  # what an unset option means, as --help says it
+
+    @property
+    def dest(self) -> str:
+        """The option's parameter name: its flag's words joined by _."""
+        return self.flag.lstrip("-").replace("-", "_")
 
 
 @dataclass(frozen=True)
@@ -273,6 +309,10 @@ class Engine(Generic[RecordedT]):
     # missing environment; record then offers --release, with `release_help`.
     release_python: Callable[[str, Path | None], Path] | None = None
     release_help: str = ""
+    # Its own options beside the config's (EngineOption), and the config options'
+    # defaults where they are the engine's, not the profile's (SGLang's page of 1).
+    options: tuple[EngineOption, ...] = ()
+    defaults: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def kind(self) -> StepKind:
@@ -315,7 +355,9 @@ class Engine(Generic[RecordedT]):
 
     def record(self, config: Config, workload: Sequence[WorkItem], out: Path,
                python: Path | None = None, max_steps: int | None = None,
-               allow_undersized_cache: bool = False) -> RecordedT:
+               allow_undersized_cache: bool = False,
+               settings: Mapping[str, object] | None = None) -> RecordedT:
         """Record one workload; see record_jobs."""
-        job = Job(out.stem, config, workload, out, max_steps, allow_undersized_cache)
+        job = Job(out.stem, config, workload, out, max_steps, allow_undersized_cache,
+                  dict(settings or {}))
         return self.record_jobs([job], python)[0]

@@ -40,6 +40,7 @@ from kvsched.adapters.recording import (
     Recorded,
     TraceFile,
     built_as_asked,
+    stopped_by_engine,
 )
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
@@ -231,14 +232,11 @@ def header_extra() -> dict[str, Any]:
 
 @dataclass
 class RecordedV0(Recorded):
-    """What recording one job on V0 produced, with V0's own failure if it had one, or
-    the step from which V0 stalled (decided nothing, with nothing left to arrive: the
-    trace is complete, and the requests V0 left are live at its end)."""
+    """What recording one job on V0 produced, with V0's own failure if it had one."""
 
     swaps: int = 0
     swap_ins: int = 0
     engine_error: str | None = None
-    stalled: int | None = None
 
 
 class V0Trace(TraceFile):
@@ -263,7 +261,6 @@ class V0Trace(TraceFile):
     def done(self, event: Mapping[str, Any]) -> RecordedV0:
         super().done(event)
         self.result.engine_error = event.get("engine_error")
-        self.result.stalled = event.get("stalled")
         return self.result
 
 
@@ -275,14 +272,12 @@ def summary(result: RecordedV0) -> str:
 
 
 def failure(result: RecordedV0) -> str | None:
-    """V0's own failure in a job, or the step from which it stalled."""
+    """V0's own failure in a job, else what ends any engine's job early (a stall, a step
+    trace v1 cannot say)."""
     if result.engine_error is not None:
         return (f"V0 failed in step {result.steps}: {result.engine_error} (the trace holds "
                 "the steps before it)")
-    if result.stalled is not None:
-        return (f"V0 stalled from step {result.stalled}: it decides nothing more with "
-                "requests left (the trace ends there; kvsched check names them)")
-    return None
+    return stopped_by_engine(ENGINE, result)
 
 
 ENGINE = Engine(
