@@ -17,9 +17,11 @@ import pytest
 from conftest import Ran
 
 from kvsched.adapters.engines import ENGINES, engine_named
-from kvsched.adapters.recording import Engine
+from kvsched.adapters.recording import Engine, Job, Recorded, TraceFile
+from kvsched.adapters.vllm_v0 import RecordedV0
 from kvsched.commands.record import record
 from kvsched.optimized.checker import check_trace_vectorized
+from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.step_kinds import STEP_KINDS
 from kvsched.spec.trace import TraceReader
@@ -47,6 +49,22 @@ def test_every_engine_is_one_value_of_the_table() -> None:
         # Its step kind is its profile's: what its recordings replay under.
         assert get_profile(engine.profile).scheduler == engine.step_kind
         assert engine.kind is STEP_KINDS[engine.step_kind]
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.name)
+def test_every_engine_reports_a_stalled_job_as_its_failure(
+        engine: Engine[Any], tmp_path: Path) -> None:
+    """Every driver ends a job its engine stalls in (driver_host.run_job) with a done
+    event carrying "stalled": the core reads it, and the engine's failure says it."""
+    recorded = RecordedV0 if engine.name == "vllm-v0" else Recorded  # V0's has its own
+    job = Job("j", Config(), [], tmp_path / "t.jsonl")
+    done = {"done": "j", "complete": True, "steps": 9, "stalled": 7}
+    result = TraceFile(job, recorded(job, Config()), {}).done(done)
+    assert result.complete and result.stalled == 7 and (tmp_path / "t.jsonl").exists()
+    assert engine.failed(result) == (
+        f"{engine.label} stalled from step 7: it decides nothing more with requests left "
+        "(the trace ends there; kvsched check names them)")
+    assert engine.failed(recorded(job, Config(), complete=True)) is None
 
 
 def options_of(command_name: str) -> set[str]:

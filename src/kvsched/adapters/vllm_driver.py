@@ -21,7 +21,8 @@ Anything vLLM itself prints goes to standard error.
 NOTE on the loop: it is kvsched's simulation loop (src/kvsched/simulate.py) with
 vLLM's scheduler inside, built as vLLM's own tests/v1/core/utils.py builds it (no
 model, no tokenizer, synchronous scheduling; prefix caching on unless the job's config
-says "enable_prefix_caching": false). Each step: add
+says "enable_prefix_caching": false), run by driver_host.run_job (the arrivals, the
+aborts, the max_steps and stall stops), Job being vLLM's side of it. Each step: add
 the arrivals (vLLM's input processor refuses a prompt that leaves no room for an
 output token before the engine sees it; such a request is reported as refused and
 never added), apply the aborts, schedule(), hand back one sampled token for each
@@ -46,11 +47,13 @@ admitted request (new, or resumed after recompute) starts its table with; `block
 continue, per request, vLLM's hashes of its full blocks (Request.block_hashes, in
 base64: key_text): a prompt's when it arrives, a block of outputs when vLLM caches it
 (BlockKeys).
-    {"done": name, "complete": bool, "steps": n[, "stopped": "one line"]}
+    {"done": name, "complete": bool, "steps": n[, "stopped": "one line"][, "stalled": s]}
     {"error": "one line"}    (then exit status 3)
-A job "stopped" when vLLM did something in a step that trace v1 cannot say (a
-DriverError: 0.11.0 readmits a request with computed tokens that are not whole
-blocks): its trace holds the steps before, without an end line, and the other jobs run.
+A job "stalled" from step s when vLLM decided nothing from s on with nothing left to
+arrive or abort (driver_host's NOTE on the loop). A job "stopped" when vLLM did
+something in a step that trace v1 cannot say (a DriverError: 0.11.0 readmits a request
+with computed tokens that are not whole blocks): its trace holds the steps before,
+without an end line, and the other jobs run.
 """
 
 from __future__ import annotations
@@ -81,14 +84,16 @@ if TYPE_CHECKING or __package__:  # kvsched.adapters.vllm_driver (the tracing pl
         Contents,
         Emit,
         driver_main,
+        run_job,
         token_id,
     )
 else:  # a script in vLLM's own Python, without kvsched: driver_host.py beside it
     _host = runpy.run_path(str(Path(__file__).resolve().with_name("driver_host.py")))
     EOS_TOKEN_ID, FIRST_TOKEN_ID, VOCAB_SIZE = (
         _host["EOS_TOKEN_ID"], _host["FIRST_TOKEN_ID"], _host["VOCAB_SIZE"])
-    Contents, Emit, driver_main, token_id = (
-        _host["Contents"], _host["Emit"], _host["driver_main"], _host["token_id"])
+    Contents, Emit, driver_main, run_job, token_id = (
+        _host["Contents"], _host["Emit"], _host["driver_main"], _host["run_job"],
+        _host["token_id"])
 
 
 
@@ -714,103 +719,90 @@ def _split_table(rid: str, ids: list[int], computed: int, block_size: int,
         fresh[rid] = ids[h:] if h else ids
 
 
-def run_job(job: dict[str, Any], emit: Any, model_dir: Path) -> None:
-    sched_output = _module("vllm.v1.core.sched.output")
-    status = _module("vllm.v1.request").RequestStatus
-    vllm = _module("vllm")
-    scheduler = build_scheduler(job["config"], model_dir)
-    pool = scheduler.kv_cache_manager.block_pool
-    hasher = block_hasher(scheduler)
-    keys = BlockKeys(pool, scheduler.block_size) if hasher is not None else None
-    # The scheduler output keeps preemptions in a set; this keeps their order.
-    preempted: list[str] = []
-    watch_preemptions(scheduler, lambda request: preempted.append(request.request_id))
-    victims_named = names_victims(sched_output.SchedulerOutput)
-    give_resumed_req_ids(sched_output.CachedRequestData)
-    runner_output = runner_output_maker(_module("vllm.v1.outputs").ModelRunnerOutput)
-    detect_release()
-    model_config = scheduler.vllm_config.model_config
-    config = effective_config(scheduler)
-    config["shims"] = list(SHIMS)
-    emit({"job": job["name"], "vllm": vllm.__version__, "null_block": pool.null_block.block_id,
-          "config": config, "free_blocks": pool.get_num_free_blocks()})
+class Job:
+    """One job on vLLM's v1 scheduler: its side of driver_host.run_job's loop (arrive,
+    abort, step, stopped), writing the job's header event when built."""
 
-    contents = Contents(job["requests"])
-    pending: list[dict[str, Any]] = sorted(job["requests"], key=lambda w: w["arrival"])
-    live: dict[str, Any] = {}  # the Request objects vLLM holds, by id
-    aborts: dict[int, list[str]] = {}
-    for w in pending:
-        if w.get("abort") is not None:
-            aborts.setdefault(w["abort"], []).append(w["id"])
-    max_steps = job.get("max_steps")
-    nxt = 0
-    step = 0
-    try:
-        while nxt < len(pending) or live:
-            if max_steps is not None and step >= max_steps:
-                emit({"done": job["name"], "complete": False, "steps": step})
-                return
-            arrivals: list[str] = []
-            refused: list[dict[str, str]] = []
-            while nxt < len(pending) and pending[nxt]["arrival"] <= step:
-                w = pending[nxt]
-                nxt += 1
-                arrivals.append(w["id"])
-                reason = refusal(model_config, w["prompt_len"])
-                if reason is not None:
-                    refused.append({"id": w["id"], "reason": reason})
-                    continue
-                live[w["id"]] = make_request(w, nxt, contents, hasher)
-                scheduler.add_request(live[w["id"]])
-                if keys is not None:
-                    keys.arrived(live[w["id"]])
-            aborted: list[str] = []
-            for rid in aborts.pop(step, ()):
-                if rid in live:
-                    scheduler.finish_requests(rid, status.FINISHED_ABORTED)
-                    del live[rid]
-                    aborted.append(rid)
-                    if keys is not None:
-                        keys.forget(rid, unwritten=True)
-            preempted.clear()
-            running = () if victims_named else list(scheduler.running)
-            output = scheduler.schedule()
-            reported = output.preempted_req_ids if victims_named else {
-                r.request_id for r in running if r.status == status.PREEMPTED}
-            if set(preempted) != set(reported):
-                raise DriverError(f"preempted {sorted(preempted)} but the scheduler output "
-                                  f"says {sorted(reported)}")
-            fresh, hits = step_blocks(output, scheduler.block_size)
-            scheduled = list(output.num_scheduled_tokens.items())
-            sampled: list[list[int]] = []
-            for rid, _ in scheduled:
-                request = live[rid]
-                if request.num_computed_tokens < request.num_tokens:
-                    sampled.append([])  # a partial prefill chunk samples nothing
-                else:
-                    sampled.append([contents.output(rid, request.num_output_tokens)])
-            engine_outputs = scheduler.update_from_output(
-                output, runner_output([rid for rid, _ in scheduled], sampled))
-            finished = finishes(engine_outputs)
-            for f in finished:
-                live.pop(f["id"], None)
-                if keys is not None:
-                    keys.forget(f["id"])
-            emit({"step": step, "arrivals": arrivals, "refused": refused, "aborted": aborted,
-                  "preempted": list(preempted),
-                  "scheduled": [[rid, n] for rid, n in scheduled],
-                  "new_block_ids": fresh, "prefix_hits": hits,
-                  "block_keys": {rid: list(map(key_text, ks))
-                                 for rid, ks in keys.take().items()}
-                  if keys is not None else {},
-                  "finished": finished, "free_blocks": pool.get_num_free_blocks()})
-            step += 1
-    except DriverError as e:
-        # vLLM did something in this step that trace v1 cannot say: the trace keeps the
-        # steps before it, and the next job runs.
-        emit({"done": job["name"], "complete": False, "steps": step, "stopped": str(e)})
-        return
-    emit({"done": job["name"], "complete": True, "steps": step})
+    def __init__(self, job: dict[str, Any], emit: Emit, model_dir: Path) -> None:
+        sched_output = _module("vllm.v1.core.sched.output")
+        self.status = _module("vllm.v1.request").RequestStatus
+        vllm = _module("vllm")
+        self.scheduler = scheduler = build_scheduler(job["config"], model_dir)
+        self.pool = pool = scheduler.kv_cache_manager.block_pool
+        self.hasher = block_hasher(scheduler)
+        self.keys = BlockKeys(pool, scheduler.block_size) if self.hasher is not None else None
+        # The scheduler output keeps preemptions in a set; this keeps their order.
+        self.preempted: list[str] = []
+        watch_preemptions(scheduler, lambda request: self.preempted.append(request.request_id))
+        self.victims_named = names_victims(sched_output.SchedulerOutput)
+        give_resumed_req_ids(sched_output.CachedRequestData)
+        self.runner_output = runner_output_maker(_module("vllm.v1.outputs").ModelRunnerOutput)
+        detect_release()
+        self.model_config = scheduler.vllm_config.model_config
+        config = effective_config(scheduler)
+        config["shims"] = list(SHIMS)
+        emit({"job": job["name"], "vllm": vllm.__version__,
+              "null_block": pool.null_block.block_id, "config": config,
+              "free_blocks": pool.get_num_free_blocks()})
+        self.contents = Contents(job["requests"])
+        self.live: dict[str, Any] = {}  # the Request objects vLLM holds, by id
+
+    def arrive(self, w: dict[str, Any], order: int) -> str | None:
+        reason = refusal(self.model_config, w["prompt_len"])
+        if reason is None:
+            request = make_request(w, order, self.contents, self.hasher)
+            self.live[w["id"]] = request
+            self.scheduler.add_request(request)
+            if self.keys is not None:
+                self.keys.arrived(request)
+        return reason
+
+    def abort(self, rid: str) -> bool:
+        self.scheduler.finish_requests(rid, self.status.FINISHED_ABORTED)
+        del self.live[rid]
+        if self.keys is not None:
+            self.keys.forget(rid, unwritten=True)
+        return True
+
+    def step(self, step: int) -> tuple[dict[str, Any], list[str], bool]:
+        scheduler, live, keys, status = self.scheduler, self.live, self.keys, self.status
+        preempted = self.preempted
+        preempted.clear()
+        running = () if self.victims_named else list(scheduler.running)
+        output = scheduler.schedule()
+        reported = output.preempted_req_ids if self.victims_named else {
+            r.request_id for r in running if r.status == status.PREEMPTED}
+        if set(preempted) != set(reported):
+            raise DriverError(f"preempted {sorted(preempted)} but the scheduler output "
+                              f"says {sorted(reported)}")
+        fresh, hits = step_blocks(output, scheduler.block_size)
+        scheduled = list(output.num_scheduled_tokens.items())
+        sampled: list[list[int]] = []
+        for rid, _ in scheduled:
+            request = live[rid]
+            if request.num_computed_tokens < request.num_tokens:
+                sampled.append([])  # a partial prefill chunk samples nothing
+            else:
+                sampled.append([self.contents.output(rid, request.num_output_tokens)])
+        engine_outputs = scheduler.update_from_output(
+            output, self.runner_output([rid for rid, _ in scheduled], sampled))
+        finished = finishes(engine_outputs)
+        for f in finished:
+            live.pop(f["id"], None)
+            if keys is not None:
+                keys.forget(f["id"])
+        return ({"preempted": list(preempted),
+                 "scheduled": [[rid, n] for rid, n in scheduled],
+                 "new_block_ids": fresh, "prefix_hits": hits,
+                 "block_keys": {rid: list(map(key_text, ks)) for rid, ks in keys.take().items()}
+                 if keys is not None else {},
+                 "finished": finished, "free_blocks": self.pool.get_num_free_blocks()},
+                [f["id"] for f in finished], bool(scheduled or preempted or finished))
+
+    def stopped(self, error: Exception) -> dict[str, Any] | None:
+        """vLLM did something in a step that trace v1 cannot say (a DriverError): the
+        trace keeps the steps before it, and the next job runs."""
+        return {"stopped": str(error)} if isinstance(error, DriverError) else None
 
 
 def main(argv: list[str]) -> int:
@@ -821,7 +813,7 @@ def main(argv: list[str]) -> int:
         os.environ.pop("PYTHONHASHSEED", None)
         with tempfile.TemporaryDirectory(prefix="kvsched-vllm-") as tmp:
             for job in jobs:
-                run_job(job, emit, Path(tmp))
+                run_job(job, Job(job, emit, Path(tmp)), emit)
 
     return driver_main(argv, "vllm_driver.py", run_jobs)
 

@@ -86,14 +86,9 @@ def build_scheduler(cfg: dict[str, Any]) -> Any:
     """V0's Scheduler for one job's config, as vLLM's tests/core/scheduler tests build it."""
     vconfig = _module("vllm.config")
     scheduler_mod = _module("vllm.core.scheduler")
-    scheduler_config = vconfig.SchedulerConfig(
-        max_num_batched_tokens=cfg["max_num_batched_tokens"],
-        max_num_seqs=cfg["max_num_seqs"],
-        max_model_len=cfg["max_model_len"],
-        enable_chunked_prefill=cfg["enable_chunked_prefill"],
-        policy=cfg["policy"],
-        preemption_mode=cfg["preemption_mode"],
-    )
+    scheduler_config = vconfig.SchedulerConfig(**{key: cfg[key] for key in (
+        "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill",
+        "policy", "preemption_mode")})
     cache_config = vconfig.CacheConfig(block_size=cfg["block_size"],
                                        gpu_memory_utilization=1.0, swap_space=0,
                                        cache_dtype="auto", enable_prefix_caching=False)
