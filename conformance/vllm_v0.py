@@ -267,16 +267,23 @@ def random_case(seed: int) -> Case:
                 lambda: workload)
 
 
-# Each of V0's rules, flipped: the suite must tell every one from V0 (its step, V0's
-# knobs in kvsched.spec.knobs, its config; the victim, admit_after_preempt and
-# continue_after_self_preemption knobs do not apply to V0's step, and
-# reserve_full_sequence adds nothing to allocation prompt).
+# Each of V0's rules, flipped (V0Knobs' other value, in knobs.v0): the suite must tell
+# every one from V0, and V0's step from vLLM v1's, and V0's config. V0Knobs' other rules
+# are not flipped, as no kept trace tells them: reserve_full_sequence adds nothing to
+# allocation prompt, free_order acts only with prefix caching (V0 is recorded without),
+# cost only with preemption auto, and no kept trace tells over_budget_prompt "skip" from
+# V0's "stop".
+V0_FLIPS: dict[str, dict[str, object]] = {
+    "grow_check=exact": {"grow_check": "exact"},
+    "reject=arrival": {"reject": "arrival"},
+    "chunk_swap_in": {"chunk_swap_in": True},
+    "swapped_order=policy": {"swapped_order": "policy"},
+}
 V0_VARIANTS: dict[str, Variant] = {
     "scheduler=v1": (VLLM_V0, {}, "v1"),
-    "grow_check=exact": (replace(VLLM_V0, grow_check="exact"), {}, "v0"),
-    "reject=arrival": (replace(VLLM_V0, reject="arrival"), {}, "v0"),
-    "chunk_swap_in": (replace(VLLM_V0, chunk_swap_in=True), {}, "v0"),
-    "swapped_order=policy": (replace(VLLM_V0, swapped_order="policy"), {}, "v0"),
+    **{name: (replace(VLLM_V0, v0=replace(VLLM_V0.v0, **change)),  # type: ignore[arg-type]
+              {}, "v0")
+       for name, change in V0_FLIPS.items()},
     "config allocation=lazy": (VLLM_V0, {"allocation": "lazy"}, "v0"),
     "config watermark_scope=running": (VLLM_V0, {"watermark_scope": "running"}, "v0"),
 }

@@ -1,5 +1,6 @@
-"""The knobs the fast schedulers follow: every knob of the reference but vLLM V0's; the
-torch scheduler not the two of older vLLM v1 releases either.
+"""The knobs the fast schedulers follow: vLLM v1's (Knobs' own fields; they run no other
+step kind, so they refuse any of V0's or SGLang's set away from its default); the torch
+scheduler not the two of older vLLM v1 releases.
 
 The torch scheduler (kvsched.optimized.scheduler) and the compiled one
 (kvsched.optimized.compiled) refuse what they do not implement in the same words; this
@@ -12,12 +13,8 @@ from typing import Literal
 
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
-from kvsched.spec.step_kinds import refusal
+from kvsched.spec.step_kinds import knob_refusal, refusal
 
-# Knobs these schedulers follow only at their defaults: vLLM V0's rules (profile
-# vllm-v0), which the reference alone implements. V0's step itself (a profile whose
-# `scheduler` is "v0") is the reference's V0Scheduler; these schedulers run vLLM v1's.
-REFERENCE_ONLY_KNOBS = ("grow_check", "reject", "chunk_swap_in", "swapped_order")
 # Knobs the torch scheduler follows only at their defaults, the compiled one at every
 # value: older vLLM v1 releases' rules (the free-queue order up to 0.23, the over-budget
 # prompt passed over in 0.11), whose one-request-at-a-time nature its batched passes
@@ -53,13 +50,14 @@ def unsupported_config(config: Config, scheduler: FastScheduler = "compiled") ->
 
 
 def unsupported_knobs(knobs: Knobs, scheduler: FastScheduler = "compiled") -> str | None:
-    """Why the fast `scheduler` refuses `knobs`, in one line, or None."""
+    """Why the fast `scheduler` refuses `knobs`, in one line, or None: a knob of another
+    step kind than vLLM v1's (kvsched.spec.step_kinds.knob_refusal; vLLM V0's rules, which
+    only the reference's V0 step reads), or with the torch scheduler an older release's
+    rule."""
+    why = knob_refusal("v1", knobs)
+    if why is not None:
+        return f"the {scheduler} scheduler runs vLLM v1's step: {why}"
     default = Knobs()
-    for name in REFERENCE_ONLY_KNOBS:
-        value = getattr(knobs, name)
-        if value != getattr(default, name):
-            return (f"the optimized scheduler does not implement knob {name}={value!r} "
-                    f"(vLLM V0's rules, profile vllm-v0): use the reference scheduler")
     if scheduler == "torch":
         for name in COMPILED_ONLY_KNOBS:
             value = getattr(knobs, name)

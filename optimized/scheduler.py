@@ -153,8 +153,8 @@ class TorchScheduler:
     """The reference's policy on tensors, on `device` ("cpu" or "cuda").
 
     `knobs` are the spec's (a profile's knobs work as they are); None means vLLM v1's.
-    Knobs other than their defaults in REFERENCE_ONLY_KNOBS (vLLM V0's) and
-    COMPILED_ONLY_KNOBS (older vLLM v1 releases') are refused
+    It runs vLLM v1's step: a knob of another step kind (vLLM V0's, SGLang's) or of
+    COMPILED_ONLY_KNOBS (older vLLM v1 releases') set away from its default is refused
     (kvsched.optimized.knobs).
     """
 

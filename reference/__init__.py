@@ -15,7 +15,7 @@ from kvsched.reference.v0 import V0Scheduler
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import Profile, get_profile
-from kvsched.spec.step_kinds import STEP_KINDS, SchedulerKind, refusal
+from kvsched.spec.step_kinds import STEP_KINDS, SchedulerKind, knob_refusal, refusal
 
 __all__ = ["BlockAllocator", "LiveRequest", "ReferenceScheduler", "SGLangScheduler", "StepPlan",
            "V0Scheduler",
@@ -26,10 +26,11 @@ def scheduler_for(config: Config, knobs: Knobs | None = None,
                   kind: SchedulerKind = "v1") -> ReferenceScheduler | SGLangScheduler:
     """The reference scheduler of `kind` (a profile's `scheduler`: "v1", vLLM v1's step;
     "v0", vLLM V0's; "sglang", SGLang's) on `config` with `knobs`. ValueError for a config
-    with a field the kind's step does not honour (kvsched.spec.step_kinds.refusal)."""
+    with a field the kind's step does not honour (kvsched.spec.step_kinds.refusal), or
+    knobs that set one of another kind's (knob_refusal)."""
     if kind not in STEP_KINDS:
         raise ValueError(f"scheduler must be one of {', '.join(STEP_KINDS)}, got {kind!r}")
-    why = refusal(kind, config)
+    why = refusal(kind, config) or knob_refusal(kind, knobs or Knobs())
     if why is not None:
         raise ValueError(why)
     if kind == "sglang":

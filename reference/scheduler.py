@@ -37,18 +37,23 @@ else is meant to be overridden):
 
 - `make_allocator()`: the BlockAllocator (whose `take`, `put`, `free_gpu` and
   `free_cpu` are its own extension points); `make_waiting_queue()`: the WaitingQueue;
-- `token_budget()`, `seq_limit()`: a step's token budget, the most running requests;
-- `reject_arrivals()`: the rejection of `arrived`, each through `reject(r, reason)`;
-  `never_admitted(r)`: why a pass rejects a request it reaches (knob reject);
+- `token_budget()`, `seq_limit()`, `chunk_cap()`: a step's token budget, the most
+  running requests, its long-prefill cap on a chunk;
+- `reject_arrivals()`: the rejection of `arrived`, each through `reject(r, reason)`,
+  for the reason `arrival_rejection(r)` gives; `never_admitted(r)`: why a pass rejects
+  a request it reaches (none in vLLM v1's step; V0's knob reject);
 - `next_chunk(r, threshold, budget)`: a running or swapped request's next chunk;
 - `blocks_needed(computed, new_tokens, held)`: Db, the blocks to add for new tokens;
 - `can_grow(need)`: whether a running request's new blocks fit, or it must preempt;
-  `grow_need(r, n)`: what a running request's chunk must find free (knob grow_check);
+  `grow_need(r, n)`: what a running request's chunk must find free (its Db; V0's knob
+  grow_check);
 - `admission_blocks(tokens, held)`: the free blocks a swap-in or admission must find;
 - `choose_victim()`: the running request to preempt;
-- `preempt(victim)`: take it off the GPU, by swap or recompute;
+- `preempt(victim)`: take it off the GPU, by swap or recompute; `requeue_swapped(victim)`:
+  queue a swapped victim at the step's end (in policy order; V0's knob swapped_order);
 - `passes(plan)`: a step's passes in their order (step 2 and 3 above), which fill one
   StepPlan; `running_pass(plan)`, `swap_in_pass(plan)`, `waiting_pass(plan)`: the passes
+  (`swap_in_chunks()`: whether a swapped partial prefill may come back in a chunk)
   (vLLM V0's step, kvsched.reference.v0.V0Scheduler, overrides `passes` and
   `running_pass` and calls the other two in V0's order);
 - `finishes(r, stopped)`: whether a request that just sampled a token finishes.
@@ -69,13 +74,10 @@ from kvsched.reference.requests import LiveRequest, WaitingQueue
 from kvsched.spec.blocks import (
     admission_watermark,
     allocation_reserve,
-    blocks_touched,
-    never_admitted,
-    prompt_too_long,
     rejectable,
 )
 from kvsched.spec.blocks import blocks_needed as spec_blocks_needed
-from kvsched.spec.knobs import Knobs
+from kvsched.spec.knobs import Knobs, V0Knobs
 from kvsched.spec.model import (
     Config,
     Decision,
@@ -86,6 +88,7 @@ from kvsched.spec.model import (
     Status,
 )
 from kvsched.spec.prefix import KeyBook
+from kvsched.spec.step_kinds import SchedulerKind, knob_refusal
 
 
 @dataclass(slots=True)
@@ -104,12 +107,17 @@ class StepPlan:
 
 class ReferenceScheduler:
     """The plain scheduler of docs/spec.md section 8 and kvsched.spec.profiles, with knobs:
-    vLLM v1's step (vLLM V0's is kvsched.reference.v0.V0Scheduler)."""
+    vLLM v1's step (vLLM V0's is kvsched.reference.v0.V0Scheduler). `kind`: the step
+    kind it is (kvsched.spec.step_kinds), whose knobs it reads (`rules`) and which
+    refuses a knob of another kind set away from its default."""
+
+    kind: SchedulerKind = "v1"
 
     def __init__(self, config: Config, knobs: Knobs | None = None) -> None:
         problems = config.problems() + (knobs or Knobs()).problems()
-        if problems:
-            raise ValueError(problems[0])
+        refused = knob_refusal(self.kind, knobs or Knobs())
+        if problems or refused is not None:
+            raise ValueError(problems[0] if problems else refused)
         self.config = config
         self.knobs = knobs or Knobs()
         self.blocks = self.make_allocator()
@@ -122,6 +130,12 @@ class ReferenceScheduler:
         self.sampled: list[LiveRequest] = []
         self.next_seq = 0
         self.keys = KeyBook(config.block_size)  # content keys, for prefix caching
+
+    @property
+    def rules(self) -> Knobs | V0Knobs:
+        """The knobs this step reads: vLLM v1's, the knobs' own fields (V0's step reads
+        knobs.v0: kvsched.spec.step_kinds.knobs_read)."""
+        return self.knobs
 
     # -- the interface ----------------------------------------------------------------
 
@@ -186,20 +200,14 @@ class ReferenceScheduler:
     # -- one step ---------------------------------------------------------------------
 
     def schedule(self) -> Decision:
-        cfg = self.config
         rejected = self.reject_arrivals()
-        threshold = cfg.long_prefill_token_threshold if cfg.chunked_prefill else 0
-        if self.knobs.lift_threshold_when_alone and len(self.live) <= 1:
-            threshold = 0
-        plan = StepPlan(self.token_budget(), threshold)
+        plan = StepPlan(self.token_budget(), self.chunk_cap())
         self.passes(plan)
         rejected += plan.rejected
         # Victims queue up only now, so none is admitted again in the step that took it.
         for victim in self.victims:
             if victim.status == Status.SWAPPED:
-                self.swapped.append(victim)
-                if self.knobs.swapped_order == "policy":
-                    self.swapped.sort(key=self.swapped_key)
+                self.requeue_swapped(victim)
             else:
                 self.waiting.push(victim, front=True)
         self.victims = []
@@ -238,7 +246,7 @@ class ReferenceScheduler:
         """The block allocator, made once for `self.config`."""
         return BlockAllocator(self.config.num_gpu_blocks, self.config.num_cpu_blocks,
                               self.config.first_block_id, self.config.prefix_caching,
-                              self.knobs.free_order)
+                              self.rules.free_order)
 
     def make_waiting_queue(self) -> WaitingQueue:
         """The waiting queue, made once: in policy order."""
@@ -258,33 +266,39 @@ class ReferenceScheduler:
         """The most requests that may run at once."""
         return self.config.max_num_seqs
 
+    def chunk_cap(self) -> int:
+        """This step's long-prefill cap on a chunk (0: none): with chunked prefill the
+        config's threshold, lifted for a lone request (knob lift_threshold_when_alone)."""
+        cfg = self.config
+        if not cfg.chunked_prefill or (self.knobs.lift_threshold_when_alone
+                                       and len(self.live) <= 1):
+            return 0
+        return cfg.long_prefill_token_threshold
+
     def reject_arrivals(self) -> list[Rejection]:
         """Reject the arrivals that can never complete, even alone in an empty cache
-        (docs/spec.md section 2, rule 2); every arrival is checked once, in its first step.
-        Under knob reject "admission" only a prompt longer than max_model_len is rejected
-        here, and the passes reject the rest when they reach them (`never_admitted`)."""
+        (docs/spec.md section 2, rule 2); every arrival is checked once, in its first step,
+        for the reason `arrival_rejection` gives."""
         out = []
         for r in self.arrived:
             if r.status != Status.WAITING:
                 continue  # aborted before its first step
-            if self.knobs.reject == "admission":
-                # A prompt of max_model_len tokens is served one token (vLLM V0).
-                reason = prompt_too_long(self.config, r.request.prompt_len)
-            else:
-                # It may be served one token or rejected: rejected here, as vLLM v1's
-                # front end does.
-                reason = rejectable(self.config, r.request.prompt_len, r.request.max_tokens)
+            reason = self.arrival_rejection(r)
             if reason is not None:
                 out.append(self.reject(r, reason))
         self.arrived = []
         return out
 
+    def arrival_rejection(self, r: LiveRequest) -> str | None:
+        """Why arrival `r` is rejected in its first step, or None: it can never complete,
+        even alone in an empty cache, or its prompt fills max_model_len (it may be served
+        one token or rejected: rejected here, as vLLM v1's front end does)."""
+        return rejectable(self.config, r.request.prompt_len, r.request.max_tokens)
+
     def never_admitted(self, r: LiveRequest, swap_in: bool = False) -> str | None:
-        """Under knob reject "admission", why a pass must reject `r`, which it reached:
-        its known tokens can never be admitted (or swapped in) even into an empty cache."""
-        if self.knobs.reject != "admission":
-            return None
-        return never_admitted(self.config, r.request, r.num_tokens, swap_in)
+        """Why a pass must reject `r`, which it reached, or None: vLLM v1's step rejects
+        only on arrival (V0's rejects here under its knob reject "admission")."""
+        return None
 
     def reject(self, r: LiveRequest, reason: str) -> Rejection:
         """End waiting or swapped `r` as rejected, releasing what it holds."""
@@ -331,21 +345,12 @@ class ReferenceScheduler:
         return need <= self.blocks.free_gpu
 
     def grow_need(self, r: LiveRequest, n: int) -> int:
-        """The free blocks running `r`'s chunk of `n` tokens must find to go on: its Db,
-        or under knob grow_check "worst_case" (at least) the blocks its new tokens touch
-        beyond what its blocks hold, its partly filled last block counted as new.
+        """The free blocks running `r`'s chunk of `n` tokens must find to go on: its Db
+        (V0's step may ask more: its knob grow_check).
 
         post: __return__ >= self.blocks_needed(r.num_computed, n, self.blocks.gpu_blocks(r.request.id))
         """  # noqa: E501
-        need = self.blocks_needed(r.num_computed, n, self.blocks.gpu_blocks(r.request.id))
-        if self.knobs.grow_check == "exact":
-            return need
-        # The tokens its blocks hold: all it knew at its admission (or up to where its
-        # allocation reserved), until it samples; then all but the token just sampled.
-        filled = r.num_computed if r.decoding else max(
-            r.num_computed, allocation_reserve(self.config, r.request, r.num_tokens))
-        unseen = max(0, r.num_computed + n - filled)
-        return max(need, blocks_touched(filled, unseen, self.config.block_size))
+        return self.blocks_needed(r.num_computed, n, self.blocks.gpu_blocks(r.request.id))
 
     def admission_blocks(self, tokens: int, held: int) -> int:
         """Blocks a swap-in or admission must find free so that `held` blocks cover
@@ -378,7 +383,7 @@ class ReferenceScheduler:
         held = self.blocks.gpu_blocks(rid)
         mode = self.config.preemption
         if mode == "auto":
-            swap = self.knobs.cost.prefers_swap(held, victim.num_computed)
+            swap = self.rules.cost.prefers_swap(held, victim.num_computed)
             mode = "swap" if swap else "recompute"
         if mode == "swap" and held > self.blocks.free_cpu:
             mode = "recompute"  # no room on the host
@@ -394,8 +399,14 @@ class ReferenceScheduler:
         self.victims.append(victim)
         return Preemption(rid, mode)
 
+    def requeue_swapped(self, victim: LiveRequest) -> None:
+        """Queue swapped-out `victim` again, at the step's end: `swapped` in policy order
+        (`swapped_key`)."""
+        self.swapped.append(victim)
+        self.swapped.sort(key=self.swapped_key)
+
     def swapped_key(self, r: LiveRequest) -> tuple[int, ...]:
-        """The order `swapped` is kept in under knob swapped_order "policy": the policy's."""
+        """The order `swapped` is kept in (`requeue_swapped`): the policy's."""
         return r.key if self.config.policy == "priority" else (r.seq,)
 
     # -- extension points: the passes -------------------------------------------------
@@ -461,9 +472,9 @@ class ReferenceScheduler:
             i += 1
 
     def swap_in_pass(self, plan: StepPlan) -> None:
-        """Swap requests back in, in their queue's order (knob swapped_order), while they
+        """Swap requests back in, in their queue's order (`requeue_swapped`), while they
         fit; the first that does not stops the pass. A partial prefill comes back with a
-        chunk of its rest, or (no chunked prefill, or knob chunk_swap_in off) only whole."""
+        chunk of its rest, or (`swap_in_chunks` false) only whole."""
         cfg = self.config
         while self.swapped:
             r = self.swapped[0]
@@ -475,8 +486,7 @@ class ReferenceScheduler:
             if plan.budget <= 0 or len(self.running) >= self.seq_limit():
                 break
             n = self.next_chunk(r, plan.threshold, plan.budget)
-            chunks = cfg.chunked_prefill and self.knobs.chunk_swap_in
-            if not chunks and n < r.num_tokens - r.num_computed:
+            if not self.swap_in_chunks() and n < r.num_tokens - r.num_computed:
                 break
             host = self.blocks.host_blocks(rid)
             # Its host blocks come back, with what its allocation reserves beyond them.
@@ -497,11 +507,16 @@ class ReferenceScheduler:
             plan.new_blocks[rid] = ids
             plan.budget -= n
 
+    def swap_in_chunks(self) -> bool:
+        """Whether a swapped partial prefill may come back with a chunk of its rest: with
+        chunked prefill (V0's step asks its knob chunk_swap_in too)."""
+        return self.config.chunked_prefill
+
     def waiting_pass(self, plan: StepPlan) -> None:
         """Admit waiting requests, in policy order, while they fit; the first that does
-        not stops the pass (head-of-line blocking). Under knob reject "admission" a
-        request that can never be admitted is rejected when the pass reaches it, even
-        once the budget or the seats have run out. Without chunked prefill a prompt
+        not stops the pass (head-of-line blocking). A request that can never be
+        admitted (`never_admitted`) is rejected when the pass reaches it, even once the
+        budget or the seats have run out. Without chunked prefill a prompt
         above the budget left stops the pass too, or under knob over_budget_prompt
         "skip" is passed over, back at the queue's head when the pass ends (each pushed
         to the front in the order skipped: under fcfs the last skipped comes first)."""
@@ -535,13 +550,13 @@ class ReferenceScheduler:
             if 0 < plan.threshold < n:
                 n = plan.threshold
             if not cfg.chunked_prefill and n > plan.budget:
-                if self.knobs.over_budget_prompt == "stop":
+                if self.rules.over_budget_prompt == "stop":
                     break
                 self.waiting.pop()
                 skipped.append(r)
                 continue
             n = min(n, plan.budget)
-            if self.knobs.reserve_full_sequence:
+            if self.rules.reserve_full_sequence:
                 full = min(r.num_tokens, cfg.max_model_len)
                 if self.admission_blocks(full, len(hits)) + taken > self.blocks.free_gpu:
                     break

@@ -25,27 +25,91 @@ decodes; the running queue goes on with the requests the budget did not reach, t
 swapped-in decodes and prefills, the running decodes, the running prefills whose chunk
 ends their prefill, the other running prefills, the new prompts (`order`).
 
-V0Scheduler is the reference scheduler with two of its extension points overridden
-(kvsched.reference.scheduler): `passes`, the step above, and `running_pass`, V0's; its
-waiting queue is kept in arrival order whatever the policy (`make_waiting_queue`), V0
-sorting it itself. The swap-in and waiting passes are the reference's, with V0's knobs
-and config: blocks for all known tokens at an admission or a swap-in (config allocation
-prompt), the watermark always (config watermark_scope always), a swapped prefill only
-whole (chunk_swap_in), swapped requests in swap-out order (swapped_order), requests
-that can never be admitted rejected when a pass reaches them (reject). V0's own defects
-are reproduced up to where V0 fails (docs/conformance/vllm-v0.md).
+V0Scheduler is the reference scheduler with its extension points
+(kvsched.reference.scheduler) `passes`, the step above, and `running_pass`, V0's,
+overridden; its waiting queue is kept in arrival order whatever the policy
+(`make_waiting_queue`), V0 sorting it itself, and it caps no chunk (`chunk_cap`). It
+reads V0's rules, knobs.v0 (kvsched.spec.knobs.V0Knobs), and none of vLLM v1's knobs:
+the swap-in and waiting passes are the reference's, with V0's rules and config: blocks
+for all known tokens at an admission or a swap-in (config allocation prompt), the
+watermark always (config watermark_scope always), a swapped prefill only whole
+(chunk_swap_in, `swap_in_chunks`), swapped requests in swap-out order (swapped_order,
+`requeue_swapped`), requests that can never be admitted rejected when a pass reaches
+them (reject, `arrival_rejection` and `never_admitted`), a running request's worst case
+of new blocks (grow_check, `grow_need`). V0's own defects are reproduced up to where V0
+fails (docs/conformance/vllm-v0.md).
 """
 
 from __future__ import annotations
 
 from kvsched.reference.requests import LiveRequest, WaitingQueue
 from kvsched.reference.scheduler import ReferenceScheduler, StepPlan
-from kvsched.spec.blocks import allocation_reserve
+from kvsched.spec.blocks import (
+    allocation_reserve,
+    blocks_touched,
+    never_admitted,
+    prompt_too_long,
+)
+from kvsched.spec.knobs import V0Knobs
+from kvsched.spec.step_kinds import SchedulerKind
 
 
 class V0Scheduler(ReferenceScheduler):
-    """vLLM V0's step (the module's NOTE) with the reference's knobs and config; the
-    knobs victim, admit_after_preempt and continue_after_self_preemption do not apply."""
+    """vLLM V0's step (the module's NOTE) with its rules, knobs.v0 (V0Knobs), and the
+    reference's config; it refuses any other knob set away from its default."""
+
+    kind: SchedulerKind = "v0"
+
+    @property
+    def rules(self) -> V0Knobs:
+        """V0's rules, the only knobs its step reads."""
+        return self.knobs.v0
+
+    def chunk_cap(self) -> int:
+        """None: V0 caps no chunk (its cap needs max_num_partial_prefills > 1)."""
+        return 0
+
+    def arrival_rejection(self, r: LiveRequest) -> str | None:
+        """Under reject "admission" only a prompt longer than max_model_len: a prompt of
+        max_model_len tokens is served one token, and the passes reject a request that
+        can never be admitted when they reach it (`never_admitted`)."""
+        if self.rules.reject == "admission":
+            return prompt_too_long(self.config, r.request.prompt_len)
+        return super().arrival_rejection(r)
+
+    def never_admitted(self, r: LiveRequest, swap_in: bool = False) -> str | None:
+        """Under reject "admission", why a pass must reject `r`, which it reached: its
+        known tokens can never be admitted (or swapped in) even into an empty cache
+        (V0's FINISHED_IGNORED)."""
+        if self.rules.reject != "admission":
+            return None
+        return never_admitted(self.config, r.request, r.num_tokens, swap_in)
+
+    def grow_need(self, r: LiveRequest, n: int) -> int:
+        """Its Db, or under grow_check "worst_case" (at least) the blocks its new tokens
+        touch beyond what its blocks hold, its partly filled last block counted as new
+        (V0's can_append_slots)."""
+        need = super().grow_need(r, n)
+        if self.rules.grow_check == "exact":
+            return need
+        # The tokens its blocks hold: all it knew at its admission (or up to where its
+        # allocation reserved), until it samples; then all but the token just sampled.
+        filled = r.num_computed if r.decoding else max(
+            r.num_computed, allocation_reserve(self.config, r.request, r.num_tokens))
+        unseen = max(0, r.num_computed + n - filled)
+        return max(need, blocks_touched(filled, unseen, self.config.block_size))
+
+    def swap_in_chunks(self) -> bool:
+        """With chunked prefill and chunk_swap_in only (V0 swaps in without chunking)."""
+        return super().swap_in_chunks() and self.rules.chunk_swap_in
+
+    def requeue_swapped(self, victim: LiveRequest) -> None:
+        """In swap-out order under swapped_order "swap_out" (V0's queue), else the
+        policy's."""
+        if self.rules.swapped_order == "swap_out":
+            self.swapped.append(victim)
+        else:
+            super().requeue_swapped(victim)
 
     def make_waiting_queue(self) -> WaitingQueue:
         """Arrival order whatever the policy: V0 sorts it in some steps
@@ -54,7 +118,6 @@ class V0Scheduler(ReferenceScheduler):
 
     def passes(self, plan: StepPlan) -> None:
         """One V0 step's passes (the module's NOTE)."""
-        plan.threshold = 0  # V0 caps no chunk (its cap needs max_num_partial_prefills > 1)
         if not self.config.chunked_prefill:
             if not self.swapped:
                 self.waiting_pass(plan)

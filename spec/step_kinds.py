@@ -7,6 +7,9 @@ kvsched.reference.sglang). A profile names one (Profile.scheduler). A config fie
 kind does not read must hold the one value its step behaves as (SGLang's step keeps no
 watermark: watermark_blocks 0); any other value would be silently ignored, so every tool
 and every implementation refuses it through `refusal`, written here once.
+
+A knob of another kind's set away from its default would be silently ignored too: every
+implementation refuses it through `knob_refusal`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Literal
 
-from kvsched.spec.knobs import Knobs, SGLangKnobs
+from kvsched.spec.knobs import Knobs, SGLangKnobs, V0Knobs
 from kvsched.spec.model import Config
 
 # Whose rules a step is (a profile's `scheduler`).
@@ -27,16 +30,19 @@ class StepKind:
     """One step kind. `reads`: the config fields whose every value its step honours;
     `takes`: every other config field, with the values it honours (the field's default
     alone where the step does not read it at all) and `why`, a clause saying why;
-    `knobs`: its knob type, and `knob_fields` the fields of it the step reads (for
-    SGLang's, Knobs.sglang's own)."""
+    `knobs`: its knob type, and `knob_fields` the fields of it the step reads;
+    `knobs_field`: where Knobs holds its knobs, "" for Knobs' own fields (vLLM v1's),
+    else the field of Knobs that holds its type (V0Knobs in Knobs.v0, SGLangKnobs in
+    Knobs.sglang)."""
 
     name: SchedulerKind
     engine: str
     reads: frozenset[str]
     takes: Mapping[str, tuple[object, ...]]
     why: Mapping[str, str]
-    knobs: type[Knobs] | type[SGLangKnobs]
+    knobs: type[Knobs] | type[V0Knobs] | type[SGLangKnobs]
     knob_fields: frozenset[str]
+    knobs_field: str = ""
 
     def honours(self, name: str, value: object) -> bool:
         """Whether this step honours config field `name` at `value`."""
@@ -47,23 +53,26 @@ def _all_but(*names: str) -> frozenset[str]:
     return frozenset(f.name for f in fields(Config)) - set(names)
 
 
-_KNOBS = frozenset(f.name for f in fields(Knobs)) - {"sglang"}
+def _all_fields(knobs: type[Knobs] | type[V0Knobs] | type[SGLangKnobs]) -> frozenset[str]:
+    return frozenset(f.name for f in fields(knobs))
+
+
 _VLLM_STEPS = "vLLM's steps run decodes and prefills together"
 
 STEP_KINDS: dict[SchedulerKind, StepKind] = {
     "v1": StepKind(
         "v1", "vLLM v1", _all_but("step_mix"),
         {"step_mix": ("any",)}, {"step_mix": _VLLM_STEPS},
-        Knobs, _KNOBS),
+        Knobs, _all_fields(Knobs) - {"v0", "sglang"}),
     # V0's step fixes the victim and when swapped and waiting requests are admitted, and
     # caps no chunk (its cap needs max_num_partial_prefills > 1): kvsched.reference.v0.
+    # Its rules are V0Knobs.
     "v0": StepKind(
         "v0", "vLLM V0", _all_but("step_mix", "long_prefill_token_threshold"),
         {"step_mix": ("any",), "long_prefill_token_threshold": (0,)},
         {"step_mix": _VLLM_STEPS,
          "long_prefill_token_threshold": "V0 has no per-chunk long-prefill threshold"},
-        Knobs, _KNOBS - {"victim", "admit_after_preempt", "continue_after_self_preemption",
-                         "lift_threshold_when_alone"}),
+        V0Knobs, _all_fields(V0Knobs), knobs_field="v0"),
     "sglang": StepKind(
         "sglang", "SGLang",
         _all_but("step_mix", "preemption", "num_cpu_blocks", "allocation",
@@ -79,7 +88,7 @@ STEP_KINDS: dict[SchedulerKind, StepKind] = {
          "watermark_blocks": "SGLang keeps no watermark",
          "watermark_scope": "SGLang keeps no watermark",
          "long_prefill_token_threshold": "SGLang has no long-prefill threshold"},
-        SGLangKnobs, frozenset(f.name for f in fields(SGLangKnobs))),
+        SGLangKnobs, _all_fields(SGLangKnobs), knobs_field="sglang"),
 }
 SCHEDULER_KINDS: tuple[SchedulerKind, ...] = tuple(STEP_KINDS)
 
@@ -88,6 +97,61 @@ def _shown(value: object) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return str(value)
+
+
+def knobs_read(kind: SchedulerKind, knobs: Knobs) -> Knobs | V0Knobs | SGLangKnobs:
+    """The knobs step kind `kind` reads out of `knobs`: Knobs' own fields (vLLM v1's, so
+    `knobs` itself), knobs.v0 (vLLM V0's) or knobs.sglang (SGLang's)."""
+    where = STEP_KINDS[kind].knobs_field
+    read: Knobs | V0Knobs | SGLangKnobs = getattr(knobs, where) if where else knobs
+    return read
+
+
+def knobs_set(knobs: Knobs) -> list[tuple[SchedulerKind, str, object]]:
+    """Every knob `knobs` sets away from its default (Knobs()'s): the step kind that
+    reads it, its name as Knobs spells it (victim, v0.grow_check, sglang.decay) and its
+    value, kind by kind in STEP_KINDS' order, each in its type's field order."""
+    default = Knobs()
+    out: list[tuple[SchedulerKind, str, object]] = []
+    for kind, step in STEP_KINDS.items():
+        mine, base = knobs_read(kind, knobs), knobs_read(kind, default)
+        prefix = f"{step.knobs_field}." if step.knobs_field else ""
+        out += [(kind, prefix + f.name, getattr(mine, f.name)) for f in fields(step.knobs)
+                if f.name in step.knob_fields
+                and getattr(mine, f.name) != getattr(base, f.name)]
+    return out
+
+
+def knob_refusal(kind: SchedulerKind, knobs: Knobs) -> str | None:
+    """Why step kind `kind` cannot run `knobs`, in one line: the first knob of another
+    kind's set away from its default, which `kind`'s step would silently ignore, whose
+    it is and where `kind`'s own knobs are; None when there is none.
+
+    post: (__return__ is None) == all(k == kind for k, _, _ in knobs_set(knobs))
+    """
+    for owner, name, value in knobs_set(knobs):
+        if owner != kind:
+            return _not_read(kind, owner, name, value)
+    return None
+
+
+def knob_option_refusal(kind: SchedulerKind, name: str, value: object) -> str | None:
+    """Why step kind `kind` refuses knob `name` set to `value` by name (a command's
+    option, whatever its default), in one line as `knob_refusal` says it; None when
+    `kind`'s knob type has that field."""
+    if name in STEP_KINDS[kind].knob_fields:
+        return None
+    owner = next(k for k, step in STEP_KINDS.items() if name in step.knob_fields)
+    where = STEP_KINDS[owner].knobs_field
+    return _not_read(kind, owner, f"{where}.{name}" if where else name, value)
+
+
+def _not_read(kind: SchedulerKind, owner: SchedulerKind, name: str, value: object) -> str:
+    step = STEP_KINDS[kind]
+    own = (f"{step.knobs.__name__} (Knobs.{step.knobs_field})" if step.knobs_field
+           else "Knobs' own fields")
+    return (f"{step.engine}'s step does not read knob {name} {_shown(value)}, a rule of "
+            f"{STEP_KINDS[owner].engine}'s step: its knobs are {own}")
 
 
 def ignored_fields(kind: SchedulerKind, config: Config) -> list[str]:

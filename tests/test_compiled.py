@@ -14,6 +14,7 @@ import io
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -134,8 +135,10 @@ def test_simulate_gives_the_metrics_of_its_trace(config: Config, setup: str | Kn
 def test_it_refuses_what_it_does_not_implement_in_one_line() -> None:
     from kvsched.spec.profiles import get_profile
 
-    with pytest.raises(ValueError, match="does not implement knob grow_check"):
-        CompiledScheduler(Config(), get_profile("vllm-v0").knobs)
+    v0 = get_profile("vllm-v0").knobs
+    with pytest.raises(ValueError, match=r"^the compiled scheduler runs vLLM v1's step: vLLM "
+                                         r"v1's step does not read knob v0\.grow_check exact"):
+        CompiledScheduler(Config(), replace(v0, v0=replace(v0.v0, grow_check="exact")))
     with pytest.raises(ValueError, match="at most 4,194,304"):
         CompiledScheduler(Config(num_gpu_blocks=2**22 + 1))
     with pytest.raises(ValueError, match="block_size must be at least 1"):

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -38,9 +39,10 @@ def no_compiled(monkeypatch: pytest.MonkeyPatch, fresh_notes: None) -> None:
 def test_auto_takes_the_compiled_scheduler_where_it_implements_the_run() -> None:
     assert impl.chosen_scheduler("auto", DEFAULT_CONFIG, V1) == "compiled"
     assert impl.chosen_scheduler("auto", DEFAULT_CONFIG, V1, device="cuda") == "torch"
-    # vLLM V0's step, or its knobs on v1's step: the reference alone implements them.
+    # vLLM V0's step: the reference alone implements it. V0's profile's knobs on v1's
+    # step are V0's rules at their defaults, which v1's step does not read.
     assert impl.chosen_scheduler("auto", DEFAULT_CONFIG, V0.knobs, V0.scheduler) == "reference"
-    assert impl.chosen_scheduler("auto", DEFAULT_CONFIG, V0.knobs) == "reference"
+    assert impl.chosen_scheduler("auto", DEFAULT_CONFIG, V0.knobs) == "compiled"
     assert impl.chosen_scheduler("reference", DEFAULT_CONFIG, V1) == "reference"
     assert impl.chosen_scheduler("optimized", DEFAULT_CONFIG, V1) == "torch"
 
@@ -73,8 +75,10 @@ def test_a_profile_is_replayed_by_the_reference_of_its_own_step() -> None:
     (("compiled", "compiled", DEFAULT_CONFIG, V0.knobs, "v0"),
      "--scheduler compiled: the profile's scheduler is vLLM V0's, which only the "
      "reference implements: use --scheduler reference"),
-    (("compiled", "compiled", DEFAULT_CONFIG, V0.knobs),
-     "--scheduler compiled: the optimized scheduler does not implement knob grow_check="),
+    (("compiled", "compiled", DEFAULT_CONFIG,
+      replace(V0.knobs, v0=replace(V0.knobs.v0, reject="arrival"))),
+     "--scheduler compiled: the compiled scheduler runs vLLM v1's step: vLLM v1's step does "
+     "not read knob v0.reject arrival"),
 ])
 def test_a_named_scheduler_that_cannot_run_is_one_line(args: tuple[str, ...],
                                                        message: str) -> None:

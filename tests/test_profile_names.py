@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from conftest import Ran
 
+from kvsched.spec.knobs import V0Knobs
 from kvsched.spec.profiles import (
     NO_PROFILE_NAMES,
     PROFILES,
@@ -247,6 +249,9 @@ def test_profiles_as_json(cli: Cli) -> None:
     assert v0["scheduler"] == "v0" and v0["releases"] == [
         {"engine": "vLLM V0", "version": "0.10.1.1"}]
     assert v0["config_defaults"]["prefix_caching"] is False
+    # V0's step reads its own rules, V0Knobs (but the cost model), and no vLLM v1 knob.
+    assert v0["knobs"] == {f.name: getattr(V0Knobs(), f.name) for f in fields(V0Knobs)
+                           if f.name != "cost"}
     assert by_name["vllm-v0-swap"]["fixed"] == ["preemption"]
     assert by_name["vllm-v0-swap"]["deprecated"]
     assert by_name["sglang@0.5.23"]["also_named"] == ["sglang@0.5", "sglang"]

@@ -4,6 +4,7 @@ implementation refusing, in one line, a config its step kind would silently igno
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import fields, replace
@@ -11,10 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from kvsched.spec.knobs import Knobs, SGLangKnobs
+from kvsched.spec.knobs import Knobs, SGLangKnobs, V0Knobs
 from kvsched.spec.model import Config
-from kvsched.spec.profiles import PROFILES, get_profile
-from kvsched.spec.step_kinds import STEP_KINDS, ignored_fields, refusal
+from kvsched.spec.profiles import PROFILES, Profile, get_profile
+from kvsched.spec.step_kinds import (
+    STEP_KINDS,
+    ignored_fields,
+    knob_refusal,
+    knobs_read,
+    knobs_set,
+    refusal,
+)
 
 SGLANG = get_profile("sglang@0.5.23")
 SGLANG_CONFIG = SGLANG.configure(Config())
@@ -28,7 +36,66 @@ def test_every_kind_says_of_every_config_field_what_it_honours() -> None:
         assert set(step.why) == set(step.takes), step.name
         assert step.knob_fields <= {f.name for f in fields(step.knobs)}, step.name
     assert STEP_KINDS["v1"].knobs is Knobs and STEP_KINDS["sglang"].knobs is SGLangKnobs
+    assert STEP_KINDS["v0"].knobs is V0Knobs
     assert "victim" not in STEP_KINDS["v0"].knob_fields
+
+
+def test_v0s_rules_are_a_knob_type_of_their_own_as_sglangs_are() -> None:
+    # V0's step reads every V0Knobs field and nothing of Knobs' own, which are vLLM v1's.
+    v0 = STEP_KINDS["v0"]
+    assert v0.knobs is V0Knobs and v0.knob_fields == {f.name for f in fields(V0Knobs)}
+    assert {f.name for f in fields(Knobs)} == STEP_KINDS["v1"].knob_fields | {"v0", "sglang"}
+    for name in ("grow_check", "reject", "chunk_swap_in", "swapped_order"):
+        assert name in v0.knob_fields and name not in STEP_KINDS["v1"].knob_fields
+    for name in ("v0", "vllm-v0-swap"):
+        profile = get_profile(name if name != "v0" else "vllm-v0")
+        assert profile.scheduler == "v0" and knobs_read("v0", profile.knobs) == V0Knobs()
+        # V0's rules are V0Knobs' defaults: the profile sets no knob at all.
+        assert knobs_set(profile.knobs) == []
+    assert (V0Knobs().grow_check, V0Knobs().reject, V0Knobs().chunk_swap_in,
+            V0Knobs().swapped_order) == ("worst_case", "admission", False, "swap_out")
+
+
+def test_every_profile_sets_only_knobs_its_step_reads() -> None:
+    for profile in PROFILES.values():
+        assert knob_refusal(profile.scheduler, profile.knobs) is None, profile.name
+        assert {kind for kind, _, _ in knobs_set(profile.knobs)} <= {profile.scheduler}
+
+
+@pytest.mark.parametrize(("kind", "knobs", "words"), [
+    ("v0", replace(Knobs(), victim="tail"), "vLLM V0's step does not read knob victim tail, "
+     "a rule of vLLM v1's step: its knobs are V0Knobs (Knobs.v0)"),
+    ("v0", replace(Knobs(), lift_threshold_when_alone=False),
+     "vLLM V0's step does not read knob lift_threshold_when_alone off"),
+    ("v1", replace(Knobs(), v0=replace(V0Knobs(), grow_check="exact")),
+     "vLLM v1's step does not read knob v0.grow_check exact, a rule of vLLM V0's step: its "
+     "knobs are Knobs' own fields"),
+    ("sglang", replace(Knobs(), v0=replace(V0Knobs(), chunk_swap_in=True)),
+     "SGLang's step does not read knob v0.chunk_swap_in on, a rule of vLLM V0's step"),
+    ("v0", replace(Knobs(), sglang=replace(SGLangKnobs(), decay=False)),
+     "vLLM V0's step does not read knob sglang.decay off, a rule of SGLang's step"),
+])
+def test_a_knob_of_another_kind_is_refused_in_one_line(kind: str, knobs: Knobs, words: str
+                                                       ) -> None:
+    why = knob_refusal(kind, knobs)  # type: ignore[arg-type]
+    assert why is not None and why.startswith(words) and "\n" not in why
+    with pytest.raises(ValueError, match=f"^profile p: {re.escape(why)}$"):
+        Profile("p", "", knobs, scheduler=kind)  # type: ignore[arg-type]
+    from kvsched.reference import scheduler_for
+
+    config = get_profile({"v1": "vllm-v1", "v0": "vllm-v0", "sglang": "sglang@0.5.23"}[
+        kind]).configure(Config())
+    with pytest.raises(ValueError, match=f"^{re.escape(why)}$"):
+        scheduler_for(config, knobs, kind)  # type: ignore[arg-type]
+
+
+def test_v0s_own_rules_flipped_are_not_refused_on_its_step() -> None:
+    from kvsched.reference import V0Scheduler
+
+    flipped = replace(Knobs(), v0=replace(V0Knobs(), grow_check="exact", reject="arrival"))
+    assert knob_refusal("v0", flipped) is None
+    assert V0Scheduler(get_profile("vllm-v0").configure(Config()), flipped).rules == \
+        flipped.v0
 
 
 @pytest.mark.parametrize(("name", "value"), [
@@ -86,6 +153,33 @@ def test_simulate_refuses_what_sglangs_step_ignores(options: list[str], tmp_path
                      "--out", str(out))
     one_line_refusal(result, "profile sglang@0.5.23: SGLang's step does not honour")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("profile", "options", "words"), [
+    ("vllm-v0", ["--victim", "tail"], "profile vllm-v0: vLLM V0's step does not read knob "
+     "victim tail, a rule of vLLM v1's step: its knobs are V0Knobs (Knobs.v0)"),
+    ("vllm-v0", ["--keep-threshold-when-alone"], "does not read knob lift_threshold_when_alone"),
+    ("vllm-v1", ["--grow-check", "worst_case"], "profile vllm-v1: vLLM v1's step does not "
+     "read knob v0.grow_check worst_case, a rule of vLLM V0's step"),
+    ("sglang@0.5.23", ["--host-bandwidth", "1e9"], "SGLang's step does not read knob cost "
+     "host_bandwidth=1000000000.0")])
+def test_simulate_refuses_a_knob_the_profiles_step_does_not_read(
+        profile: str, options: list[str], words: str, tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    result = kvsched("simulate", "--profile", profile, *SMALL, *options, "--out", str(out))
+    one_line_refusal(result, words)
+    assert not out.exists()
+
+
+def test_simulate_sets_v0s_knob_options_in_v0s_knobs() -> None:
+    from kvsched.commands.simulate import COST_OPTIONS, KNOB_OPTIONS, run_knobs
+
+    given: dict[str, object] = dict.fromkeys((*KNOB_OPTIONS, *COST_OPTIONS))
+    given |= {"grow_check": "exact", "reserve_full_sequence": False, "host_bandwidth": 1e9}
+    knobs = run_knobs("vllm-v0", given)
+    assert knobs.v0 == replace(V0Knobs(), grow_check="exact", reserve_full_sequence=False,
+                               cost=replace(V0Knobs().cost, host_bandwidth=1e9))
+    assert replace(knobs, v0=V0Knobs()) == Knobs()  # vLLM v1's knobs untouched
 
 
 @pytest.mark.parametrize("scheduler", ["compiled", "reference", "auto"])
@@ -229,3 +323,9 @@ def test_spec_md_shows_the_table_as_it_is() -> None:
             shown = "every value" if taken is None else ", ".join(
                 f"`{v}`" if isinstance(v, str) else str(v) for v in taken)
             assert rows[name][column] == shown, (kind, name)
+    # The knobs row names each kind's knob type, and where Knobs holds it.
+    knobs = next(line for line in page.split("### What each step kind reads")[1].splitlines()
+                 if line.startswith("| knobs |"))
+    for cell, step in zip(knobs.split("|")[2:5], STEP_KINDS.values(), strict=True):
+        where = f" (`Knobs.{step.knobs_field}`)" if step.knobs_field else " (its own fields)"
+        assert cell.strip() == f"`{step.knobs.__name__}`{where}", (step.name, cell)

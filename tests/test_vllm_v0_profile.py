@@ -31,6 +31,7 @@ from conformance.vllm_v0 import (
     KIND_WORKLOAD,
     KINDS,
     STORED,
+    V0_FLIPS,
     V0_VARIANTS,
     Defect,
     main,
@@ -213,7 +214,7 @@ def test_worst_case_grow_check_preempts_at_zero_free_blocks_without_a_new_block(
     # a (13 tokens, 4 blocks) and b (15, 4 blocks) fill the 8 blocks; after sampling, a
     # and b each need no new block (14 and 16 tokens), but V0's worst case needs one.
     v0 = V0Scheduler(V0, VLLM_V0)
-    exact = V0Scheduler(V0, replace(VLLM_V0, grow_check="exact"))
+    exact = V0Scheduler(V0, replace(VLLM_V0, v0=replace(VLLM_V0.v0, grow_check="exact")))
     for s in (v0, exact):
         step(s, Request("a", 13, 8), Request("b", 15, 8))
     assert step(v0)[1] == (("b", "recompute"),)
@@ -230,7 +231,7 @@ def test_without_chunked_prefill_a_step_of_prompts_runs_no_decode() -> None:
 def test_chunked_prefill_batches_new_prompts_before_running_prefills() -> None:
     cfg = replace(V0, num_gpu_blocks=16, chunked_prefill=True, max_num_batched_tokens=8)
     v0 = V0Scheduler(cfg, VLLM_V0)
-    first = ReferenceScheduler(cfg, VLLM_V0)  # V0's knobs in vLLM v1's step
+    first = ReferenceScheduler(cfg, VLLM_V0)  # vLLM v1's step
     for s in (v0, first):
         assert step(s, Request("b", 12, 8), Request("a", 4, 8))[3] == (("b", 8),)
     assert step(v0)[3] == (("a", 4), ("b", 4))
@@ -273,8 +274,9 @@ def test_v0s_passes_obey_every_must_invariant(name: str, config: Config,
     if blocks_for(config.max_model_len, config.block_size) > config.num_gpu_blocks:
         config = replace(config, num_gpu_blocks=blocks_for(config.max_model_len,
                                                            config.block_size))
-    knobs = replace(profile.knobs, grow_check=grow, reject=reject, chunk_swap_in=chunk,
-                    swapped_order=order)
+    knobs = replace(profile.knobs, v0=replace(profile.knobs.v0, grow_check=grow,
+                                              reject=reject, chunk_swap_in=chunk,
+                                              swapped_order=order))
     items = data.draw(workloads(config), label="workload")
     recs = list(run(V0Scheduler(config, knobs), items, max_steps=300))
     report = check_steps(config, recs, complete=False)
@@ -286,13 +288,16 @@ def test_v0s_passes_obey_every_must_invariant(name: str, config: Config,
 def test_the_optimized_scheduler_refuses_each_of_v0s_knobs_in_one_line() -> None:
     pytest.importorskip("torch")
     from kvsched.optimized import TorchScheduler
-    from kvsched.optimized.knobs import REFERENCE_ONLY_KNOBS
 
-    for name in REFERENCE_ONLY_KNOBS:
-        knobs = replace(get_profile("vllm-v1").knobs, **{name: getattr(VLLM_V0, name)})
+    for flip in V0_FLIPS.values():
+        knobs = replace(get_profile("vllm-v1").knobs,
+                        v0=replace(VLLM_V0.v0, **flip))  # type: ignore[arg-type]
         with pytest.raises(ValueError) as e:
             TorchScheduler(V0, knobs)
-        assert f"knob {name}=" in str(e.value) and "\n" not in str(e.value)
+        name = next(iter(flip))
+        assert str(e.value).startswith(
+            "the torch scheduler runs vLLM v1's step: vLLM v1's step does not read knob "
+            f"v0.{name} ") and "\n" not in str(e.value)
     cli = subprocess.run([sys.executable, "-m", "kvsched", "simulate", "--profile",
                           "vllm-v0", "--scheduler", "optimized", "--requests", "4"],
                          capture_output=True, text=True, timeout=120)

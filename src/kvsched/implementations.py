@@ -109,7 +109,7 @@ def chosen_scheduler(choice: str, config: Config, knobs: Knobs, kind: SchedulerK
         note("the compiled scheduler is not built here (kvsched was installed without a "
              "C++ compiler); running the reference scheduler")
         return "reference"
-    except ValueError:  # vLLM V0's knobs, or a pool larger than its free lists take
+    except ValueError:  # a knob of another step kind, or a pool larger than its free lists take
         return "reference"
     return "compiled"
 
@@ -165,8 +165,6 @@ def replay_refused(profile: str) -> str | None:
     """Why the vectorized checker cannot replay `profile` (with the compiled scheduler,
     kvsched.optimized.replay), or None: the spec's checker replays it with the
     reference."""
-    from kvsched.optimized.knobs import unsupported_knobs
-
     try:
         import kvsched.optimized.compiled  # noqa: F401
     except ImportError:
@@ -174,8 +172,6 @@ def replay_refused(profile: str) -> str | None:
     chosen = get_profile(profile)
     if chosen.scheduler != "v1":
         return f"does not implement {SCHEDULER_ENGINES[chosen.scheduler]}'s rules"
-    if unsupported_knobs(chosen.knobs) is not None:
-        return "does not implement vLLM V0's rules"
     return None
 
 

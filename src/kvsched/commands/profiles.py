@@ -16,7 +16,6 @@ import orjson
 from rich.text import Text
 
 from kvsched.commands.options import out
-from kvsched.spec.knobs import Knobs, SGLangKnobs
 from kvsched.spec.profiles import (
     FAMILY_ENGINES,
     PROFILES,
@@ -26,15 +25,17 @@ from kvsched.spec.profiles import (
     Profile,
     profile_releases,
 )
+from kvsched.spec.step_kinds import STEP_KINDS, knobs_read
 
 
 def knob_values(p: Profile) -> dict[str, Any]:
-    """The knobs a profile's step reads: SGLang's rules, or vLLM's knobs (not the cost
-    model, which only --preemption auto reads)."""
-    rules: object = p.knobs.sglang if p.scheduler == "sglang" else p.knobs
-    return {f.name: getattr(rules, f.name)
-            for f in fields(SGLangKnobs if p.scheduler == "sglang" else Knobs)
-            if f.name not in ("cost", "sglang")}
+    """The knobs a profile's step reads (kvsched.spec.step_kinds): vLLM v1's knobs, V0's
+    rules (V0Knobs) or SGLang's (SGLangKnobs), but the cost model, which only
+    --preemption auto reads."""
+    step = STEP_KINDS[p.scheduler]
+    rules = knobs_read(p.scheduler, p.knobs)
+    return {f.name: getattr(rules, f.name) for f in fields(step.knobs)
+            if f.name in step.knob_fields and f.name != "cost"}
 
 
 def releases_of(p: Profile) -> list[str]:

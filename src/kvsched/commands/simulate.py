@@ -52,6 +52,7 @@ from kvsched.outputs import check_writable
 from kvsched.progress import Reporter
 from kvsched.spec.knobs import GROW_CHECKS, REJECT_AT, SWAPPED_ORDERS, VICTIMS, Knobs
 from kvsched.spec.profiles import DEFAULT_PROFILE, get_profile
+from kvsched.spec.step_kinds import STEP_KINDS, knob_option_refusal, knobs_read
 from kvsched.spec.trace import TraceWriter
 from kvsched.spec.violation import Stalled
 
@@ -63,11 +64,14 @@ if TYPE_CHECKING:
     from kvsched.spec.state import State
     from kvsched.workload import WorkItem
 
-# The options that override one of the profile's knobs (kvsched.spec.knobs.Knobs).
+# The options that override one of the profile's knobs: vLLM v1's (Knobs' own fields) or
+# V0's (V0Knobs, Knobs.v0), whichever the profile's step kind reads; one of the other
+# kind's is refused (kvsched.spec.step_kinds.knob_option_refusal).
 KNOB_OPTIONS = ("victim", "admit_after_preempt", "reserve_full_sequence",
                 "lift_threshold_when_alone", "continue_after_self_preemption", "grow_check",
                 "reject", "chunk_swap_in", "swapped_order")
-# The options of `auto` preemption's cost model, and the field each sets (Knobs.cost).
+# The options of `auto` preemption's cost model, and the field each sets (the cost of
+# the knobs the profile's step reads: Knobs.cost, or V0Knobs.cost).
 COST_OPTIONS = {"swap_bytes_per_block": "bytes_per_block", "host_bandwidth": "host_bandwidth",
                 "prefill_tokens_per_s": "prefill_tokens_per_s"}
 
@@ -187,12 +191,30 @@ def drive(run: Run, progress: bool | None) -> tuple[int, int, Stalled | None]:
 
 def run_knobs(profile: str, given: dict[str, Any]) -> Knobs:
     """The profile's knobs with the overrides and the cost model `given` (by option
-    name, KNOB_OPTIONS and COST_OPTIONS; None: not given)."""
-    knobs = get_profile(profile).knobs
-    overrides = {k: given[k] for k in KNOB_OPTIONS if given[k] is not None}
+    name, KNOB_OPTIONS and COST_OPTIONS; None: not given), set in the knobs the profile's
+    step kind reads (Knobs' own fields, or Knobs.v0); a knob that step does not read is
+    refused in one line (exit 2), whatever its value."""
+    chosen = get_profile(profile)
+    overrides: dict[str, Any] = {k: given[k] for k in KNOB_OPTIONS if given[k] is not None}
     cost = {field: given[option] for option, field in COST_OPTIONS.items()
             if given[option] is not None}
-    return replace(knobs, cost=replace(knobs.cost, **cost), **overrides)
+    if cost:
+        overrides["cost"] = cost
+    for name, value in overrides.items():
+        shown = ", ".join(f"{k}={v}" for k, v in cost.items()) if name == "cost" else value
+        why = knob_option_refusal(chosen.scheduler, name, shown)
+        if why is not None:
+            fail(f"profile {chosen.name}: {why}")
+    if not overrides:
+        return chosen.knobs
+    read: Any = knobs_read(chosen.scheduler, chosen.knobs)
+    if cost:
+        overrides["cost"] = replace(read.cost, **cost)
+    where = STEP_KINDS[chosen.scheduler].knobs_field
+    if where:
+        return replace(chosen.knobs, **{where: replace(read, **overrides)})
+    knobs: Knobs = replace(read, **overrides)
+    return knobs
 
 
 @click.command()
@@ -211,15 +233,17 @@ def run_knobs(profile: str, given: dict[str, Any]) -> Knobs:
 @click.option("--continue-after-self-preemption/--stop-after-self-preemption", default=None,
               help="Override: the running pass goes on after a request preempts itself.")
 @click.option("--grow-check", type=click.Choice(GROW_CHECKS),
-              help="Override: what a running request's chunk must find free (worst_case: "
-                   "vLLM V0's).")
+              help="Override, vLLM V0's step only (V0Knobs): what a running request's chunk "
+                   "must find free (V0's: worst_case).")
 @click.option("--reject", type=click.Choice(REJECT_AT),
-              help="Override: reject on arrival, or when a pass reaches a request that "
-                   "can never be admitted (admission: vLLM V0's).")
+              help="Override, vLLM V0's step only: reject on arrival, or when a pass "
+                   "reaches a request that can never be admitted (V0's: admission).")
 @click.option("--chunk-swap-in/--whole-swap-in", default=None,
-              help="Override: a swapped partial prefill may come back in chunks.")
+              help="Override, vLLM V0's step only: a swapped partial prefill may come "
+                   "back in chunks (V0's: whole).")
 @click.option("--swapped-order", type=click.Choice(SWAPPED_ORDERS),
-              help="Override: swapped requests come back in policy or swap-out order.")
+              help="Override, vLLM V0's step only: swapped requests come back in policy "
+                   "or swap-out order (V0's: swap_out).")
 @click.option("--swap-bytes-per-block", type=click.IntRange(min=1),
               help="Auto preemption: bytes per KV block.")
 @click.option("--host-bandwidth", type=POSITIVE, help="Auto preemption: host link bytes/s.")
