@@ -13,9 +13,9 @@ import random
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, TypeVar
 
 import orjson
 
@@ -142,7 +142,8 @@ def check_stream(case: str, stream: BinaryIO, profile: str) -> Verdict:
         report = check_trace_vectorized(io.BytesIO(data), profile=profile)
     else:  # a step the compiled scheduler does not take (V0's): the reference replays it
         report = new_checker(header.config, profile=profile,
-                             preempted_order=header.preempted_order).run_trace(reader)
+                             preempted_order=header.preempted_order,
+                             settings=header.settings).run_trace(reader)
     preemptions = rejected = hits = hit_blocks = 0
     for line in data.splitlines()[1:]:
         rec = orjson.loads(line)
@@ -170,11 +171,29 @@ def first_divergence(path: Path, knobs: Knobs, profile: str,
         config = replace(reader.header.config,
                          **(config_changes or {}))  # type: ignore[arg-type]
         kind = scheduler if scheduler is not None else get_profile(profile).scheduler
+        # the engine settings the header declares, then the flipped rules over them
+        named = get_profile(profile)
+        knobs = overlay(named.for_trace(reader.header.settings).knobs, named.knobs, knobs)
         replay = ProfileReplay(profile, scheduler_for(config, knobs, kind))
         for rec in reader:
             if replay.step(rec) is not None:
                 return rec.step
     return None
+
+
+K = TypeVar("K")
+
+
+def overlay(onto: K, base: K, changed: K) -> K:
+    """`onto` with every knob (nested ones too: Knobs.sglang's) where `changed` differs
+    from `base`: a flipped rule over the settings a trace's header declares."""
+    out: dict[str, object] = {}
+    for f in fields(changed):  # type: ignore[arg-type]
+        new, old = getattr(changed, f.name), getattr(base, f.name)
+        if new != old:
+            out[f.name] = overlay(getattr(onto, f.name), old, new) \
+                if is_dataclass(new) else new
+    return replace(onto, **out) if out else onto  # type: ignore[type-var]
 
 
 # A flipped rule: other knobs, changes to the trace's config (a rule an engine declares

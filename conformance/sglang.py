@@ -22,8 +22,8 @@ import io
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from conformance.common import (
@@ -60,15 +60,16 @@ class Case:
     what: str
     config: Config
     workload: Callable[[Config], list[WorkItem]]  # the requests, given the config
+    # SGLang's options that are profile knobs (StepKind.settings), as the header declares
+    settings: Mapping[str, object] = field(default_factory=dict)
 
 
 def cfg(**fields: object) -> Config:
     """SGLang's config as the profile's defaults set it (pages of 1 token, SGLang's
     default), the radix cache off unless `fields` turn it on, with `fields`."""
-    base = get_profile(PROFILE).configure(Config(block_size=1, first_block_id=1,
-                                                 max_model_len=2048, prefix_caching=False),
-                                          frozenset({"prefix_caching"}))
-    return replace(base, **fields)  # type: ignore[arg-type]
+    base = replace(Config(block_size=1, first_block_id=1, max_model_len=2048,
+                          prefix_caching=False), **fields)  # type: ignore[arg-type]
+    return get_profile(PROFILE).configure(base, frozenset({"prefix_caching", *fields}))
 
 
 def requests(seed: int, n: int, config: Config, *, prompt: tuple[int, int] = (8, 200),
@@ -182,6 +183,45 @@ CASES: tuple[Case, ...] = (
                   prefix_caching=True),
          lambda c: requests(12, 36, c, prefixes=(*SYSTEM, ("sys-c", 100)), share=0.8,
                               output=(20, 160), arrive_by=80)),
+    # SGLang's own options (profile knobs its trace's header declares) and the configs
+    # SGLang runs that vLLM refuses
+    Case("no-chunked-short-budget", "chunked prefill off with a token budget (SGLang's "
+         "max_prefill_tokens) below the context length: a prompt over it is admitted "
+         "alone, the first of its step",
+         cfg(num_gpu_blocks=1500, max_num_batched_tokens=128, max_num_seqs=8,
+             chunked_prefill=False),
+         lambda c: requests(14, 24, c, prompt=(20, 400), output=(20, 150))),
+    Case("max-prefill-below-chunk", "--max-prefill-tokens below the chunk: a prefill "
+         "step stops admitting once its input budget is spent, the chunk budget left",
+         cfg(num_gpu_blocks=1500, max_num_batched_tokens=256, max_num_seqs=16),
+         lambda c: requests(15, 30, c, prompt=(20, 300), output=(10, 120)),
+         {"max_prefill_tokens": 100}),
+    Case("priority-threshold-3", "--priority-scheduling-preemption-threshold 3: a request "
+         "more urgent by more than 3 preempts at the running-request limit",
+         cfg(num_gpu_blocks=1500, max_num_batched_tokens=128, max_num_seqs=3,
+             policy="priority"),
+         lambda c: requests(16, 30, c, priorities=(0, 2, 5, 9), arrive_by=60),
+         {"priority_preemption_threshold": 3}),
+    Case("low-priority-values-first", "--schedule-low-priority-values-first: a lower "
+         "value is more urgent, in the queue and in preemption",
+         cfg(num_gpu_blocks=1500, max_num_batched_tokens=128, max_num_seqs=3,
+             policy="priority"),
+         lambda c: requests(17, 30, c, priorities=(0, 5, 20, 40), arrive_by=60),
+         {"higher_priority_first": False}),
+    Case("retraction-policy-priority", "--retraction-policy priority: a full cache "
+         "retracts the least urgent decoding request first",
+         cfg(num_gpu_blocks=1000, max_num_batched_tokens=128, max_num_seqs=16,
+             policy="priority"),
+         lambda c: requests(18, 60, c, prompt=(20, 100), output=(100, 200), eos=0.0,
+                            arrive_by=600, priorities=(0, 1, 2, 3)),
+         {"retract_victim": "least_urgent"}),
+    Case("retraction-length-priority", "--retraction-policy length (SGLang's default) "
+         "under priority scheduling: a full cache retracts the fewest outputs whatever "
+         "their priority",
+         cfg(num_gpu_blocks=1000, max_num_batched_tokens=128, max_num_seqs=16,
+             policy="priority"),
+         lambda c: requests(18, 60, c, prompt=(20, 100), output=(100, 200), eos=0.0,
+                            arrive_by=600, priorities=(0, 1, 2, 3))),
 )
 
 
@@ -235,6 +275,8 @@ FLIPS: dict[str, dict[str, object]] = {
     "higher_priority_first=False": {"higher_priority_first": False},
     "priority_preemption_threshold=100": {"priority_preemption_threshold": 100},
     "retract_decode_steps=0": {"retract_decode_steps": 0},
+    "max_prefill_tokens=1000000": {"max_prefill_tokens": 1_000_000},
+    "retract_victim=least_urgent": {"retract_victim": "least_urgent"},
 }
 
 
@@ -270,8 +312,8 @@ def steps_of(data: bytes) -> bytes:
 
 def run(cases: Sequence[Case], out: Path, python: Path) -> dict[str, bytes]:
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [Job(c.name, c.config, c.workload(c.config), out / f"{c.name}.jsonl", MAX_STEPS)
-            for c in cases]
+    jobs = [Job(c.name, c.config, c.workload(c.config), out / f"{c.name}.jsonl", MAX_STEPS,
+                settings=c.settings) for c in cases]
     for r in SGLANG.record_jobs(jobs, python):
         if r.stopped is not None:
             print(f"STOP {r.job.name}: SGLang did something in step {r.steps} that trace "

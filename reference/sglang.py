@@ -11,7 +11,9 @@ prefill_or_decode; get_next_batch_to_run, scheduler.py:3894):
    a batch that shrank is no longer "full";
 2. the prefill pass (_get_new_batch_prefill_raw, :4079), unless the running batch is
    marked full or nothing waits, and no request is being chunked. Its budgets: the
-   input and chunk budgets (max_num_batched_tokens), charged each admission's extend
+   input budget (with chunked prefill the knob max_prefill_tokens, without it
+   max_num_batched_tokens) and the chunk budget (max_num_batched_tokens), charged each
+   admission's extend
    rounded up to whole pages, and the memory budget, free tokens less the reserved
    future: each running request min(max_tokens - outputs, 4096) x ratio, each
    admission this pass its pages, a page and (unless it is a cut chunk) its whole
@@ -25,7 +27,8 @@ prefill_or_decode; get_next_batch_to_run, scheduler.py:3894):
    requests' decodes join it when all their next pages are free (:4375);
 4. otherwise the running batch decodes (update_running_batch, :4459): if its next
    pages are not free it retracts, by recompute, the request with the fewest outputs
-   (ties: the longest prompt, then the later in the batch), then more until the rest
+   (ties: the longest prompt, then the later in the batch; with --retraction-policy
+   priority the least urgent first, ties so), then more until the rest
    fit, always keeping one; the victims rejoin the waiting queue at its end and the
    survivors decode in that order; the ratio becomes min(1, (outputs + 20 x n) /
    (sum of max_tokens + 1)) over the n survivors. A decode step that retracts nothing
@@ -429,7 +432,11 @@ class SGLangScheduler:
             return None
         self._order_waiting()
         mixed = len(self.running) if config.step_mix == "mixed_chunk" else 0
-        rem_input = config.max_num_batched_tokens - mixed
+        # The input budget (max_prefill_tokens) and, with chunked prefill, the chunk
+        # budget (chunked_prefill_size) beside it (PrefillAdder.__init__,
+        # schedule_policy.py:638-655).
+        rem_input = (rules.max_prefill_tokens if config.chunked_prefill
+                     else config.max_num_batched_tokens) - mixed
         rem_chunk: int | None = (config.max_num_batched_tokens - mixed
                                  if config.chunked_prefill else None)
         total_offset: float = mixed + sum(self._reserved(r) for r in self.running)
@@ -595,6 +602,11 @@ class SGLangScheduler:
         if not self._decode_fits(self.running):
             if rules.retract_victim == "fewest_outputs":
                 order = sorted(self.running, key=lambda r: (r.outputs, -r.request.prompt_len),
+                               reverse=True)
+            elif rules.retract_victim == "least_urgent":  # _get_decode_retraction_order
+                sign = 1 if rules.higher_priority_first else -1
+                order = sorted(self.running, key=lambda r: (sign * r.request.priority,
+                                                            r.outputs, -r.request.prompt_len),
                                reverse=True)
             else:
                 order = list(self.running)

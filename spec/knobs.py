@@ -69,9 +69,10 @@ class CostModel:
 
 
 # SGLang's retraction victim: the request with the fewest outputs (ties: the longest
-# prompt), or the last one in the running batch.
-RetractVictim = Literal["fewest_outputs", "last"]
-RETRACT_VICTIMS: tuple[RetractVictim, ...] = ("fewest_outputs", "last")
+# prompt; its --retraction-policy length), the least urgent (ties as fewest_outputs; its
+# --retraction-policy priority), or the last one in the running batch.
+RetractVictim = Literal["fewest_outputs", "least_urgent", "last"]
+RETRACT_VICTIMS: tuple[RetractVictim, ...] = ("fewest_outputs", "least_urgent", "last")
 # Where a retracted or preempted request rejoins the waiting queue.
 Requeue = Literal["back", "front"]
 REQUEUES: tuple[Requeue, ...] = ("back", "front")
@@ -99,12 +100,16 @@ class SGLangKnobs:
     page_budget: whether the prefill budgets are charged page-rounded extends.
     misfit: a waiting request that does not fit "stop"s the prefill pass (SGLang's
         head-of-line blocking) or is "skip"ped.
-    retract_victim: which decoding request a full cache retracts first.
+    retract_victim: which decoding request a full cache retracts first
+        (--retraction-policy length is fewest_outputs, priority least_urgent).
     requeue: where a victim rejoins the waiting queue.
     higher_priority_first: under the priority policy a higher value is more urgent
         (SGLang's default; --schedule-low-priority-values-first turns it round).
     priority_preemption_threshold: a waiting request preempts running ones whose
         priority is worse by more than this (priority_scheduling_preemption_threshold).
+    max_prefill_tokens: with chunked prefill, the input budget of a prefill step beside
+        the chunk budget (--max-prefill-tokens; without chunked prefill it is the
+        config's max_num_batched_tokens).
     """
 
     new_token_ratio: float = 0.7
@@ -121,6 +126,7 @@ class SGLangKnobs:
     requeue: Requeue = "back"
     higher_priority_first: bool = True
     priority_preemption_threshold: int = 10
+    max_prefill_tokens: int = 16384
 
 
 @dataclass(frozen=True)

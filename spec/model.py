@@ -92,12 +92,9 @@ class Config:
                 out.append(f"config.{f.name} must not be negative, got {value}")
             elif value > MAX_COUNT:
                 out.append(f"config.{f.name} is absurdly large ({value} > 2**40)")
-        short_budget = self.max_num_batched_tokens < self.max_model_len
-        if not out and not self.chunked_prefill and short_budget:
-            # As vLLM refuses it: a whole prefill could never fit one step's budget.
-            out.append("config.max_num_batched_tokens must be at least max_model_len "
-                       f"({self.max_model_len}) without chunked prefill, got "
-                       f"{self.max_num_batched_tokens}")
+        # What an engine refuses at start-up (vLLM: no chunked prefill with a budget
+        # below max_model_len; SGLang runs that) is its step kind's:
+        # kvsched.spec.step_kinds.refusal.
         if not out and self.step_mix == "mixed_chunk" and not self.chunked_prefill:
             out.append("config.step_mix mixed_chunk adds decodes to chunked prefill steps, "
                        "so it needs chunked_prefill: true")

@@ -39,9 +39,12 @@ def cpu_budget(f: StepFacts) -> list[Violation]:
 
 
 def token_budget(f: StepFacts, config: Config) -> list[Violation]:
-    """token-budget: sum over r in S of Dn_r <= max_num_batched_tokens."""
+    """token-budget: sum over r in S of Dn_r <= max_num_batched_tokens; without chunked
+    prefill a step that schedules one request alone may exceed it (a whole prompt can
+    only run whole: SGLang admits the first prefill of a step over its budget, and vLLM
+    refuses at start-up a budget that some prompt exceeds)."""
     budget = config.max_num_batched_tokens
-    if f.tokens <= budget:
+    if f.tokens <= budget or (not config.chunked_prefill and len(f.chunks) == 1):
         return []
     return [Violation("token-budget", f.step,
                       f"the step schedules {f.tokens} tokens, over the budget of {budget}",

@@ -7,10 +7,11 @@ profile's `scheduler` names).
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from kvsched.spec.knobs import Knobs
+from kvsched.spec.knobs import KNOB_CHOICES, OVER_BUDGET_PROMPTS, REQUEUES, RETRACT_VICTIMS, Knobs
 from kvsched.spec.model import Allocation, Config, PreemptionMode, StepMix, WatermarkScope
 from kvsched.spec.step_kinds import STEP_KINDS, knob_refusal, refusal
 from kvsched.spec.step_kinds import SchedulerKind as SchedulerKind
@@ -134,16 +135,77 @@ class Profile:
 
     def refusal(self, config: Config, source: str | None = None) -> str | None:
         """Why this profile's step kind cannot run `config` (a field it does not honour
-        at that value; kvsched.spec.step_kinds), in one line naming the profile; None
-        when it can. `source`, when given, says where `config` comes from (a trace's
-        header: "the trace's header has"), and the line says the profile cannot replay
-        it."""
-        why = refusal(self.scheduler, config, source)
+        at that value, or a config its engine refuses at start-up under this profile's
+        knobs; kvsched.spec.step_kinds), in one line naming the profile; None when it
+        can. `source`, when given, says where `config` comes from (a trace's header:
+        "the trace's header has"), and the line says the profile cannot replay it."""
+        why = refusal(self.scheduler, config, source, self.knobs)
         if why is None:
             return None
         if source is not None:
             return f"profile {self.name} cannot replay this trace: {why}"
         return f"profile {self.name}: {why}"
+
+    def for_trace(self, settings: Mapping[str, object]) -> Profile:
+        """This profile with the engine settings a trace's header declares (its "settings"
+        object: knob name to value; docs/trace-format.md), so that it replays that
+        trace as the engine ran: each must be one of its step kind's settings
+        (StepKind.settings), with a value of the knob's type. SettingsError, one line,
+        otherwise."""
+        if not settings:
+            return self
+        return replace(self, knobs=with_settings(self.knobs, self.scheduler, settings))
+
+
+class SettingsError(ValueError):
+    """Engine settings a profile cannot take; str() is one line."""
+
+
+# The knobs of SGLang's step whose value is one of a few words, with the words.
+SGLANG_KNOB_CHOICES: dict[str, tuple[str, ...]] = {
+    "retract_victim": RETRACT_VICTIMS, "misfit": OVER_BUDGET_PROMPTS, "requeue": REQUEUES}
+
+
+def with_settings(knobs: Knobs, kind: SchedulerKind, settings: Mapping[str, object]
+                  ) -> Knobs:
+    """`knobs` with `settings` (knob name to value), each one of step kind `kind`'s
+    settings (StepKind.settings) with a value of the knob's type: of the knobs Knobs
+    holds for the kind (StepKind.knobs_field: knobs.sglang for SGLang's step), or of
+    Knobs' own for vLLM v1's. SettingsError, naming the first that is
+    not, otherwise."""
+    step = STEP_KINDS[kind]
+    where = step.knobs_field  # where Knobs holds the kind's knobs ("" for its own)
+    own: Any = getattr(knobs, where) if where else knobs
+    choices = SGLANG_KNOB_CHOICES if where == "sglang" else KNOB_CHOICES
+    changes: dict[str, Any] = {}
+    for name, value in settings.items():
+        if name not in step.settings:
+            offered = ", ".join(sorted(step.settings)) or "none"
+            raise SettingsError(f"knob {name!r} is not a setting of {step.engine}'s step "
+                                f"(its settings: {offered})")
+        default = getattr(own, name)
+        if isinstance(default, bool):
+            fine = isinstance(value, bool)
+        elif isinstance(default, int):
+            fine = isinstance(value, int) and not isinstance(value, bool) \
+                and abs(value) <= 2**40
+        else:
+            fine = value in choices.get(name, ())
+        if not fine:
+            raise SettingsError(f"knob {name} must be {_kind_of(default, choices.get(name))}"
+                                f", got {value!r}")
+        changes[name] = value
+    if where:
+        return replace(knobs, **{where: replace(own, **changes)})
+    return replace(knobs, **changes)
+
+
+def _kind_of(default: object, words: tuple[str, ...] | None) -> str:
+    if isinstance(default, bool):
+        return "true or false"
+    if isinstance(default, int):
+        return "an integer"
+    return "one of " + ", ".join(words or ())
 
 
 def _shown(value: object) -> str:

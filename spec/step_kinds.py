@@ -6,7 +6,15 @@ with its knobs), vLLM V0's ("v0", kvsched.reference.v0) or SGLang's ("sglang",
 kvsched.reference.sglang). A profile names one (Profile.scheduler). A config field a
 kind does not read must hold the one value its step behaves as (SGLang's step keeps no
 watermark: watermark_blocks 0); any other value would be silently ignored, so every tool
-and every implementation refuses it through `refusal`, written here once.
+and every implementation refuses it through `refusal`, written here once. So are the
+configs a kind's engine refuses at start-up (`starts`: vLLM's whole prefill that cannot
+fit one step's budget, SGLang's chunk that is not a multiple of its page), which it never
+runs: `refusal` says those too, after the ignored fields.
+
+A kind's `settings` are its knobs that are an engine's options, which a user sets when
+starting the engine (SGLang's --priority-scheduling-preemption-threshold): a trace's
+header declares them (its "settings" object), and the profile's knobs replay that trace
+with them (kvsched.spec.profiles.Profile.for_trace).
 
 A knob of another kind's set away from its default would be silently ignored too: every
 implementation refuses it through `knob_refusal`.
@@ -14,7 +22,7 @@ implementation refuses it through `knob_refusal`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -30,10 +38,13 @@ class StepKind:
     """One step kind. `reads`: the config fields whose every value its step honours;
     `takes`: every other config field, with the values it honours (the field's default
     alone where the step does not read it at all) and `why`, a clause saying why;
-    `knobs`: its knob type, and `knob_fields` the fields of it the step reads;
-    `knobs_field`: where Knobs holds its knobs, "" for Knobs' own fields (vLLM v1's),
-    else the field of Knobs that holds its type (V0Knobs in Knobs.v0, SGLangKnobs in
-    Knobs.sglang)."""
+    `knobs`: its knob type, and `knob_fields` the fields of it the step reads (for
+    SGLang's, Knobs.sglang's own); `settings`: those of them that are its engine's
+    options (a trace's header may declare them), each with the option's name;
+    `starts(config, knobs)`: why its engine refuses `config` under those knobs (the
+    kind's part of them) at start-up, in one line, or None; `knobs_field`: where Knobs
+    holds its knobs, "" for Knobs' own fields (vLLM v1's), else the field of Knobs that
+    holds its type (V0Knobs in Knobs.v0, SGLangKnobs in Knobs.sglang)."""
 
     name: SchedulerKind
     engine: str
@@ -42,6 +53,8 @@ class StepKind:
     why: Mapping[str, str]
     knobs: type[Knobs] | type[V0Knobs] | type[SGLangKnobs]
     knob_fields: frozenset[str]
+    starts: Callable[[Config, Knobs], str | None]
+    settings: Mapping[str, str]
     knobs_field: str = ""
 
     def honours(self, name: str, value: object) -> bool:
@@ -59,11 +72,42 @@ def _all_fields(knobs: type[Knobs] | type[V0Knobs] | type[SGLangKnobs]) -> froze
 
 _VLLM_STEPS = "vLLM's steps run decodes and prefills together"
 
+
+def _vllm_starts(config: Config, knobs: Knobs) -> str | None:
+    """vLLM's start-up refusal (SchedulerConfig's check, V0's and v1's alike): without
+    chunked prefill a whole prefill of max_model_len tokens must fit one step's budget."""
+    if not config.chunked_prefill and config.max_num_batched_tokens < config.max_model_len:
+        return ("vLLM refuses max_num_batched_tokens "
+                f"{config.max_num_batched_tokens} below max_model_len "
+                f"{config.max_model_len} without chunked prefill (a whole prefill must fit "
+                "one step's budget): raise max_num_batched_tokens or turn chunked "
+                "prefill on")
+    return None
+
+
+def _sglang_starts(config: Config, knobs: Knobs) -> str | None:
+    """SGLang 0.5.23's start-up refusals of the settings kvsched drives it with
+    (arg_groups/validation_hook.py:243-246, 303-306): a chunk that is not a whole
+    number of pages, and retraction by priority without priority scheduling."""
+    if config.chunked_prefill and config.max_num_batched_tokens % config.block_size:
+        return ("SGLang refuses a chunked_prefill_size that is not a multiple of "
+                f"page_size (\"chunked_prefill_size must be divisible by page_size\"): "
+                f"max_num_batched_tokens {config.max_num_batched_tokens} with "
+                f"block_size {config.block_size}")
+    if knobs.sglang.retract_victim == "least_urgent" and config.policy != "priority":
+        return ("SGLang refuses --retraction-policy priority without priority "
+                "scheduling (\"--retraction-policy priority requires "
+                "--enable-priority-scheduling\"): use policy priority")
+    if knobs.sglang.max_prefill_tokens < 1:
+        return ("SGLang's max_prefill_tokens must be at least 1, got "
+                f"{knobs.sglang.max_prefill_tokens}")
+    return None
+
 STEP_KINDS: dict[SchedulerKind, StepKind] = {
     "v1": StepKind(
         "v1", "vLLM v1", _all_but("step_mix"),
         {"step_mix": ("any",)}, {"step_mix": _VLLM_STEPS},
-        Knobs, _all_fields(Knobs) - {"v0", "sglang"}),
+        Knobs, _all_fields(Knobs) - {"v0", "sglang"}, _vllm_starts, {}),
     # V0's step fixes the victim and when swapped and waiting requests are admitted, and
     # caps no chunk (its cap needs max_num_partial_prefills > 1): kvsched.reference.v0.
     # Its rules are V0Knobs.
@@ -72,7 +116,7 @@ STEP_KINDS: dict[SchedulerKind, StepKind] = {
         {"step_mix": ("any",), "long_prefill_token_threshold": (0,)},
         {"step_mix": _VLLM_STEPS,
          "long_prefill_token_threshold": "V0 has no per-chunk long-prefill threshold"},
-        V0Knobs, _all_fields(V0Knobs), knobs_field="v0"),
+        V0Knobs, _all_fields(V0Knobs), _vllm_starts, {}, knobs_field="v0"),
     "sglang": StepKind(
         "sglang", "SGLang",
         _all_but("step_mix", "preemption", "num_cpu_blocks", "allocation",
@@ -88,7 +132,11 @@ STEP_KINDS: dict[SchedulerKind, StepKind] = {
          "watermark_blocks": "SGLang keeps no watermark",
          "watermark_scope": "SGLang keeps no watermark",
          "long_prefill_token_threshold": "SGLang has no long-prefill threshold"},
-        SGLangKnobs, _all_fields(SGLangKnobs), knobs_field="sglang"),
+        SGLangKnobs, _all_fields(SGLangKnobs), _sglang_starts,
+        {"max_prefill_tokens": "--max-prefill-tokens",
+         "priority_preemption_threshold": "--priority-scheduling-preemption-threshold",
+         "higher_priority_first": "--schedule-low-priority-values-first",
+         "retract_victim": "--retraction-policy"}, knobs_field="sglang"),
 }
 SCHEDULER_KINDS: tuple[SchedulerKind, ...] = tuple(STEP_KINDS)
 
@@ -161,18 +209,21 @@ def ignored_fields(kind: SchedulerKind, config: Config) -> list[str]:
     return [f.name for f in fields(Config) if not step.honours(f.name, getattr(config, f.name))]
 
 
-def refusal(kind: SchedulerKind, config: Config, source: str | None = None) -> str | None:
+def refusal(kind: SchedulerKind, config: Config, source: str | None = None,
+            knobs: Knobs | None = None) -> str | None:
     """Why step kind `kind` cannot run `config`, in one line: the first field whose value
-    it does not honour, the values it takes, and why; None when it honours them all.
-    `source`, when given, says where `config` comes from ("the trace's header has"), and
-    the line says what that source has instead of what to use.
+    it does not honour, the values it takes, and why; else why its engine refuses
+    `config` (with `knobs`, by default the kinds' defaults) at start-up; None when it
+    honours them all and its engine starts. `source`, when given, says where `config`
+    comes from ("the trace's header has"), and the line says what that source has
+    instead of what to use.
 
-    post: (__return__ is None) == (not ignored_fields(kind, config))
+    post: (__return__ is None) <= (not ignored_fields(kind, config))
     """
     ignored = ignored_fields(kind, config)
-    if not ignored:
-        return None
     step = STEP_KINDS[kind]
+    if not ignored:
+        return step.starts(config, knobs if knobs is not None else Knobs())
     name = ignored[0]
     took = " or ".join(_shown(v) for v in step.takes[name])
     value = _shown(getattr(config, name))

@@ -33,14 +33,16 @@ UTF8_BOM = b"\xef\xbb\xbf"
 STEP_KEYS = frozenset({"step", "arrivals", "aborted", "rejected", "preempted", "swapped_in",
                        "scheduled", "finished", "free_blocks", "new_blocks", "time_ms",
                        "prefix_hits", "block_keys", "dedup"})
-HEADER_KEYS = frozenset({"kvsched", "version", "engine", "config", "preempted_order"})
+HEADER_KEYS = frozenset({"kvsched", "version", "engine", "config", "preempted_order",
+                         "settings"})
 # The step keys each engine's adapter (kvsched.adapters) adds to trace v1's, by the
 # header's engine name: known, so that kvsched's own traces get no "ignored unknown
 # keys" note (vLLM V0's free swap blocks; SGLang's step mode, its free and evictable
-# page counts, the new-token ratio its admission used).
+# page counts, the new-token ratio its admission used, the finishes that were aborts).
 ENGINE_STEP_KEYS: dict[str, frozenset[str]] = {
     "vllm": frozenset({"free_host_blocks"}),
-    "sglang": frozenset({"mode", "free_pages", "evictable_pages", "new_token_ratio"}),
+    "sglang": frozenset({"mode", "free_pages", "evictable_pages", "new_token_ratio",
+                         "abort_finished"}),
 }
 
 
@@ -60,6 +62,9 @@ class Header:
     extra: dict[str, Any] = field(default_factory=dict)
     # False when the engine reports each step's victims as a set, in no particular order.
     preempted_order: bool = True
+    # The engine's settings that are a profile's knobs, knob name to value (trace v1's
+    # "settings"): a profile replays the trace with them (Profile.for_trace).
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 # What load_line returns for a blank line, and the reader at the end of the file.
@@ -197,9 +202,14 @@ def parse_header(obj: Any, line: int = 1) -> Header:
     ordered = obj.get("preempted_order", True)
     if not isinstance(ordered, bool):
         raise TraceError(line, f'"preempted_order" must be true or false, got {ordered!r}')
+    settings = obj.get("settings", {})
+    if not isinstance(settings, dict) or any(
+            not isinstance(v, bool | int | str) for v in settings.values()):
+        raise TraceError(line, '"settings" must be an object of knob names to integers, '
+                               'strings or true or false')
     extra = {k: v for k, v in obj.items() if k not in HEADER_KEYS}
     return Header(parse_config(obj.get("config"), line),
-                  {str(k): str(v) for k, v in engine.items()}, extra, ordered)
+                  {str(k): str(v) for k, v in engine.items()}, extra, ordered, settings)
 
 
 def parse_arrival(raw: Any, step: int, line: int) -> Request:

@@ -114,7 +114,7 @@ WORKLOAD = [{"id": "a", "arrival": 0, "prompt_len": 40, "output_len": 5, "max_to
 
 def test_cli_record_sglang_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     base = ["record", "sglang", "--workload", str(workload_file(tmp_path, WORKLOAD)),
-            "--out", str(tmp_path / "t.jsonl"), "--num-gpu-blocks", "64"]
+            "--out", str(tmp_path / "t.jsonl"), "--num-gpu-blocks", "64", "--block-size", "16"]
     missing = kvsched(*base, "--sglang-python", str(tmp_path / "none" / "python"))
     mixing = kvsched(*base, "--step-mix", "any")
     aborts = workload_file(tmp_path, [{**WORKLOAD[0], "abort": 2}], "aborts")
@@ -147,8 +147,8 @@ def sglang_python() -> Path | None:
 @pytest.mark.parametrize("options", [
     ("--block-size", "1", "--num-gpu-blocks", "400", "--max-num-batched-tokens", "64",
      "--no-prefix-caching"),
-    ("--prefix-caching", "--num-gpu-blocks", "40", "--max-num-batched-tokens", "64",
-     "--step-mix", "mixed_chunk"),
+    ("--prefix-caching", "--block-size", "16", "--num-gpu-blocks", "40",
+     "--max-num-batched-tokens", "64", "--step-mix", "mixed_chunk"),
 ])
 def test_cli_record_sglang_drives_sglang_and_the_trace_is_exact(
         tmp_path: Path, options: tuple[str, ...]) -> None:

@@ -185,7 +185,7 @@ def test_an_endless_line_is_refused_in_bounded_memory(checker: str) -> None:
     (["simulate", "--num-gpu-blocks", "-4"], "--num-gpu-blocks must not be negative"),
     (["simulate", "--block-size", "0"], "--block-size must be at least 1"),
     (["simulate", "--no-chunked-prefill", "--max-num-batched-tokens", "64",
-      "--max-model-len", "128"], "--max-num-batched-tokens must be at least max_model_len"),
+      "--max-model-len", "128"], "vLLM refuses max_num_batched_tokens 64 below max_model_len"),
     (["simulate", "--policy", "lifo"], "Invalid value for '--policy'"),
     (["simulate", "--requests", "0"], "--requests must be at least 1"),
     (["simulate", "--unknown-flag"], "No such option"),

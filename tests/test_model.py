@@ -33,9 +33,6 @@ from kvsched.spec.profiles import ConfigDefaults, get_profile, pinned_profile
     ({"first_block_id": -1}, "config.first_block_id must not be negative, got -1"),
     ({"num_cpu_blocks": 2**40 + 1}, "config.num_cpu_blocks is absurdly large "
                                     "(1099511627777 > 2**40)"),
-    ({"chunked_prefill": False, "max_num_batched_tokens": 100, "max_model_len": 101},
-     "config.max_num_batched_tokens must be at least max_model_len (101) without chunked "
-     "prefill, got 100"),
     ({"chunked_prefill": False, "long_prefill_token_threshold": 8},
      "config.long_prefill_token_threshold chunks prefills, so it needs chunked_prefill: "
      "true"),

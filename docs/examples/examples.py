@@ -286,10 +286,8 @@ DOCS = DocExamples(
     bad_configs={
         "policy": {"policy": "lifo"},
         "block-size": {"block_size": 0},
-        "whole-prefill": {"chunked_prefill": False},
         "threshold": {"chunked_prefill": False, "long_prefill_token_threshold": 8,
                       "max_num_batched_tokens": 32},
-        "both": {"chunked_prefill": False, "long_prefill_token_threshold": 8},
     },
     rejections={
         "prompt": Rejection(prompt_len=40, max_tokens=8),

@@ -10,12 +10,13 @@ plugin, the docs and the vLLM conformance run all check through here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from kvsched.implementations import profile_scheduler
 from kvsched.spec import should
 from kvsched.spec.checker import Checker, CheckOptions, Report
 from kvsched.spec.model import Config, StepRecord
+from kvsched.spec.profiles import get_profile
 from kvsched.spec.replay import ProfileReplay, describe, describe_state
 from kvsched.spec.trace import TraceReader
 from kvsched.spec.violation import Violation
@@ -24,21 +25,25 @@ __all__ = ["check_profile", "check_reader", "check_records", "checker", "describ
            "describe_state", "profile_replay"]
 
 
-def profile_replay(config: Config, profile: str, preempted_order: bool = True
-                   ) -> ProfileReplay:
+def profile_replay(config: Config, profile: str, preempted_order: bool = True,
+                   settings: Mapping[str, object] | None = None) -> ProfileReplay:
     """The named profile's scheduler on `config`, ready to replay a trace (whose header
-    says whether its victims are in preemption order)."""
-    return ProfileReplay(profile, profile_scheduler(profile, config), preempted_order)
+    says whether its victims are in preemption order, and which engine settings its
+    knobs take: Profile.for_trace, SettingsError if it cannot take them)."""
+    chosen = get_profile(profile).for_trace(settings or {})
+    return ProfileReplay(profile, profile_scheduler(chosen, config), preempted_order)
 
 
 def checker(config: Config, *, profile: str | None = None, strict: bool = False,
             max_preemptions: int = should.DEFAULT_MAX_PREEMPTIONS, keep: int = 20,
             required: Iterable[str] = (), preempted_order: bool = True,
             stall_steps: int = should.DEFAULT_STALL_STEPS,
-            starve_steps: int = should.DEFAULT_STARVE_STEPS) -> Checker:
-    """A checker of one trace under `config`, comparing with `profile` when given; feed
-    it the steps, then `end(complete)` gives the whole report."""
-    replay = profile_replay(config, profile, preempted_order) if profile else None
+            starve_steps: int = should.DEFAULT_STARVE_STEPS,
+            settings: Mapping[str, object] | None = None) -> Checker:
+    """A checker of one trace under `config`, comparing with `profile` when given (its
+    knobs with the engine `settings` the trace's header declares); feed it the steps,
+    then `end(complete)` gives the whole report."""
+    replay = profile_replay(config, profile, preempted_order, settings) if profile else None
     return Checker(config, CheckOptions(strict, max_preemptions, keep, frozenset(required),
                                         stall_steps, starve_steps), replay, preempted_order)
 
@@ -59,7 +64,8 @@ def check_reader(reader: TraceReader, *, profile: str | None = None, strict: boo
     return checker(reader.header.config, profile=profile, strict=strict,
                    max_preemptions=max_preemptions,
                    preempted_order=reader.header.preempted_order,
-                   stall_steps=stall_steps, starve_steps=starve_steps).run_trace(reader)
+                   stall_steps=stall_steps, starve_steps=starve_steps,
+                   settings=reader.header.settings).run_trace(reader)
 
 
 def check_profile(config: Config, records: Iterable[StepRecord], profile: str

@@ -250,4 +250,5 @@ def check_trace(stream: IO[bytes], kind: str, *, profile: str | None, strict: bo
     return checker(reader.header.config, profile=profile, strict=strict,
                    max_preemptions=max_preemptions, required=required,
                    preempted_order=reader.header.preempted_order,
-                   stall_steps=stall_steps, starve_steps=starve_steps).run_trace(reader)
+                   stall_steps=stall_steps, starve_steps=starve_steps,
+                   settings=reader.header.settings).run_trace(reader)

@@ -100,6 +100,10 @@ def configs(draw: st.DrawFn, *, max_gpu_blocks: int = 16, max_model_len: int = 6
             fine = [v for v in values if not _set(config, name, v).problems()]
             if len(fine) > 1:
                 config = _set(config, name, draw(st.sampled_from(fine)))
+        if kind == "sglang" and config.chunked_prefill:  # SGLang starts with whole pages
+            page = config.block_size
+            config = _set(config, "max_num_batched_tokens",
+                          -(-config.max_num_batched_tokens // page) * page)
     assert not config.problems(), config.problems()
     return config
 
@@ -122,20 +126,21 @@ def servable(config: Config, kind: SchedulerKind) -> Config:
     """`config` grown to one its step kind's engine starts with and serves every request
     the strategies draw in: for vLLM V0's, a cache of one max_model_len sequence (V0
     refuses a smaller one at start-up; below it the profile reproduces V0's stalls); for
-    SGLang's, a pool of two pages more than max_model_len, a chunk of at least a page, no
-    more seats than the token budget; vLLM v1's config as given.
+    SGLang's, a pool of two pages more than max_model_len, a chunk of whole pages (SGLang
+    refuses any other at start-up: kvsched.spec.step_kinds), no more seats than the token
+    budget; vLLM v1's config as given.
 
-    Known gaps, which the spec cannot say yet: below these SGLang's start-up refuses the
-    config (a chunk that is not a multiple of the page; its adapter refuses more seats
-    than the token budget) or its front end refuses the prompt (from max_req_len - 5
-    tokens on), and the step, which models neither, admits nothing."""
+    Known gaps, which the spec cannot say yet: below these its adapter refuses more
+    seats than the token budget, or SGLang's front end refuses the prompt (from
+    max_req_len - 5 tokens on), and the step, which models neither, admits nothing."""
     pages = -(-config.max_model_len // config.block_size)
     if kind == "v0":
         return replace(config, num_gpu_blocks=max(config.num_gpu_blocks, pages))
     if kind != "sglang":
         return config
     pages += 2
-    batched = (max(config.max_num_batched_tokens, config.block_size)
+    page = config.block_size
+    batched = (-(-config.max_num_batched_tokens // page) * page
                if config.chunked_prefill else config.max_num_batched_tokens)
     return replace(config, num_gpu_blocks=max(config.num_gpu_blocks, pages),
                    max_num_batched_tokens=batched,

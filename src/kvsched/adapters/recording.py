@@ -51,7 +51,7 @@ class Job:
     allow_undersized_cache: bool = False
     # The engine's settings that are its profile's knobs, knob name to value
     # (StepKind.settings): the driver starts the engine with them and the trace's header
-    # declares them (its "knobs"), so that the profile replays it with them.
+    # declares them (its "settings"), so that the profile replays it with them.
     settings: Mapping[str, object] = field(default_factory=dict)
 
 

@@ -8,9 +8,14 @@ settings, the config it built, its step lines): ENGINE, which the recording core
 Mapping (SGLang source lines in docs/conformance/sglang.md):
 - a block is one of SGLang's pages: block_size = page_size, num_gpu_blocks =
   max_total_tokens / page_size; page ids are SGLang's own, from 1 (its page 0 pads);
-- the token budget of a step is SGLang's chunked_prefill_size, and max_prefill_tokens
-  is set to the same (without chunked prefill it is the budget); max_num_seqs is
-  max_running_requests; max_model_len is the model's context length;
+- the token budget of a step is SGLang's chunked_prefill_size, and without chunked
+  prefill its max_prefill_tokens; with chunked prefill max_prefill_tokens is the knob of
+  that name (SGLang's default, 16384, unless set); max_num_seqs is max_running_requests;
+  max_model_len is the model's context length;
+- SGLang's options that are profile knobs (StepKind.settings: --max-prefill-tokens,
+  --priority-scheduling-preemption-threshold, --schedule-low-priority-values-first,
+  --retraction-policy) are a job's settings, declared in the trace's header ("settings");
+  --schedule-policy is fcfs, the one policy the profile models (OPTIONS);
 - a step is prefill work or decodes (config step_mix prefill_or_decode), or with
   --enable-mixed-chunk decodes may join a chunked prefill step (mixed_chunk);
 - SGLang retracts by recompute and has no swap space, no watermark and no long-prefill
@@ -34,36 +39,59 @@ from typing import Any
 from kvsched.adapters.recording import (
     AdapterError,
     Engine,
+    EngineOption,
     Job,
     Recorded,
     TraceFile,
     built_as_asked,
 )
 from kvsched.reference.sglang import max_req_len, output_room
+from kvsched.spec.knobs import SGLangKnobs
 from kvsched.spec.model import Config, Preemption, StepRecord
 from kvsched.spec.prefix import keys
+from kvsched.spec.profiles import SettingsError, get_profile
 from kvsched.spec.step_kinds import refusal
 from kvsched.spec.trace import step_dict
 from kvsched.workload import WorkItem
 
 SGLANG_VERSION = "0.5.23"
+ENGINE_PROFILE = "sglang@0.5.23"
 DEFAULT_SGLANG_PYTHON = Path(".venv-sglang/bin/python")
 DRIVER = Path(__file__).with_name("sglang_driver.py")
 SETUP_HINT = "create it with `make sglang-env` (scripts/sglang_env.sh)"
 
 
-def sglang_settings(config: Config) -> dict[str, Any]:
-    """The driver's SGLang settings for a kvsched config.
+def sglang_knobs(settings: Mapping[str, object]) -> SGLangKnobs:
+    """The rules of SGLang's step under a job's settings (knob name to value): profile
+    sglang@0.5.23's with them. AdapterError, one line, for one that is not a setting."""
+    try:
+        return get_profile(ENGINE_PROFILE).for_trace(settings).knobs.sglang
+    except SettingsError as e:
+        raise AdapterError(str(e)) from None
 
-    Raises AdapterError for what SGLang's scheduler cannot express.
+
+def sglang_settings(config: Config, settings: Mapping[str, object] | None = None
+                    ) -> dict[str, Any]:
+    """The driver's SGLang settings for a kvsched config and a job's settings (its
+    profile knobs that are SGLang's options: StepKind.settings).
+
+    Raises AdapterError for what SGLang's scheduler cannot express, and for what SGLang
+    refuses at start-up (kvsched.spec.step_kinds: the one place that says it).
     post: __return__["max_total_tokens"] == config.num_gpu_blocks * config.block_size
     """
     problems = config.problems()
     if problems:
         raise AdapterError(problems[0])
-    ignored = refusal("sglang", config)  # what SGLang's step does not express
+    profile = get_profile(ENGINE_PROFILE)
+    rules = sglang_knobs(settings or {})
+    # what SGLang's step does not express, or SGLang refuses at start-up
+    ignored = refusal("sglang", config, knobs=profile.for_trace(settings or {}).knobs)
     if ignored is not None:
         raise AdapterError(ignored)
+    if not config.chunked_prefill and "max_prefill_tokens" in (settings or {}):
+        raise AdapterError("--max-prefill-tokens: without chunked prefill SGLang's "
+                           "max_prefill_tokens is the token budget; give "
+                           "--max-num-batched-tokens instead")
     if config.max_num_seqs > config.max_num_batched_tokens:
         raise AdapterError(f"max_num_seqs ({config.max_num_seqs}) above "
                            f"max_num_batched_tokens ({config.max_num_batched_tokens}): a "
@@ -73,11 +101,15 @@ def sglang_settings(config: Config) -> dict[str, Any]:
         "max_total_tokens": config.num_gpu_blocks * config.block_size,
         "chunked_prefill_size": config.max_num_batched_tokens if config.chunked_prefill
         else -1,
-        "max_prefill_tokens": config.max_num_batched_tokens,
+        "max_prefill_tokens": rules.max_prefill_tokens if config.chunked_prefill
+        else config.max_num_batched_tokens,
         "max_running_requests": config.max_num_seqs,
         "context_len": config.max_model_len,
         "schedule_policy": "fcfs",
         "enable_priority_scheduling": config.policy == "priority",
+        "priority_scheduling_preemption_threshold": rules.priority_preemption_threshold,
+        "schedule_low_priority_values_first": not rules.higher_priority_first,
+        "retraction_policy": RETRACTION_POLICIES[rules.retract_victim],
         "disable_radix_cache": not config.prefix_caching,
         "enable_mixed_chunk": config.step_mix == "mixed_chunk",
     }
@@ -97,6 +129,25 @@ def served_as_asked(config: Config, item: WorkItem) -> str | None:
     return None
 
 
+# SGLang's --retraction-policy for each retraction victim it has.
+RETRACTION_POLICIES = {"fewest_outputs": "length", "least_urgent": "priority"}
+
+
+def settings_from_sglang(effective: Mapping[str, Any]) -> dict[str, object]:
+    """The settings (profile knobs that are SGLang's options, StepKind.settings) of a
+    scheduler SGLang really built: what its trace's header declares ("settings")."""
+    victims = {v: k for k, v in RETRACTION_POLICIES.items()}
+    if effective.get("retraction_policy", "length") not in victims:
+        raise AdapterError(f"SGLang built its scheduler with retraction policy "
+                           f"{effective['retraction_policy']!r}, which the adapter does "
+                           "not drive")
+    return {"max_prefill_tokens": effective["max_prefill_tokens"],
+            "priority_preemption_threshold":
+                effective["priority_scheduling_preemption_threshold"],
+            "higher_priority_first": not effective["schedule_low_priority_values_first"],
+            "retract_victim": victims[effective.get("retraction_policy", "length")]}
+
+
 def config_from_sglang(effective: Mapping[str, Any]) -> Config:
     """The kvsched config of a scheduler SGLang really built (the driver reads it back)."""
     page = effective["page_size"]
@@ -104,10 +155,9 @@ def config_from_sglang(effective: Mapping[str, Any]) -> Config:
     if total % page or effective["available_tokens"] != total:
         raise AdapterError(f"SGLang built a pool of {effective['available_tokens']} free "
                            f"tokens for {total} in pages of {page}")
-    if effective["enable_overlap"] or effective["schedule_policy"] != "fcfs" \
-            or effective["schedule_low_priority_values_first"]:
-        raise AdapterError("SGLang built its scheduler with overlap, another policy than "
-                           "fcfs, or low priority values first; the adapter needs none")
+    if effective["enable_overlap"] or effective["schedule_policy"] != "fcfs":
+        raise AdapterError("SGLang built its scheduler with overlap, or another policy "
+                           "than fcfs; the adapter needs neither")
     chunk = effective["chunked_prefill_size"]
     chunked = chunk is not None and chunk > 0
     return Config(
@@ -163,7 +213,10 @@ def step_line(rec: StepRecord, event: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def header_extra(config: Config, effective: Mapping[str, Any]) -> dict[str, Any]:
-    return {"preempted_order": True, "adapter": {
+    """The header's own keys: victims in order, SGLang's settings that are profile
+    knobs ("settings": the profile replays the trace with them), and what the adapter
+    says of its mapping."""
+    return {"preempted_order": True, "settings": settings_from_sglang(effective), "adapter": {
         "name": "kvsched.adapters.sglang",
         "scheduler": "sglang.srt.managers.scheduler.Scheduler (event_loop_normal's step; "
                      "the overlap loop is not recorded)",
@@ -180,8 +233,6 @@ def header_extra(config: Config, effective: Mapping[str, Any]) -> dict[str, Any]
                  "reading), so LRU eviction and priority ties are the same in every run",
         "new_token_ratio": {k: effective[k] for k in (
             "init_new_token_ratio", "min_new_token_ratio", "new_token_ratio_decay")},
-        "priority_scheduling_preemption_threshold":
-            effective["priority_scheduling_preemption_threshold"],
     }}
 
 
@@ -190,6 +241,12 @@ class SglangTrace(TraceFile):
 
     def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
         built = built_as_asked(job, config_from_sglang(header["config"]), "SGLang")
+        asked = settings_from_sglang({**header["config"], **sglang_settings(job.config,
+                                                                             job.settings)})
+        for name, value in settings_from_sglang(header["config"]).items():
+            if asked[name] != value:
+                raise AdapterError(f"{job.name}: SGLang changed the settings: {name}: "
+                                   f"asked {asked[name]!r}, SGLang uses {value!r}")
         super().__init__(job, Recorded(job, built, {"name": "sglang",
                                                     "version": str(header["sglang"])}),
                          header_extra(built, header["config"]))
@@ -202,7 +259,7 @@ class SglangTrace(TraceFile):
 def job_settings(job: Job) -> dict[str, Any]:
     """The driver's settings for a job: its config's (sglang_settings), once each
     request is one SGLang serves as asked."""
-    settings = sglang_settings(job.config)
+    settings = sglang_settings(job.config, job.settings)
     for item in job.workload:
         if item.abort is not None:
             raise AdapterError(f"request {item.id!r} is aborted at step {item.abort}: the "
@@ -219,16 +276,57 @@ def summary(result: Recorded) -> str:
             "preemptions")
 
 
+# SGLang 0.5.23's --schedule-policy words (arg_groups/fields/schedule.py:86-101), each
+# but fcfs with the queue order the profile does not model.
+_UNMODELLED_ORDERS = {
+    "lpm": "the longest cached prefix first", "random": "a random order",
+    "dfs-weight": "the radix tree's depth-first weights",
+    "lof": "the longest output first", "priority": "its priority policy's own order",
+    "routing-key": "routing keys", "hrrn": "the highest response ratio first",
+    "shortest-prefill-first": "the shortest prefill first"}
+OPTIONS = (
+    EngineOption(
+        "--max-prefill-tokens", "With chunked prefill, the most tokens of one prefill "
+        "step beside the chunk (SGLang's --max-prefill-tokens); without it, "
+        "--max-num-batched-tokens is SGLang's max_prefill_tokens.",
+        knob="max_prefill_tokens", default=f"{SGLangKnobs().max_prefill_tokens}, SGLang's"),
+    EngineOption(
+        "--schedule-policy", "SGLang's queue order; the profile models fcfs (and "
+        "--policy priority, SGLang's priority scheduling over it), and refuses the others.",
+        choices=("fcfs", *_UNMODELLED_ORDERS), default="fcfs",
+        refused={word: f"SGLang's --schedule-policy {word} orders the waiting queue by "
+                       f"{what}, which profile {ENGINE_PROFILE} does not model; use fcfs"
+                 for word, what in _UNMODELLED_ORDERS.items()}),
+    EngineOption(
+        "--priority-scheduling-preemption-threshold", "Under --policy priority, a waiting "
+        "request preempts running ones less urgent by more than this.",
+        knob="priority_preemption_threshold",
+        default=f"{SGLangKnobs().priority_preemption_threshold}, SGLang's"),
+    EngineOption(
+        "--schedule-low-priority-values-first", "Under --policy priority, a lower value "
+        "is more urgent (SGLang's default: a higher one).", knob="higher_priority_first",
+        switch=True, as_knob={"on": False}),
+    EngineOption(
+        "--retraction-policy", "Which decoding request a full cache retracts first: the "
+        "fewest outputs (length) or, under --policy priority, the least urgent (priority).",
+        knob="retract_victim", choices=tuple(RETRACTION_POLICIES.values()),
+        as_knob={v: k for k, v in RETRACTION_POLICIES.items()}, default="length"),
+)
+
 ENGINE = Engine(
-    name="sglang", label="SGLang", release=SGLANG_VERSION, profile="sglang@0.5.23",
+    name="sglang", label="SGLang", release=SGLANG_VERSION, profile=ENGINE_PROFILE,
     step_kind="sglang", driver=DRIVER, python=DEFAULT_SGLANG_PYTHON,
     make_env="sglang-env", setup_hint=SETUP_HINT, settings=job_settings,
     trace=SglangTrace, summary=summary, python_flag="--sglang-python",
-    refuses_undersized_cache=False, log_level="ERROR",
+    refuses_undersized_cache=False, log_level="ERROR", options=OPTIONS,
+    defaults={"block_size": 1, "num_gpu_blocks": 16384},
     help="""Record SGLang 0.5.23's real scheduler (in its own environment) on a workload.
 
-    Config defaults as profile sglang@0.5.23 sets them: step_mix prefill_or_decode
+    Config defaults as SGLang and profile sglang@0.5.23 set them: pages of 1 token
+    (SGLang's page_size) in a pool of 16384 tokens, step_mix prefill_or_decode
     (--step-mix mixed_chunk is SGLang's --enable-mixed-chunk), preemption recompute,
     prefix caching on, SGLang's radix cache as it serves by default
     (--no-prefix-caching is its --disable-radix-cache); a block is one of SGLang's
-    pages. Check the trace with `kvsched check --profile sglang@0.5.23`.""")
+    pages. SGLang's own options below set the profile's knobs, which the trace's header
+    declares; what SGLang refuses at start-up is refused here. Check the trace with
+    `kvsched check --profile sglang@0.5.23`.""")

@@ -277,7 +277,11 @@ def build(g: SimpleNamespace, cfg: dict[str, Any], sample: Any) -> Any:
         disable_radix_cache=cfg["disable_radix_cache"],
         enable_mixed_chunk=cfg["enable_mixed_chunk"],
         max_total_tokens=cfg["max_total_tokens"], skip_tokenizer_init=True,
-        enable_priority_scheduling=cfg["enable_priority_scheduling"])
+        enable_priority_scheduling=cfg["enable_priority_scheduling"],
+        priority_scheduling_preemption_threshold=cfg[
+            "priority_scheduling_preemption_threshold"],
+        schedule_low_priority_values_first=cfg["schedule_low_priority_values_first"],
+        retraction_policy=cfg["retraction_policy"])
     g.rc.reset_context()
     g.rc.publish(args, role="scheduler")
     page, total = cfg["page_size"], cfg["max_total_tokens"]
@@ -399,6 +403,7 @@ def effective_config(s: Any) -> dict[str, Any]:
         "schedule_low_priority_values_first": bool(s.schedule_low_priority_values_first),
         "priority_scheduling_preemption_threshold":
             s.priority_scheduling_preemption_threshold,
+        "retraction_policy": str(s.server_args.retraction_policy),
         "disable_radix_cache": bool(s.tree_cache.disable),
         "enable_mixed_chunk": bool(s.is_mixed_chunk),
         "enable_overlap": bool(s.enable_overlap),

@@ -37,8 +37,10 @@ from kvsched.adapters.recording import (
     built_as_asked,
 )
 from kvsched.spec.blocks import blocks_for
+from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
 from kvsched.spec.profiles import UnknownProfile, resolve_vllm_release
+from kvsched.spec.step_kinds import STEP_KINDS
 from kvsched.workload import WorkItem
 
 VLLM_VERSION = "0.32.0"
@@ -60,6 +62,9 @@ def vllm_settings(config: Config, allow_undersized_cache: bool = False) -> dict[
     problems = config.problems()
     if problems:
         raise AdapterError(problems[0])
+    started = STEP_KINDS["v1"].starts(config, Knobs())  # what vLLM refuses at start-up
+    if started is not None:
+        raise AdapterError(started)
     if config.preemption != "recompute" or config.num_cpu_blocks != 0:
         raise AdapterError("vLLM's v1 scheduler preempts by recompute only and has no swap "
                            "space: use preemption recompute and num_cpu_blocks 0")

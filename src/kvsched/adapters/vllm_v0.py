@@ -43,8 +43,10 @@ from kvsched.adapters.recording import (
     stopped_by_engine,
 )
 from kvsched.spec.blocks import blocks_for
+from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
 from kvsched.spec.profiles import VLLM_V0_DEFAULTS
+from kvsched.spec.step_kinds import STEP_KINDS
 from kvsched.spec.trace import step_dict
 from kvsched.workload import WorkItem
 
@@ -78,6 +80,9 @@ def v0_settings(config: Config, allow_undersized_cache: bool = False) -> dict[st
     problems = config.problems()
     if problems:
         raise AdapterError(problems[0])
+    started = STEP_KINDS["v0"].starts(config, Knobs())  # what vLLM refuses at start-up
+    if started is not None:
+        raise AdapterError(started)
     if config.preemption not in PREEMPTION_MODES:
         raise AdapterError(f"V0 preempts by recompute or swap, one mode for every victim: "
                            f"preemption {config.preemption!r} is not V0's")

@@ -38,7 +38,7 @@ from kvsched.implementations import Unavailable, check_trace, chosen_checker, re
 from kvsched.inputs import InputError
 from kvsched.outputs import check_writable, check_writable_directory
 from kvsched.progress import Reporter, reading
-from kvsched.spec.profiles import get_profile, pinned_profile
+from kvsched.spec.profiles import SettingsError, get_profile, pinned_profile
 from kvsched.spec.trace import Header, TraceError
 from kvsched.spec.violation import (
     DEFAULT_MAX_PREEMPTIONS,
@@ -143,7 +143,10 @@ def refuse_other_config(path: str, profile: str, header: Header) -> None:
     and its replay would certify what the profile's name denies; or a value the
     profile's step kind does not honour (another family's trace: its step_mix, its
     engine's fields), which the profile cannot replay."""
-    named = get_profile(profile)
+    try:  # the engine settings its header declares, which the profile replays with
+        named = get_profile(profile).for_trace(header.settings)
+    except SettingsError as e:
+        fail(f"{path}: profile {profile} cannot replay this trace: its header's {e}")
     why = (named.refusal(header.config, "the trace's header has")
            or named.disagreement(header.config))
     if why is not None:

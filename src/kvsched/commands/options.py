@@ -16,7 +16,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -317,13 +317,15 @@ def config_options(f: Callable[..., Any] | None = None, /, *,
     return f
 
 
-def recorded_config_options(f: Callable[..., Any], profile: str) -> Callable[..., Any]:
+def recorded_config_options(f: Callable[..., Any], profile: str,
+                            own: Mapping[str, object] | None = None) -> Callable[..., Any]:
     """The config options of a recorder whose engine runs `profile`'s step: only what its
     step kind honours (config_options(kind=...)), none for the first block id (each
     engine's ids are its own: vLLM's run from 1, V0's from 0, SGLang's pages from 1),
-    and each unset option shown as the value the profile's defaults give it."""
+    and each unset option shown as the value the engine's `own` defaults, then the
+    profile's, give it."""
     named = get_profile(profile)
-    configured = named.configure(DEFAULT_CONFIG)
+    configured = named.configure(replace(DEFAULT_CONFIG, **(own or {})))  # type: ignore[arg-type]
 
     def default(name: str) -> str:
         if name == "watermark_blocks" and named.defaults.watermark_fraction is not None:
@@ -333,6 +335,8 @@ def recorded_config_options(f: Callable[..., Any], profile: str) -> Callable[...
             return f"num_gpu_blocks, as profile {named.name} sets it"
         value = getattr(configured, name)
         shown = ("on" if value else "off") if isinstance(value, bool) else str(value)
+        if name in (own or {}):
+            return f"{shown}, the engine's"
         if value != getattr(DEFAULT_CONFIG, name):
             return f"{shown}, as profile {named.name} sets it"
         return shown

@@ -9,7 +9,7 @@ Loaded when the command is named (kvsched.cli.Group).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +17,7 @@ import click
 from rich.text import Text
 
 from kvsched.adapters.engines import ENGINES
-from kvsched.adapters.recording import AdapterError, Engine
+from kvsched.adapters.recording import AdapterError, Engine, EngineOption
 from kvsched.commands.options import build_config, err, fail, out, recorded_config_options
 from kvsched.outputs import check_writable
 from kvsched.verdict import printable
@@ -55,22 +55,56 @@ def recorder_options(engine: Engine[Any]) -> Callable[[Callable[..., Any]],
     if engine.release_python is not None:
         options.insert(0, click.option("--release", default=None, metavar="X",
                                        help=engine.release_help))
+    own: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+        engine_option(o) for o in engine.options]
 
     def apply(f: Callable[..., Any]) -> Callable[..., Any]:
         for option in reversed(options):
             f = option(f)
-        return recorded_config_options(f, engine.profile)
+        for decorate in reversed(own):
+            f = decorate(f)
+        return recorded_config_options(f, engine.profile, engine.defaults)
 
     return apply
 
 
+def engine_option(option: EngineOption) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The click option of one of an engine's own options (EngineOption)."""
+    shown = f" [default: {option.default}]" if option.default else ""
+    if option.switch:
+        return click.option(option.flag, option.dest, is_flag=True, default=None,
+                            help=option.help)
+    kind: Any = click.Choice(option.choices) if option.choices else int
+    return click.option(option.flag, option.dest, type=kind, default=None,
+                        help=option.help + shown)
+
+
+def engine_settings(engine: Engine[Any], given: dict[str, Any]) -> dict[str, object]:
+    """The settings (profile knobs, StepKind.settings) the engine's own options given
+    ask for, taken out of `given`; a refused value (EngineOption.refused) is bad input."""
+    settings: dict[str, object] = {}
+    for option in engine.options:
+        value = given.pop(option.dest, None)
+        if value is None:
+            continue
+        word = "on" if option.switch else value
+        if isinstance(word, str) and word in option.refused:
+            fail(f"{option.flag} {word}: {option.refused[word]}")
+        if option.knob:
+            settings[option.knob] = option.as_knob.get(word, value) \
+                if isinstance(word, str) else value
+    return settings
+
+
 def recording(profile: str, workload_path: Path, out_path: Path, max_steps: int | None,
-              config_given: dict[str, Any]) -> tuple[Config, list[WorkItem]]:
-    """The config (the profile's defaults under the options) and the workload of a
-    recording, its arguments checked."""
+              config_given: dict[str, Any], defaults: Mapping[str, object] | None = None
+              ) -> tuple[Config, list[WorkItem]]:
+    """The config (the engine's own `defaults`, then the profile's, under the options)
+    and the workload of a recording, its arguments checked."""
     if max_steps is not None and max_steps < 1:
         fail(f"--max-steps must be at least 1, got {max_steps}")
-    config = build_config(profile, config_given)
+    given = {k: v for k, v in config_given.items() if v is not None}
+    config = build_config(profile, {**(defaults or {}), **given})
     check_writable(out_path)  # before the workload is read and the engine driven
     workload = read_workload(workload_path)
     return config, workload
@@ -86,11 +120,13 @@ def record_with(engine: Engine[Any], workload_path: Path, out_path: Path,
             python = engine.release_python(release, python)
         except AdapterError as e:
             fail(str(e))
+    given = dict(config_given)
+    settings = engine_settings(engine, given)
     config, workload = recording(engine.profile, workload_path, out_path, max_steps,
-                                 config_given)
+                                 given, engine.defaults)
     try:
         result = engine.record(config, workload, out_path, python, max_steps,
-                               allow_undersized_cache)
+                               allow_undersized_cache, settings)
     except AdapterError as e:
         fail(str(e))
     out.print(f"trace written to {out_path}: {engine.summary(result)}"
