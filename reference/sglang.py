@@ -38,7 +38,11 @@ prefill_or_decode; get_next_batch_to_run, scheduler.py:3894):
 Under the priority policy the waiting queue is sorted by priority, the higher value
 first, then by when each request (re)joined it; at the running-request limit a waiting
 request may preempt running ones whose priority is lower by more than 10, the lowest
-first (preempt_to_schedule, schedule_policy.py:1707).
+first, until their reserved future output covers its need: the extend of the fill ids it
+had when last tried (its known tokens then, less the radix-cache hit found then; nothing
+for a fresh request, its last admission's fill ids and no hit for a victim) and its
+min(max_tokens, 4096), less the memory budget left (preempt_to_schedule,
+schedule_policy.py:1707).
 
 A client's abort ends its request before the step (abort_request): a waiting one leaves
 the queue; a running or chunked one is released as a finished one is, its computed KV
@@ -99,6 +103,10 @@ class SGLangRequest:
     # Priority preemption sizes a waiting request's need by it (the fill ids of a fresh
     # request are empty, and a victim's are those of its last admission).
     fill: int = 0
+    # The radix-cache hit of that refresh (SGLang's prefix_len): priority preemption
+    # sizes the need by the fill less it; 0 for a fresh request and after a retraction
+    # (reset_for_retract).
+    fill_hit: int = 0
     preemptions: int = 0
     status: Status = Status.WAITING
 
@@ -488,6 +496,7 @@ class SGLangScheduler:
                 total_offset -= freed
             r.fill = r.known
             hit = self.tree.match(self._tokens(r), r.known - 1)
+            r.fill_hit = hit.length
             extend = r.known - hit.length
             max_new = self._clip(max(r.max_new - r.outputs, 0))
             total = extend + (max_new if rules.reserve_output else 0) + page
@@ -557,7 +566,10 @@ class SGLangScheduler:
         sign = -1 if rules.higher_priority_first else 1
         ranked = sorted((x for x in self.running if x not in victims),
                         key=lambda x: (-sign * x.request.priority, -x.entry))
-        need = r.fill + self._clip(r.max_new) - rem_total
+        # min_tokens_to_remove: the extend of `r`'s last fill ids (less the cached prefix
+        # its last try matched), its clipped max_new_tokens, less the memory budget left
+        cached = r.fill_hit if rules.preempt_need_net_of_prefix else 0
+        need = r.fill - cached + self._clip(r.max_new) - rem_total
         chosen: list[SGLangRequest] = []
         for x in ranked:
             if (r.request.priority - x.request.priority) * -sign \
@@ -586,6 +598,7 @@ class SGLangScheduler:
         self._free_own(r)
         self.tree.unlock(r.lock)
         r.lock, r.cached, r.computed, r.pages = None, 0, 0, []
+        r.fill_hit = 0
         r.preemptions += 1
         self._evict_for(remaining * self.rules.retract_decode_steps)
 

@@ -107,6 +107,9 @@ class SGLangKnobs:
         (SGLang's default; --schedule-low-priority-values-first turns it round).
     priority_preemption_threshold: a waiting request preempts running ones whose
         priority is worse by more than this (priority_scheduling_preemption_threshold).
+    preempt_need_net_of_prefix: priority preemption sizes the preempting request's need
+        by the fill ids of its last try less the radix-cache hit found then (SGLang's
+        min_tokens_to_remove); off, by the whole fill ids.
     max_prefill_tokens: with chunked prefill, the input budget of a prefill step beside
         the chunk budget (--max-prefill-tokens; without chunked prefill it is the
         config's max_num_batched_tokens).
@@ -126,6 +129,7 @@ class SGLangKnobs:
     requeue: Requeue = "back"
     higher_priority_first: bool = True
     priority_preemption_threshold: int = 10
+    preempt_need_net_of_prefix: bool = True
     max_prefill_tokens: int = 16384
 
 
