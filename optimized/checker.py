@@ -57,6 +57,7 @@ from kvsched.optimized.memory import no_cycle_collection
 from kvsched.spec import should
 from kvsched.spec.checker import Checker, CheckOptions, Position, Report
 from kvsched.spec.model import Config
+from kvsched.spec.profiles import get_profile
 from kvsched.spec.state import State
 from kvsched.spec.trace import (
     BLANK,
@@ -164,7 +165,8 @@ class FastChecker:
                                CheckOptions(max_preemptions=max_preemptions,
                                             stall_steps=stall_steps,
                                             starve_steps=starve_steps),
-                               None, header.preempted_order)
+                               None, header.preempted_order,
+                               get_profile(profile) if profile is not None else None)
         self.sink = sink(self.checker.state) if sink is not None else None
         self.run_steps = max(run_steps, 1)
         # The run's length now: after a step that is not clean, runs start short and

@@ -9,8 +9,9 @@ from "never arrived").
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvsched.spec import must, should
 from kvsched.spec.model import Config, StepRecord
@@ -18,6 +19,9 @@ from kvsched.spec.replay import ProfileReplay
 from kvsched.spec.state import Snapshot, State, StepFacts
 from kvsched.spec.trace import TraceReader
 from kvsched.spec.violation import INVARIANTS, SHOULD, Violation
+
+if TYPE_CHECKING:
+    from kvsched.spec.profiles import Profile
 
 
 @dataclass(frozen=True)
@@ -90,10 +94,12 @@ def judge(f: StepFacts, state: State, options: CheckOptions, leaked: int,
     ]
 
 
-def coverage(state: State, steps: int, steps_with_free: int, complete: bool
-             ) -> dict[str, str]:
+def coverage(state: State, steps: int, steps_with_free: int, complete: bool,
+             unjudged: Mapping[str, str] | None = None) -> dict[str, str]:
     """The invariants a trace let the checker judge only in part or not at all, each
-    with the reason (every other invariant was checked on every step)."""
+    with the reason (every other invariant was checked on every step); `unjudged`: the
+    SHOULD ids not judged under the trace's step kind and profile (should.unjudged;
+    by default, without a profile)."""
     out: dict[str, str] = {}
     if not state.ids_seen:
         out["block-ids"] = "the trace carries no block ids (new_blocks)"
@@ -108,10 +114,25 @@ def coverage(state: State, steps: int, steps_with_free: int, complete: bool
                              "free_blocks")
     if not complete:
         out["completion"] = 'the trace has no {"end": true} line'
-    if not should.starvation_judged(state.config):
-        out["starvation"] = ("not on SGLang's steps (step_mix "
-                             f"{state.config.step_mix}), whose policy passes requests over")
+    out.update(should.unjudged(state.config) if unjudged is None else unjudged)
+    cfg = state.config
+    if should.sglang_steps(cfg) and cfg.policy == "priority" \
+            and "needed-preemption" not in out:
+        out["needed-preemption"] = ("in part: not on SGLang's steps whose running requests "
+                                    "and victims fill max_num_seqs, where its priority "
+                                    "preemption frees a seat")
     return out
+
+
+def named_profile(name: str) -> Profile | None:
+    """The profile named `name`, or None when no profile has that name (a replay of a
+    scheduler that is no profile's)."""
+    from kvsched.spec.profiles import UnknownProfile, get_profile
+
+    try:
+        return get_profile(name)
+    except UnknownProfile:
+        return None
 
 
 @dataclass(frozen=True)
@@ -137,11 +158,18 @@ class Checker:
     kvsched.conformance builds one), every step's decision is also compared with the
     profile's, and the first divergence is a `profile` violation. `preempted_order` is
     the trace header's: False when the engine lists each step's victims as a set.
+    `profile`: the profile the trace is checked under, whose documented policy some
+    SHOULD ids are not judged against (should.unjudged); by default the one the replay
+    names, if any (else the trace's step kind alone decides).
     """
 
     def __init__(self, config: Config, options: CheckOptions | None = None,
-                 replay: ProfileReplay | None = None, preempted_order: bool = True) -> None:
+                 replay: ProfileReplay | None = None, preempted_order: bool = True,
+                 profile: Profile | None = None) -> None:
         self.config = config
+        if profile is None and replay is not None:
+            profile = named_profile(replay.profile)
+        self.unjudged = should.unjudged(config, profile)
         self.preempted_order = preempted_order
         self.options = options or CheckOptions()
         self.replay = replay
@@ -175,6 +203,8 @@ class Checker:
         self.report.requests += requests
 
     def flag(self, v: Violation) -> None:
+        if v.invariant in self.unjudged:
+            return
         self.report.counts[v.invariant] += 1
         if self.report.counts[v.invariant] <= self.options.keep:
             self.report.violations.append(v)
@@ -228,7 +258,7 @@ class Checker:
         elif self.stall.quiet >= self.stall.limit:
             self.flag(should.ends_stuck(self.step_no, self.stall.quiet, self.state))
         self.report.unchecked = coverage(self.state, self.report.steps, self.steps_with_free,
-                                         complete)
+                                         complete, self.unjudged)
         return self.report
 
 

@@ -25,7 +25,67 @@ from kvsched.spec.violation import Violation
 
 if TYPE_CHECKING:  # the state is only read here: a driven run's loop need not load it
     from kvsched.spec.interface import Scheduler
+    from kvsched.spec.profiles import Profile
     from kvsched.spec.state import State, StepFacts
+
+
+# -- where each SHOULD is judged ----------------------------------------------------------
+#
+# no-idle, completion and progress are engine-neutral: no engine's policy idles while a
+# request could run, leaves work unfinished or stops moving, so they are judged on every
+# trace. no-thrash, needed-preemption and starvation are measured against what vLLM v1's
+# step does (admission that holds its blocks, preemption only for blocks, admission in
+# rank order); where an engine's documented policy does otherwise they are judged only
+# where that policy cannot be the cause: the trace's steps (its config) say so, and so
+# does the profile a trace is checked under (`unjudged`).
+
+
+def sglang_steps(config: Config) -> bool:
+    """Whether a trace of `config` runs SGLang's steps (step_mix other than "any")."""
+    return config.step_mix != "any"
+
+
+def starvation_judged(config: Config) -> bool:
+    """Whether starvation is judged on a trace of `config`: not on SGLang's steps (step_mix
+    other than "any"), whose documented policy passes requests over (a retracted request
+    rejoins the queue at its end; admission reserves the future output of the running
+    ones, so a smaller later prompt may fit where an earlier one does not)."""
+    return not sglang_steps(config)
+
+
+def unjudged(config: Config, profile: Profile | None = None) -> dict[str, str]:
+    """The SHOULD ids not judged on a trace of `config` checked under `profile` (None:
+    without one), each with why: those a step kind's or a profile's documented policy
+    breaks by design (docs/spec.md, section 7, each id's "Where it is judged")."""
+    out: dict[str, str] = {}
+    if not starvation_judged(config):
+        out["starvation"] = ("not on SGLang's steps (step_mix "
+                             f"{config.step_mix}), whose policy passes requests over")
+    if profile is None:
+        return out
+    name, knobs = profile.name, profile.knobs
+    if profile.scheduler == "v1":
+        if not knobs.reserve_full_sequence:
+            out["no-thrash"] = (f"not under profile {name}, whose admission holds blocks "
+                                "for a prompt's first chunk only (reserve_full_sequence "
+                                "off, as vLLM before 0.19), so under memory pressure it "
+                                "admits and preempts the same requests again and again")
+        if knobs.over_budget_prompt == "skip" and not config.chunked_prefill:
+            out["starvation"] = (f"not under profile {name}, which without chunked "
+                                 "prefill passes over a prompt above the token budget "
+                                 "left and puts the passed-over requests back in reverse "
+                                 "order (over_budget_prompt skip, as vLLM 0.11)")
+    elif profile.scheduler == "v0":
+        if knobs.v0.grow_check == "worst_case":
+            out["needed-preemption"] = (f"not under profile {name}, which preempts when "
+                                        "fewer blocks are free than a request's next "
+                                        "tokens touch, its partly filled last block "
+                                        "counted as new (vLLM V0's can_append_slots)")
+        if config.policy == "priority" and config.chunked_prefill:
+            out["starvation"] = (f"not under profile {name} with the priority policy and "
+                                 "chunked prefill, which admits in arrival order "
+                                 "whatever the priority (vLLM V0)")
+    return out
 
 
 def next_chunk(config: Config, request: Request, view: RequestView, running: int
@@ -126,18 +186,28 @@ def preemption_was_needed(demand: int, free: int, reclaim: int, last_released: i
     return demand > free + reclaim - last_released
 
 
+def seat_preemption(f: StepFacts, config: Config) -> bool:
+    """Whether a step's victims may have given up their seats rather than their blocks:
+    on SGLang's steps under the priority policy, a step whose running requests and
+    victims fill max_num_seqs (SGLang's priority preemption frees a seat at the
+    running-request limit, its victims sized by the future output they had reserved)."""
+    return (sglang_steps(config) and config.policy == "priority"
+            and f.running + len(f.victims) >= config.max_num_seqs)
+
+
 def needed_preemption(f: StepFacts, config: Config, ordered: bool = True
                       ) -> list[Violation]:
     """needed-preemption: the step could not fit without its last victim v:
     demand + Db_v > B_free + B_reclaim - G_v, where demand is the scheduled set's new
     blocks and Db_v what v's own next chunk needed (v may be the request that could not
     grow and gave itself up). Then no fewer victims would have done. Judged only on steps
-    whose victims were all running and whose demand fit (else a MUST invariant speaks).
+    whose victims were all running and whose demand fit (else a MUST invariant speaks),
+    and not on a step whose victims may have given up their seats (`seat_preemption`).
     When the trace lists victims as a set (`ordered` False) any of them may have been the
     last, so the step is told only if it fits without each of them."""
     victims = f.valid_victims
     if not victims or len(victims) != len(f.victims) \
-            or f.demand > f.free_before + f.reclaim:
+            or f.demand > f.free_before + f.reclaim or seat_preemption(f, config):
         return []
     for v in victims if not ordered else victims[-1:]:
         demand = f.demand + own_chunk_blocks(v.known, v.computed, v.held, config)
@@ -270,14 +340,6 @@ def rank(config: Config, request: Request) -> tuple[int, int]:
     step (fcfs), or by priority, then arrival step (priority)."""
     first = request.priority if config.policy == "priority" else 0
     return first, request.arrival_step
-
-
-def starvation_judged(config: Config) -> bool:
-    """Whether starvation is judged on a trace of `config`: not on SGLang's steps (step_mix
-    other than "any"), whose documented policy passes requests over (a retracted request
-    rejoins the queue at its end; admission reserves the future output of the running
-    ones, so a smaller later prompt may fit where an earlier one does not)."""
-    return config.step_mix == "any"
 
 
 @dataclass(frozen=True)

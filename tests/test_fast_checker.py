@@ -169,7 +169,11 @@ def test_a_thrashing_step_is_told_in_the_spec_words_without_a_handover() -> None
     data = trace_bytes(config, records, not scheduler.has_unfinished())
     for run_steps, profile in ((2048, None), (7, None), (2048, "vllm-v1"), (5, "sarathi")):
         v = both(data, run_steps, profile)
-        assert not isinstance(v.spec, str) and v.spec.counts["no-thrash"] >= 3
+        assert not isinstance(v.spec, str)
+        if profile == "sarathi":  # admits on a first chunk's blocks: should.unjudged
+            assert "no-thrash" not in v.spec.counts and "no-thrash" in v.spec.unchecked
+        else:
+            assert v.spec.counts["no-thrash"] >= 3
         assert v.spec == v.vectorized
         assert v.stats["exact"] == 0
 
