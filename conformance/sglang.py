@@ -40,6 +40,7 @@ from conformance.common import (
 from kvsched.adapters.recording import AdapterError, Job
 from kvsched.adapters.sglang import DEFAULT_SGLANG_PYTHON, served_as_asked
 from kvsched.adapters.sglang import ENGINE as SGLANG
+from kvsched.spec.blocks import prompt_over_limit
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile
 from kvsched.workload import WorkItem, validate
@@ -77,7 +78,8 @@ def requests(seed: int, n: int, config: Config, *, prompt: tuple[int, int] = (8,
              priorities: Sequence[int] = (0,), prefixes: Sequence[tuple[str, int]] = (),
              share: float = 0.0) -> list[WorkItem]:
     """`n` seeded requests that SGLang serves as asked (kvsched.adapters.sglang.
-    served_as_asked): prompts and max_tokens drawn from the ranges, half of them ending
+    served_as_asked) and its front end takes (config max_prompt_len): prompts and
+    max_tokens drawn from the ranges, half of them ending
     early (end-of-sequence), a `share` of them starting with one of the shared
     `prefixes` (content id, tokens)."""
     rng = random.Random(f"kvsched/sglang/{seed}")
@@ -94,7 +96,8 @@ def requests(seed: int, n: int, config: Config, *, prompt: tuple[int, int] = (8,
             plen += length
         w = WorkItem(rid, rng.randint(0, arrive_by), plen, out, max_tokens,
                      priority=rng.choice(priorities), prefix=prefix)
-        if served_as_asked(config, w) is None:
+        if served_as_asked(config, w) is None \
+                and prompt_over_limit(config, w.prompt_len) is None:
             items.append(w)
     return validate(items)
 

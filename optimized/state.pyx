@@ -229,6 +229,7 @@ cdef class FastState:
 
     # config
     cdef int64_t bs, nblocks, first, mml, max_batched, max_seqs, threshold, watermark
+    cdef int64_t mpl  # max_prompt_len: the front end's limit, 0 for none
     cdef int64_t num_cpu, max_preemptions
     cdef bint chunked, caching, scope_always, ordered
     cdef bint by_priority, starve  # starvation's rank by priority first; judged at all
@@ -296,6 +297,7 @@ cdef class FastState:
         self.nblocks = config.num_gpu_blocks
         self.first = config.first_block_id
         self.mml = config.max_model_len
+        self.mpl = config.max_prompt_len
         self.max_batched = config.max_num_batched_tokens
         self.max_seqs = config.max_num_seqs
         self.threshold = config.long_prefill_token_threshold
@@ -1244,7 +1246,7 @@ cdef class FastState:
     cdef bint _rejectable(self, int s):
         """spec.blocks.rejectable is not None."""
         cdef int64_t P = self.P[s], O = self.O[s]
-        if P >= self.mml:
+        if P >= self.mml or (self.mpl > 0 and P > self.mpl):
             return True
         cdef int64_t longest = P + O if P + O < self.mml else self.mml
         cdef int64_t wm = self.watermark if self.scope_always else 0

@@ -73,6 +73,20 @@ class Cached:
     lock: Node | None
     freed_pages: tuple[int, ...] = ()
     table: tuple[int, ...] = ()
+    undo: Undo | None = None  # asked for (cache_req's `undoable`) and possible
+
+
+@dataclass(frozen=True)
+class Undo:
+    """What takes back one `cache_req` that freed nothing and split nothing, as if it
+    never happened: the clock before it, the stamps it moved (in order), the leaf it hung
+    (None: none), the lock it released and the one it took."""
+
+    clock: int
+    stamps: tuple[tuple[Node, Stamp], ...]
+    leaf: Node | None
+    released: Node | None
+    taken: Node | None
 
 
 class RadixTree:
@@ -88,6 +102,9 @@ class RadixTree:
         self.root.lock_ref = 1  # UTC:497: the root is always locked
         self._evictable = 0
         self._protected = 0
+        self._stamps: list[tuple[Node, Stamp]] | None = None  # an undoable insert's
+        self._splits = 0
+        self._leaf: Node | None = None  # the leaf the last insert hung
 
     # ---- clock ----
     def _tick(self) -> int:
@@ -132,6 +149,7 @@ class RadixTree:
         parent = child.parent
         assert parent is not None
         cut = at // self.page_size
+        self._splits += 1
         upper = self._new_node(parent, child.key[:at], child.value[:cut])
         upper.lock_ref = child.lock_ref  # FULL:141
         child.key = child.key[at:]
@@ -222,12 +240,13 @@ class RadixTree:
         duplicates (UTC:1350-1363); hang the rest under a new unlocked leaf (UTC:1532).
         `value` holds the pages of `key`: a duplicate's page is returned (to be freed)
         and replaced in `value` by the tree's."""
-        self.root.last_access = (self._tick(), 0)  # UTC:1146
+        self._restamp(self.root)  # UTC:1146
         node, off, ps = self.root, 0, self.page_size
         freed: list[int] = []
+        self._leaf = None
         while off < len(key) and key[off : off + ps] in node.children:
             child = node.children[key[off : off + ps]]
-            child.last_access = (self._tick(), 0)  # _touch_node (UTC:1291)
+            self._restamp(child)  # _touch_node (UTC:1291)
             m = self._common(child.key, key, off)
             if m < len(child.key):
                 child = self._split(child, m)
@@ -240,7 +259,14 @@ class RadixTree:
             node.children[leaf.key[:ps]] = leaf
             self._evictable += len(leaf.key)
             node = leaf
+            self._leaf = leaf
         return node, freed
+
+    def _restamp(self, node: Node) -> None:
+        """Stamp `node` with the next tick, noting its old stamp for an undoable insert."""
+        if self._stamps is not None:
+            self._stamps.append((node, node.last_access))
+        node.last_access = (self._tick(), 0)
 
     def cache_req(
         self,
@@ -250,6 +276,7 @@ class RadixTree:
         protected_len: int,
         lock: Node | None,
         pages: Sequence[int] = (),
+        undoable: bool = False,
     ) -> Cached:
         """`checkpoint_into_tree` (URC:1164): cache `key[:up_to]` of a request whose
         `cache_protected_len` is `protected_len` and which holds `lock`.
@@ -268,21 +295,49 @@ class RadixTree:
         request's. When the prompt's aligned length lies strictly inside the inserted key,
         a second insert of the prompt splits the leaf there, freeing nothing (URC:1255-1278).
         The lock moves from `lock` to the inserted path's end (URC:1295-1311). Disabled or
-        up_to <= 0: nothing happens (URC:1173, :1218)."""
+        up_to <= 0: nothing happens (URC:1173, :1218).
+
+        `undoable`: the result carries an Undo (`undo` takes the insert back) when the
+        insert freed nothing and split nothing, and left the prompt alone."""
         if self.disable or up_to <= 0:
             return Cached(0, protected_len, lock)
         k = self._aligned(key, up_to)
         value = list(pages[: len(k) // self.page_size])
         if len(value) < len(k) // self.page_size:  # a caller that keeps no page ids
             value += [-1] * (len(k) // self.page_size - len(value))
+        clock, splits = self._clock, self._splits
+        self._stamps = [] if undoable else None
         node, freed = self._insert(k, protected_len, value)
+        stamps, leaf, self._stamps = self._stamps, self._leaf, None
         p = prompt_len // self.page_size * self.page_size
-        if 0 < p < len(k):
+        second = 0 < p < len(k)
+        if second:
             self._insert(k[:p], p, value[: p // self.page_size])
         assert protected_len <= len(k) + self.page_size - 1
         self.unlock(lock)
-        return Cached(len(freed) * self.page_size, len(k), self.lock(node), tuple(freed),
-                      tuple(value))
+        taken = self.lock(node)
+        undo = None
+        if stamps is not None and not freed and not second and splits == self._splits:
+            undo = Undo(clock, tuple(stamps), leaf, lock, taken)
+        return Cached(len(freed) * self.page_size, len(k), taken, tuple(freed),
+                      tuple(value), undo)
+
+    def undo(self, u: Undo) -> None:
+        """Take back the insert `u` came from, nothing having touched the tree since: the
+        lock goes back, the leaf it hung goes (its pages are the request's own again),
+        the stamps and the clock are as before."""
+        self.unlock(u.taken)
+        if u.released is not None:
+            self.lock(u.released)
+        if u.leaf is not None:
+            parent = u.leaf.parent
+            assert parent is not None and not u.leaf.children and u.leaf.lock_ref == 0
+            del parent.children[u.leaf.key[: self.page_size]]
+            u.leaf.parent = None
+            self._evictable -= len(u.leaf.key)
+        for node, stamp in reversed(u.stamps):
+            node.last_access = stamp
+        self._clock = u.clock
 
     # ---- eviction ----
     def evict(self, num_tokens: int) -> list[int]:

@@ -44,11 +44,19 @@ for a fresh request, its last admission's fill ids and no hit for a victim) and 
 min(max_tokens, 4096), less the memory budget left (preempt_to_schedule,
 schedule_policy.py:1707).
 
-A client's abort ends its request before the step (abort_request): a waiting one leaves
-the queue; a running or chunked one is released as a finished one is, its computed KV
-cached, and the running batch, shrunk, is no longer full. An arrival that can never
-complete, or whose prompt fills max_model_len, is rejected in its arrival step (SGLang's
-front end refuses those, and more: prompts from max_req_len - 5 tokens on).
+A client's abort (abort_request, scheduler.py:5675) ends a waiting request at once: it
+leaves the queue (abort method 1). The request being chunked is released at the top of
+the next step (process_pending_chunked_abort, :3778), before anything else, so also
+before the step: its own pages freed, not cached (release_kv_cache with checkpoint off;
+what earlier chunks cached stays cached), its radix lock released. A running one (the
+running batch or the last prefill batch) is marked to finish (method 3): it stays in
+the batch, is scheduled as usual, and finishes at its next sample with FINISH_ABORT,
+released as a finished request is; a marked request retracted before that forward keeps
+its mark in the waiting queue (reset_for_retract leaves to_finish), recomputes when
+admitted again, and finishes at the sample that ends its prefill. An arrival that can
+never complete, whose prompt fills max_model_len or is longer than the front end takes
+(config max_prompt_len: SGLang's validate_input_length refuses prompts of max_req_len -
+5 tokens or more) is rejected in its arrival step; an abort finds it refused already.
 
 The rules are kvsched.spec.knobs.SGLangKnobs, so that each can be flipped.
 """
@@ -61,7 +69,7 @@ from dataclasses import dataclass, field
 from itertools import count
 
 from kvsched.reference.allocator import FreeList
-from kvsched.reference.radix import Node, RadixTree
+from kvsched.reference.radix import Cached, Node, RadixTree, Undo
 from kvsched.spec.blocks import rejectable
 from kvsched.spec.knobs import Knobs, SGLangKnobs
 from kvsched.spec.model import (
@@ -109,6 +117,7 @@ class SGLangRequest:
     fill_hit: int = 0
     preemptions: int = 0
     status: Status = Status.WAITING
+    aborting: bool = False  # marked by an abort: finishes at its next sample (to_finish)
 
     @property
     def id(self) -> str:
@@ -175,6 +184,9 @@ class SGLangScheduler:
         self.new_blocks: dict[str, tuple[int, ...]] = {}  # this step's new pages
         self.deduplicated: dict[str, tuple[int, ...]] = {}  # the last update's
         self.arrived: list[SGLangRequest] = []  # added since the last step
+        # The last update's caching of the chunked request's chunk, undoable (_unstash):
+        # the request, its cached length and lock before, the Undo.
+        self.stash: tuple[SGLangRequest, int, Node | None, Undo] | None = None
 
     # -- the Scheduler interface --------------------------------------------------------
 
@@ -201,26 +213,30 @@ class SGLangScheduler:
         return [(self.book.key(rid, prefix, j // page), j % page) for j in range(r.known)]
 
     def abort_request(self, request_id: str) -> None:
-        """End `request_id` now (abort_request, scheduler.py). A waiting request leaves
-        the queue holding nothing (SGLang's abort method 1). A running one, in the
-        running batch, the last prefill batch or being chunked, SGLang marks to finish
-        (method 3): it ends at its next forward's result, released as a finished request
-        is (release_kv_cache: its computed KV cached, its own pages freed, its radix
-        lock released). A trace ends an aborted request at its abort, so the model
-        releases it here, without that last forward pass, whose token the client never
-        sees. An id not live (finished, rejected or unknown) is ignored, as SGLang
-        ignores an abort that finds nothing."""
+        """A client's abort of `request_id` (abort_request, scheduler.py:5675; the
+        module's NOTE): a waiting request leaves the queue holding nothing (abort method
+        1), the one being chunked is released (process_pending_chunked_abort: its own
+        pages freed without caching them, its radix lock released), both ended now; a
+        running one is marked to finish at its next sample (method 3) and stays live. An
+        id not live (finished, rejected or unknown), an arrival the front end refuses
+        (rejected in this step) and a request marked already are ignored, as SGLang
+        ignores an abort that finds nothing to do."""
         r = self.live.get(request_id)
-        if r is None:
+        if r is None or r.aborting:
             return
+        if r in self.arrived and rejectable(self.config, r.request.prompt_len,
+                                            r.request.max_tokens) is not None:
+            return  # refused on arrival: SGLang never queued it
         if r in self.waiting:
             self.waiting.remove(r)
-        else:
-            self._checkpoint(r)
-        self._release(r)
-        if self.chunked is r:
+        elif r is self.chunked:
             self.chunked = None
-        r.status = Status.ABORTED  # the running batch drops it next step (it shrank)
+            self._unstash(r)
+        else:
+            r.aborting = True
+            return
+        self._release(r)
+        r.status = Status.ABORTED
 
     def free_blocks(self) -> int:
         """Free pages and evictable radix-cache pages (the trace's free_blocks)."""
@@ -250,6 +266,7 @@ class SGLangScheduler:
         return bool(self.live)
 
     def schedule(self) -> Decision:
+        self.stash = None  # the last chunk stays cached from here on
         rejected = self._reject_arrivals()
         self._merge_last_batch()
         preempted: list[Preemption] = []
@@ -283,15 +300,19 @@ class SGLangScheduler:
         self.deduplicated = {}
         for r in self.sampled:
             r.outputs += 1
-            if r.id in stopped or r.outputs >= r.max_new:
+            if r.id in stopped or r.outputs >= r.max_new or r.aborting:
                 self._checkpoint(r)
                 self._release(r)
                 r.status = Status.FINISHED
                 done.append(r.id)
             elif self.last_was_prefill and r not in self.decoding:
                 self._checkpoint(r)
+        self.stash = None
         if self.chunked is not None and self.last_was_prefill:
-            self._checkpoint(self.chunked)
+            r = self.chunked
+            cached, lock = r.cached, r.lock
+            undo = self._checkpoint(r, undoable=True).undo
+            self.stash = (r, cached, lock, undo) if undo is not None else None
         self.sampled = []
         return tuple(done)
 
@@ -331,17 +352,31 @@ class SGLangScheduler:
         if taken:
             self.new_blocks[r.id] = self.new_blocks.get(r.id, ()) + tuple(taken)
 
-    def _checkpoint(self, r: SGLangRequest) -> None:
+    def _checkpoint(self, r: SGLangRequest, undoable: bool = False) -> Cached:
         """Insert `r`'s computed pages into the radix cache (checkpoint_into_tree): the
         ones already cached are freed, `r`'s table takes the cache's copies
-        (deduplication), and `r` holds the cached path locked."""
+        (deduplication), and `r` holds the cached path locked. `undoable`: the result
+        says how to take it back, where it freed nothing (RadixTree.cache_req)."""
         done = self.tree.cache_req(self._tokens(r), r.computed, r.request.prompt_len,
-                                   r.cached, r.lock, r.pages)
+                                   r.cached, r.lock, r.pages, undoable)
         if done.freed_pages:
             self._free(done.freed_pages)
             r.pages[: len(done.table)] = done.table
             self.deduplicated[r.id] = done.table
         r.cached, r.lock = done.protected_len, done.lock
+        return done
+
+    def _unstash(self, r: SGLangRequest) -> None:
+        """Take back the caching of the chunked request `r`'s last chunk, which the last
+        update did where SGLang caches it first thing in the next step, when an abort
+        before that step releases `r` instead (process_pending_chunked_abort runs before
+        stash_chunked_request). Where that caching deduplicated or split a node it stays
+        (the model's one approximation of an abort: docs/conformance/sglang.md)."""
+        if self.stash is None or self.stash[0] is not r:
+            return
+        _, cached, lock, undo = self.stash
+        self.tree.undo(undo)
+        r.cached, r.lock = cached, lock
 
     def _release(self, r: SGLangRequest) -> None:
         """`r` ends: its own pages freed, its radix lock released (release_kv_cache,

@@ -154,17 +154,33 @@ def never_completes(config: Config, prompt_len: int, max_tokens: int) -> str | N
     return f"sequence needs {need} blocks{beside}, cache has {config.num_gpu_blocks}"
 
 
+def prompt_over_limit(config: Config, prompt_len: int) -> str | None:
+    """Why the engine's front end refuses a prompt, P > max_prompt_len (when the config
+    declares one: max_prompt_len >= 1), or None.
+
+    post: (__return__ is None) == (config.max_prompt_len < 1 or prompt_len <= config.max_prompt_len)
+    """
+    if config.max_prompt_len >= 1 and prompt_len > config.max_prompt_len:
+        return (f"prompt of {prompt_len} tokens is longer than the front end's limit "
+                f"max_prompt_len {config.max_prompt_len}")
+    return None
+
+
 def rejectable(config: Config, prompt_len: int, max_tokens: int) -> str | None:
     """Why a request may be rejected, or None when it must be served: it never completes
-    (`never_completes`), or its prompt fills max_model_len, which leaves no room for an
-    output token. Rule 2 lets an engine reject that one (vLLM v1's front end does) or
-    serve it: it computes its prompt, samples one token and finishes on max_model_len
-    (vLLM V0 does).
+    (`never_completes`), its prompt fills max_model_len, which leaves no room for an
+    output token, or its prompt is longer than the front end takes (`prompt_over_limit`).
+    Rule 2 lets an engine reject a prompt that fills max_model_len (vLLM v1's front end
+    does) or serve it: it computes its prompt, samples one token and finishes on
+    max_model_len (vLLM V0 does).
 
     pre: prompt_len >= 1 and max_tokens >= 1 and config.block_size >= 1
-    post: (__return__ is None) == (never_completes(config, prompt_len, max_tokens) is None and prompt_len != config.max_model_len)
+    post: (__return__ is None) == (never_completes(config, prompt_len, max_tokens) is None and prompt_len != config.max_model_len and prompt_over_limit(config, prompt_len) is None)
     """  # noqa: E501
     if prompt_len == config.max_model_len:
         return (f"prompt of {prompt_len} tokens leaves no room for an output token "
                 f"(max_model_len {config.max_model_len})")
-    return never_completes(config, prompt_len, max_tokens)
+    too_long = never_completes(config, prompt_len, max_tokens)
+    if too_long is not None:
+        return too_long
+    return prompt_over_limit(config, prompt_len)

@@ -1,8 +1,9 @@
 """The scheduler interface every implementation offers to the simulation loop.
 
-A step is: `add_request` for arrivals, `abort_request` for cancellations,
-`schedule()` for phases 2 to 5, then `update(stopped)` for phase 6, where
-`stopped` names the sampled requests whose new token was end-of-sequence.
+A step is: `add_request` for arrivals, `abort_request` for cancellations (a scheduler
+that models them: `Aborting`, delivered through `abort`), `schedule()` for phases 2 to
+5, then `update(stopped)` for phase 6, where `stopped` names the sampled requests whose
+new token was end-of-sequence.
 
 `BlockTables` are optional read accessors: the block ids behind the counts. A scheduler
 that offers them (the reference, the compiled and the torch schedulers do:
@@ -26,13 +27,6 @@ class Scheduler(Protocol):
 
     def add_request(self, request: Request) -> None: ...
 
-    def abort_request(self, request_id: str) -> None:
-        """The client cancels `request_id`: it ends before this step's schedule(),
-        waiting, running, swapped or mid-chunk, and gives back every block it holds (what
-        a cache keeps of its content stays cached). Every step kind models it (SGLang's
-        in its own way: kvsched.reference.sglang). An id no longer live is ignored."""
-        ...
-
     def schedule(self) -> Decision: ...
 
     def update(self, stopped: Collection[str]) -> tuple[str, ...]:
@@ -50,6 +44,48 @@ class Scheduler(Protocol):
         ...
 
     def has_unfinished(self) -> bool: ...
+
+
+@runtime_checkable
+class Aborting(Protocol):
+    """Optional: a scheduler that models a client's aborts. The simulation loop delivers
+    a workload's aborts only to one (`abort`); a run of a workload with aborts on any
+    other is refused (NoAborts)."""
+
+    def abort_request(self, request_id: str) -> None:
+        """The client cancels `request_id`, before this step's schedule(). vLLM's steps
+        end it at once, waiting, running, swapped or mid-chunk, and it gives back every
+        block it holds (what a cache keeps of its content stays cached). SGLang's ends a
+        waiting request and the one being chunked at once, but marks a running one,
+        which stays live, is scheduled as usual, and finishes at its next sample (the
+        token it samples ends it, as an end-of-sequence would; kvsched.reference.sglang).
+        An id no longer live is ignored."""
+        ...
+
+
+class NoAborts(ValueError):
+    """A workload aborts a request, and the scheduler does not model aborts; str() is
+    one line."""
+
+
+def not_aborting(scheduler: object, request_id: str) -> str | None:
+    """Why `scheduler` cannot take the abort of `request_id`, in one line: it is not
+    `Aborting`; None when it is."""
+    if isinstance(scheduler, Aborting):
+        return None
+    return (f"the workload aborts request {request_id!r}, but the scheduler "
+            f"({type(scheduler).__name__}) has no abort_request: it does not model aborts "
+            "(kvsched.spec.interface.Aborting)")
+
+
+def abort(scheduler: Scheduler, request_id: str) -> bool:
+    """Deliver a client's abort of the live request `request_id` to `scheduler`: True
+    when it ended at once (the step's `aborted`), False when it stays live until a later
+    finish (SGLang's running requests). NoAborts when the scheduler is not `Aborting`."""
+    if not isinstance(scheduler, Aborting):
+        raise NoAborts(not_aborting(scheduler, request_id))
+    scheduler.abort_request(request_id)
+    return request_id not in scheduler.states()
 
 
 @runtime_checkable
@@ -100,5 +136,6 @@ class Deduplicating(Protocol):
 
 
 @runtime_checkable
-class InspectableScheduler(Scheduler, BlockTables, Protocol):
-    """A scheduler that also offers the block-table accessors."""
+class InspectableScheduler(Scheduler, BlockTables, Aborting, Protocol):
+    """A scheduler that also offers the block-table accessors and models aborts (every
+    scheduler kvsched builds)."""

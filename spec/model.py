@@ -63,6 +63,9 @@ class Config:
     allocation: Allocation = "lazy"  # when blocks are handed out: lazy, prompt or full
     watermark_scope: WatermarkScope = "running"  # when the watermark applies
     step_mix: StepMix = "any"  # what one step may combine: decodes and prefills, or not
+    # The longest prompt the engine's front end takes (longer ones are rejected in their
+    # arrival step); 0: no limit of its own, max_model_len governs.
+    max_prompt_len: int = 0
 
     def problems(self) -> list[str]:
         """Every way this config is malformed, one sentence each naming the field (a
@@ -71,7 +74,7 @@ class Config:
         positive = ("block_size", "num_gpu_blocks", "max_num_batched_tokens",
                     "max_num_seqs", "max_model_len")
         non_negative = ("num_cpu_blocks", "long_prefill_token_threshold", "watermark_blocks",
-                        "first_block_id")
+                        "first_block_id", "max_prompt_len")
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("chunked_prefill", "prefix_caching"):
@@ -95,6 +98,9 @@ class Config:
         # What an engine refuses at start-up (vLLM: no chunked prefill with a budget
         # below max_model_len; SGLang runs that) is its step kind's:
         # kvsched.spec.step_kinds.refusal.
+        if not out and self.max_prompt_len > self.max_model_len:
+            out.append(f"config.max_prompt_len must be at most max_model_len "
+                       f"({self.max_model_len}), got {self.max_prompt_len}")
         if not out and self.step_mix == "mixed_chunk" and not self.chunked_prefill:
             out.append("config.step_mix mixed_chunk adds decodes to chunked prefill steps, "
                        "so it needs chunked_prefill: true")
@@ -107,7 +113,7 @@ class Config:
 # Config fields a trace header may leave out, with the value that then holds.
 OPTIONAL_CONFIG: dict[str, object] = {"first_block_id": 0, "prefix_caching": False,
                                       "allocation": "lazy", "watermark_scope": "running",
-                                      "step_mix": "any"}
+                                      "step_mix": "any", "max_prompt_len": 0}
 
 
 def config_field_names() -> tuple[str, ...]:

@@ -196,10 +196,13 @@ def finish(f: StepFacts, config: Config) -> list[Violation]:
 
 def reject(f: StepFacts, config: Config) -> list[Violation]:
     """reject: only a request that can never complete, even alone, is rejected, or one
-    whose prompt fills max_model_len (the engine's choice: kvsched.spec.blocks.rejectable)."""
+    whose prompt fills max_model_len (the engine's choice), or one whose prompt is longer
+    than the config's declared max_prompt_len (kvsched.spec.blocks.rejectable)."""
+    limit = f" within max_prompt_len {config.max_prompt_len}" if config.max_prompt_len else ""
     return [Violation("reject", f.step,
                       f"{r.id} is rejected but it fits alone in an empty cache "
-                      f"(prompt {r.prompt_len}, max_tokens {r.max_tokens})", request=r.id)
+                      f"(prompt {r.prompt_len}{limit}, max_tokens {r.max_tokens})",
+                      request=r.id)
             for a, r in f.rejections
             if r is not None and rejectable(config, r.prompt_len, r.max_tokens) is None]
 

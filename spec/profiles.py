@@ -29,6 +29,11 @@ class ConfigDefaults:
     prefix_caching: prefix caching on or off.
     allocation, watermark_scope: the engine's rules of when blocks are handed out and
         when the watermark applies.
+    prompt_margin: max_prompt_len = min(max_model_len, num_gpu_blocks * block_size) -
+        prompt_margin, the engine front end's limit on prompts (SGLang's: 7;
+        `prompt_limit`). Where that is below 1 the engine takes no prompt at all, which a
+        config cannot say: the field is left as it is, and the command line refuses such
+        a config (kvsched.commands.options.build_config).
     """
 
     preemption: PreemptionMode | None = None
@@ -38,6 +43,7 @@ class ConfigDefaults:
     allocation: Allocation | None = None
     watermark_scope: WatermarkScope | None = None
     step_mix: StepMix | None = None
+    prompt_margin: int | None = None
 
     def apply(self, config: Config, given: frozenset[str] = frozenset()) -> Config:
         """`config` with these defaults for every field not in `given`, each computed from
@@ -58,7 +64,18 @@ class ConfigDefaults:
             out = replace(out, watermark_scope=self.watermark_scope)
         if self.step_mix is not None and "step_mix" not in given:
             out = replace(out, step_mix=self.step_mix)
+        limit = self.prompt_limit(config)
+        if limit is not None and limit >= 1 and "max_prompt_len" not in given:
+            out = replace(out, max_prompt_len=limit)
         return out
+
+    def prompt_limit(self, config: Config) -> int | None:
+        """The longest prompt the engine's front end takes under `config`, by
+        `prompt_margin` (below 1: it takes none); None when this sets no limit."""
+        if self.prompt_margin is None:
+            return None
+        return min(config.max_model_len,
+                   config.num_gpu_blocks * config.block_size) - self.prompt_margin
 
     def values(self) -> dict[str, Any]:
         """The defaults this sets, by field (`kvsched profiles --format json`)."""
@@ -83,6 +100,9 @@ class ConfigDefaults:
             parts.append(f"watermark_scope={self.watermark_scope}")
         if self.step_mix is not None:
             parts.append(f"step_mix={self.step_mix}")
+        if self.prompt_margin is not None:
+            parts.append("max_prompt_len=min(max_model_len, cache tokens) - "
+                         f"{self.prompt_margin}")
         return ", ".join(parts) or "-"
 
 
@@ -406,8 +426,11 @@ PROFILES: dict[str, Profile] = {
             "fewest outputs, priority higher first, its radix cache (on, as SGLang "
             "serves by default)",
             Knobs(),
+            # Its front end refuses prompts of max_req_len - 5 tokens or more, max_req_len
+            # = min(context_len - 1, pool tokens - 1) (tp_worker.py:568-572,
+            # managers/utils.py:272): it takes min(max_model_len, pool tokens) - 7.
             ConfigDefaults(preemption="recompute", prefix_caching=True,
-                           step_mix="prefill_or_decode"),
+                           step_mix="prefill_or_decode", prompt_margin=7),
             scheduler="sglang",
         ),
         Profile(

@@ -13,14 +13,17 @@ finds the same hits exactly when it still has those blocks cached: its eviction 
 is still tested. The tool supplies the replaying scheduler (any
 kvsched.spec.interface.Scheduler; kvsched.conformance builds the reference with a named
 profile). The first divergence is reported with both decisions and the state that led
-to it; after it the replay stops, since every later step would differ too.
+to it; after it the replay stops, since every later step would differ too. A trace's
+`aborted` is input too, and the profile must end each at the abort, as the trace did
+(kvsched.spec.interface.abort); an abort whose request ran on to a finish (SGLang's running
+requests) is in the trace as that finish, which update() is told as a stop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvsched.spec.interface import ContentKeys, Scheduler
+from kvsched.spec.interface import ContentKeys, Scheduler, abort
 from kvsched.spec.model import Decision, RequestView, StepRecord
 from kvsched.spec.state import State
 from kvsched.spec.violation import Violation
@@ -109,13 +112,18 @@ class ProfileReplay:
         try:
             for req in rec.arrivals:
                 scheduler.add_request(req)
-            for rid in rec.aborted:
-                scheduler.abort_request(rid)
+            deferred = [rid for rid in rec.aborted if not abort(scheduler, rid)]
             if isinstance(scheduler, ContentKeys):
                 self._content_keys(rec, scheduler)
         except (KeyError, ValueError) as e:
             return Violation("profile", rec.step,
                              f"the profile cannot replay step {rec.step}: {e}")
+        if deferred:  # the trace ended it at the abort; the profile lets it run on
+            return Violation(
+                "profile", rec.step,
+                f"first divergence from {profile}: the profile lets "
+                f"{', '.join(deferred)} run to its next sample after the abort | the trace "
+                "ends it at the abort")
         before = scheduler.states()
         free = scheduler.free_blocks()
         mine = scheduler.schedule()

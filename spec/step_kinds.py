@@ -71,6 +71,7 @@ def _all_fields(knobs: type[Knobs] | type[V0Knobs] | type[SGLangKnobs]) -> froze
 
 
 _VLLM_STEPS = "vLLM's steps run decodes and prefills together"
+_VLLM_PROMPTS = "vLLM's front end takes every prompt that max_model_len holds"
 
 
 def _vllm_starts(config: Config, knobs: Knobs) -> str | None:
@@ -105,16 +106,18 @@ def _sglang_starts(config: Config, knobs: Knobs) -> str | None:
 
 STEP_KINDS: dict[SchedulerKind, StepKind] = {
     "v1": StepKind(
-        "v1", "vLLM v1", _all_but("step_mix"),
-        {"step_mix": ("any",)}, {"step_mix": _VLLM_STEPS},
+        "v1", "vLLM v1", _all_but("step_mix", "max_prompt_len"),
+        {"step_mix": ("any",), "max_prompt_len": (0,)},
+        {"step_mix": _VLLM_STEPS, "max_prompt_len": _VLLM_PROMPTS},
         Knobs, _all_fields(Knobs) - {"v0", "sglang"}, _vllm_starts, {}),
     # V0's step fixes the victim and when swapped and waiting requests are admitted, and
     # caps no chunk (its cap needs max_num_partial_prefills > 1): kvsched.reference.v0.
     # Its rules are V0Knobs.
     "v0": StepKind(
-        "v0", "vLLM V0", _all_but("step_mix", "long_prefill_token_threshold"),
-        {"step_mix": ("any",), "long_prefill_token_threshold": (0,)},
-        {"step_mix": _VLLM_STEPS,
+        "v0", "vLLM V0", _all_but("step_mix", "long_prefill_token_threshold",
+                                  "max_prompt_len"),
+        {"step_mix": ("any",), "long_prefill_token_threshold": (0,), "max_prompt_len": (0,)},
+        {"step_mix": _VLLM_STEPS, "max_prompt_len": _VLLM_PROMPTS,
          "long_prefill_token_threshold": "V0 has no per-chunk long-prefill threshold"},
         V0Knobs, _all_fields(V0Knobs), _vllm_starts, {}, knobs_field="v0"),
     "sglang": StepKind(

@@ -21,11 +21,13 @@ from kvsched.adapters.sglang import (
     config_from_sglang,
     served_as_asked,
     sglang_settings,
+    step_line,
     step_record,
 )
 from kvsched.reference.sglang import max_req_len
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile
+from kvsched.spec.trace import ENGINE_STEP_KEYS
 from kvsched.workload import WorkItem, validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +51,8 @@ def effective(config: Config) -> dict[str, Any]:
                                                     "max_num_batched_tokens": 2048},
     {"policy": "priority"}, {"prefix_caching": True}, {"step_mix": "mixed_chunk"}])
 def test_settings_read_back_the_same_config(changes: dict[str, Any]) -> None:
-    config = replace(CONFIG, **changes)
+    config = get_profile("sglang@0.5.23").configure(replace(CONFIG, **changes),
+                                                    frozenset({"prefix_caching", *changes}))
     settings = sglang_settings(config)
     assert settings["max_total_tokens"] == config.num_gpu_blocks * config.block_size
     assert settings["chunked_prefill_size"] == (config.max_num_batched_tokens
@@ -69,30 +72,57 @@ def test_settings_refuse_what_sglang_cannot_do(changes: dict[str, Any], words: s
         sglang_settings(replace(CONFIG, **changes))
 
 
-def test_a_request_sglang_would_clip_or_abort_is_named() -> None:
+def test_a_request_sglang_would_clip_is_named_and_one_it_refuses_is_served_as_asked(
+        ) -> None:
     longest = max_req_len(CONFIG)  # min(1023, 64 * 16 - 1)
-    assert longest == 1023
+    assert longest == 1023 and CONFIG.max_prompt_len == longest - 6
     assert served_as_asked(CONFIG, WorkItem("ok", 0, 100, 10, 500)) is None
     clipped = served_as_asked(CONFIG, WorkItem("big", 0, 100, 10, 1000))
     assert clipped is not None and "'big'" in clipped and "clips" in clipped
-    aborted = served_as_asked(CONFIG, WorkItem("long", 0, 1020, 1, 1))
-    assert aborted is not None and "aborts" in aborted
+    edge = served_as_asked(CONFIG, WorkItem("edge", 0, longest - 6, 1, 5))
+    assert edge is not None and "clips" in edge  # taken: its max_tokens is clipped
+    # refused on arrival (the trace's rejection), whatever its max_tokens
+    assert served_as_asked(CONFIG, WorkItem("long", 0, longest - 5, 1, 500)) is None
+    assert served_as_asked(CONFIG, WorkItem("full", 0, 1024, 1, 1)) is None
 
 
 def test_a_step_event_becomes_a_trace_step() -> None:
     config = replace(CONFIG, prefix_caching=True)
     items = {w.id: w for w in validate([WorkItem("a", 0, 40, 5, 5),
                                         WorkItem("b", 0, 50, 5, 5, prefix=("a", 32))])}
-    event = {"step": 3, "arrivals": ["a", "b"], "preempted": ["c"], "mode": "EXTEND",
+    event = {"step": 3, "arrivals": ["a", "b"], "refused": [], "aborted": [],
+             "preempted": ["c"], "mode": "EXTEND",
              "scheduled": [["a", 40], ["b", 18]], "new_block_ids": {"a": [1, 2, 3], "b": []},
-             "prefix_hits": {"b": [1, 2]}, "finished": [], "free_pages": 50,
-             "evictable_pages": 4, "dedup": {"d": [7]}, "new_token_ratio": 0.7}
+             "prefix_hits": {"b": [1, 2]}, "finished": [], "abort_finished": [],
+             "free_pages": 50, "evictable_pages": 4, "dedup": {"d": [7]},
+             "new_token_ratio": 0.7}
     rec = step_record(event, items, config)
     assert rec.free_blocks == 54  # free and evictable pages: what the step invariant frees
     assert [p.id for p in rec.preempted] == ["c"] and rec.preempted[0].mode == "recompute"
     assert rec.new_blocks == {"a": (1, 2, 3)} and rec.prefix_hits == {"b": (1, 2)}
     assert rec.block_keys == {"a": ("a/0", "a/1"), "b": ("a/0", "a/1", "b/2")}
     assert rec.dedup == {"d": (7,)}
+    assert "abort_finished" not in step_line(rec, event)  # none: the key is left out
+
+
+def test_refusals_and_aborts_become_the_steps_rejections_aborts_and_finishes() -> None:
+    config = replace(CONFIG, prefix_caching=True)
+    items = {w.id: w for w in validate([WorkItem("a", 0, 40, 5, 5),
+                                        WorkItem("long", 0, 1020, 1, 1)])}
+    event = {"step": 0, "arrivals": ["a", "long"],
+             "refused": [{"id": "long", "reason": "Input length (1020 tokens) exceeds"}],
+             "aborted": ["w"], "preempted": [], "mode": "DECODE", "scheduled": [["r", 1]],
+             "new_block_ids": {}, "prefix_hits": {}, "finished": ["r"],
+             "abort_finished": ["r"], "free_pages": 50, "evictable_pages": 0, "dedup": {},
+             "new_token_ratio": 0.7}
+    rec = step_record(event, items, config)
+    assert [(r.id, r.reason) for r in rec.rejected] == [
+        ("long", "Input length (1020 tokens) exceeds")]
+    assert rec.aborted == ("w",) and rec.finished == ("r",)
+    assert set(rec.block_keys) == {"a"}  # a refused prompt's content is never held
+    line = step_line(rec, event)
+    assert line["abort_finished"] == ["r"] and line["rejected"][0]["id"] == "long"
+    assert "abort_finished" in ENGINE_STEP_KEYS["sglang"]
 
 
 def kvsched(*args: str) -> subprocess.CompletedProcess[str]:
@@ -117,15 +147,9 @@ def test_cli_record_sglang_errors_are_one_line_exit_2(tmp_path: Path) -> None:
             "--out", str(tmp_path / "t.jsonl"), "--num-gpu-blocks", "64", "--block-size", "16"]
     missing = kvsched(*base, "--sglang-python", str(tmp_path / "none" / "python"))
     mixing = kvsched(*base, "--step-mix", "any")
-    aborts = workload_file(tmp_path, [{**WORKLOAD[0], "abort": 2}], "aborts")
-    aborting = kvsched("record", "sglang", "--workload", str(aborts), "--out",
-                       str(tmp_path / "t.jsonl"), "--num-gpu-blocks", "64")
     clipped = kvsched(*base, "--max-model-len", "320")
-    too_long = kvsched(*base, "--max-model-len", "100")
     for result, words in ((missing, "make sglang-env"), (mixing, "prefill_or_decode"),
-                          (aborting, "does not drive aborts"),
-                          (clipped, "clips max_tokens 20 to 18"),
-                          (too_long, "aborts a prompt of 300 tokens")):
+                          (clipped, "clips max_tokens 20 to 18")):
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith("kvsched: error: ") and words in result.stderr
         assert result.stderr.count("\n") == 1

@@ -1,12 +1,15 @@
 """Aborts on SGLang's step (kvsched.reference.sglang): a waiting request leaves the
-queue, a running or chunked one ends and gives back its pages and its radix-cache lock;
-a simulation with aborts is MUST-clean and its profile replay agrees with it."""
+queue and the chunked one is released at once (its last chunk not cached); a running one
+is marked, runs one more forward and finishes at its sample, even through a retraction;
+a simulation with aborts is MUST-clean, writes each abort as what happened, and its
+profile replay agrees with it."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -52,36 +55,85 @@ def test_an_aborted_waiting_request_leaves_the_queue_holding_nothing() -> None:
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
-def test_an_aborted_running_request_gives_back_its_pages_and_its_lock(
+def test_an_aborted_running_request_runs_one_more_forward_then_finishes(
         prefix_caching: bool) -> None:
     s = sglang(config(prefix_caching=prefix_caching))
     s.add_request(Request("r0", 10, 20))
     s.add_request(Request("r1", 6, 20))
     assert step(s) == [("r0", 10), ("r1", 6)]
     assert step(s) == [("r0", 1), ("r1", 1)]
-    held = len(s.block_table("r0"))
     s.abort_request("r0")
+    # Marked (SGLang's to_finish): still live, holding its pages, until its next sample.
+    assert s.states()["r0"].status == Status.RUNNING and len(s.block_table("r0")) == 3
+    d = s.schedule()
+    assert d.scheduled == (("r0", 1), ("r1", 1))
+    assert s.update(set()) == ("r0",)  # the abort's finish, at that forward's sample
     assert "r0" not in s.states() and s.block_table("r0") == ()
     # Its whole pages stay cached (evictable: still counted free), its last one freed.
     assert s.free_blocks() == 32 - len(s.block_table("r1"))
     assert s.tree.protected_size() == (4 if prefix_caching else 0)  # r1's first page
-    assert held == 3
+    s.abort_request("r0")  # no longer live: ignored
     assert step(s) == [("r1", 1)]  # the running batch goes on without it
-    s.abort_request("r1")
-    assert s.tree.protected_size() == 0 and not s.has_unfinished()
-    assert s.free_blocks() == 32
 
 
-def test_an_aborted_chunked_request_ends_its_chunking() -> None:
-    s = sglang(config())
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_an_aborted_chunked_request_ends_at_once_and_its_last_chunk_is_not_cached(
+        prefix_caching: bool) -> None:
+    s = sglang(config(prefix_caching=prefix_caching))
     s.add_request(Request("r0", 100, 4))
     assert step(s) == [("r0", 32)]
+    assert step(s) == [("r0", 32)]
     s.abort_request("r0")
+    assert "r0" not in s.states() and s.block_table("r0") == ()
+    # SGLang releases it before caching its last chunk (process_pending_chunked_abort
+    # runs before stash_chunked_request): only the first chunk stays cached.
+    assert s.tree.evictable_size() == (32 if prefix_caching else 0)
+    assert s.tree.protected_size() == 0 and s.free_blocks() == 32
     s.add_request(Request("r1", 8, 2))
     assert step(s) == [("r1", 8)]  # no chunk of r0 goes first
-    assert s.tree.protected_size() == 8  # r1's two whole pages, nothing of r0
+    assert s.tree.protected_size() == (8 if prefix_caching else 0)  # r1's two pages
     s.abort_request("gone")  # an id that is not live is ignored
     assert s.states()["r1"].status == Status.RUNNING
+
+
+def test_an_abort_of_a_refused_arrival_leaves_it_rejected() -> None:
+    c = config()  # max_prompt_len: min(128, 128) - 7
+    s = sglang(c)
+    s.add_request(Request("long", c.max_prompt_len + 1, 4))
+    s.abort_request("long")  # SGLang's front end refused it: the abort finds nothing
+    d = s.schedule()
+    assert [r.id for r in d.rejected] == ["long"] and "max_prompt_len" in d.rejected[0].reason
+    assert s.states() == {}
+
+
+def retraction(c: Config, items: list[WorkItem]) -> tuple[int, str]:
+    """The first step of a run of `items` that retracts, and its first victim."""
+    for rec in run(sglang(c), validate(items)):
+        if rec.preempted:
+            return rec.step, rec.preempted[0].id
+    raise AssertionError("the run retracts nothing")
+
+
+def test_a_marked_request_retracted_before_its_forward_keeps_its_mark() -> None:
+    """A running request marked by an abort and retracted in the same step's decode
+    rejoins the queue marked (reset_for_retract leaves to_finish), recomputes when
+    admitted again, and finishes at the sample that ends that prefill."""
+    c = replace(config(block_size=1, prefix_caching=False), num_gpu_blocks=150,
+                max_num_batched_tokens=64, max_prompt_len=121)
+    # a steady stream: as the ratio decays admission overcommits, and a decode retracts
+    items = [WorkItem(f"r{i}", i * 8, 20, 80, 80) for i in range(40)]
+    at, victim = retraction(c, items)
+    aborted = [replace(w, abort=at) if w.id == victim else w for w in items]
+    records = list(run(sglang(c), validate(aborted)))
+    assert check_steps(c, records, complete=True).violations == []
+    assert all(not r.aborted for r in records)
+    assert records[at].preempted[0].id == victim
+    ends = [r.step for r in records if victim in r.finished]
+    again = [r.step for r in records if r.step > at and victim in dict(r.scheduled)]
+    assert ends and again and ends[0] == again[-1] > at  # its recompute, then done
+    # it samples once a step it ran before the retraction; its recompute takes them all
+    outputs = sum(1 for r in records[:at] if victim in dict(r.scheduled))
+    assert sum(dict(records[s].scheduled)[victim] for s in again) == 20 + outputs
 
 
 WORKLOAD = validate([
@@ -102,7 +154,12 @@ def test_a_simulation_with_aborts_is_must_clean_and_replays_exactly(
         block_size: int, prefix_caching: bool, tmp_path: Path) -> None:
     c = config(block_size, prefix_caching)
     records = list(run(sglang(c), WORKLOAD))
-    assert sum(len(r.aborted) for r in records) == 5
+    # r3 waits, r1 is chunked, r6 waits (both pools are busy): ended at the abort; r0
+    # and r5 run, and finish in their abort step's forward.
+    assert {rid: r.step for r in records for rid in r.aborted} == {"r1": 1, "r3": 1,
+                                                                   "r6": 6}
+    finished = {rid: r.step for r in records for rid in r.finished}
+    assert finished["r0"] == 3 and finished["r5"] == 20
     assert check_steps(c, records, complete=True).violations == []
     trace = tmp_path / "trace.jsonl"
     workload = tmp_path / "workload.jsonl"

@@ -46,7 +46,7 @@ from typing import Any
 from kvsched.deadline import OutOfTime, deadline
 from kvsched.loading import FactoryError
 from kvsched.simulate import run, step_bound, unending
-from kvsched.spec.interface import Scheduler
+from kvsched.spec.interface import NoAborts, Scheduler
 from kvsched.spec.model import Allocation, Config, WatermarkScope
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.should import DEFAULT_STALL_STEPS, DEFAULT_STARVE_STEPS, Stalled
@@ -164,6 +164,8 @@ def check_case(make: Callable[[Config], Scheduler], config: Config,
         report = checker.end(ended == len(workload))
     except FactoryError:
         raise
+    except NoAborts as e:  # the workload aborts, the scheduler cannot: no finding, bad input
+        raise FactoryError(str(e)) from None
     except OutOfTime as e:
         who = f"the run {e} (at step {steps})" if made else f"the factory {e}"
         return Finding(config, workload, TIME_LIMIT, who, (), steps)
@@ -248,7 +250,7 @@ def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int 
                              watermark_scope=WATERMARK_SCOPE, kind=kind))
         config = replace(drawn if kind is None else servable(drawn, kind), **fixed)
         assume(not config.problems())
-        return config, tuple(draw(workloads(config)))
+        return config, tuple(draw(workloads(config, shared=config.prefix_caching)))
 
     runs = 0
     # The failing cases as they were checked (the minimal one is among them), so that a

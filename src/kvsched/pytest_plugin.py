@@ -37,7 +37,7 @@ from kvsched.deadline import OutOfTime, deadline
 from kvsched.simulate import run, step_bound, unending
 from kvsched.spec import should
 from kvsched.spec.checker import Report
-from kvsched.spec.interface import Scheduler
+from kvsched.spec.interface import Scheduler, abort
 from kvsched.spec.model import Config, Decision, Request, RequestView, StepRecord
 from kvsched.spec.profiles import PROFILES, resolve_profile
 from kvsched.spec.violation import SHOULD, Violation
@@ -103,8 +103,11 @@ class CheckedScheduler:
         self._arrivals.append(request)
 
     def abort_request(self, request_id: str) -> None:
-        self.scheduler.abort_request(request_id)
-        self._aborted.append(request_id)
+        """Deliver the abort (kvsched.spec.interface.abort): the step's `aborted` when the
+        wrapped scheduler ends the request at once; NoAborts, one line, when it does not
+        model aborts."""
+        if abort(self.scheduler, request_id):
+            self._aborted.append(request_id)
 
     def schedule(self) -> Decision:
         if self._decision is not None:

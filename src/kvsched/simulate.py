@@ -1,9 +1,14 @@
 """The simulation loop: drive any scheduler through the same interface, write trace v1.
 
-Each step: arrivals are added and aborts applied, the scheduler decides, every
+Each step: arrivals are added and aborts delivered, the scheduler decides, every
 request that caught up samples one token (end-of-sequence at its hidden output
-length), and the scheduler finishes what stopped. The loop is the model and the
-clock; the scheduler sees only what a real engine's scheduler sees.
+length), and the scheduler finishes what stopped. An abort is written as what the
+scheduler did with it (kvsched.spec.interface.abort): the step's `aborted` when it
+ended the request at once; a later step's finish when it let the request run to its
+next sample (SGLang's running requests). A workload with aborts needs a scheduler that
+models them (kvsched.spec.interface.Aborting): on any other the run raises NoAborts. The
+loop is the model and the clock; the scheduler sees only what a real engine's scheduler
+sees.
 
 A run that stops making progress (kvsched.spec.should.Stall: K steps in a row that
 change nothing while work waits) can never go on, since nothing outside the scheduler
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from kvsched.spec.interface import Deduplicating, Scheduler
+from kvsched.spec.interface import Deduplicating, Scheduler, abort, not_aborting
 from kvsched.spec.model import Config, StepRecord
 from kvsched.spec.prefix import Prefix, block_key
 from kvsched.spec.should import DEFAULT_STALL_STEPS, Stall, moves, stalled_run
@@ -35,6 +40,16 @@ def step_bound(config: Config, workload: Sequence[WorkItem],
     tokens = sum(min(w.prompt_len + w.max_tokens, config.max_model_len) for w in workload)
     last = max((w.arrival for w in workload), default=0)
     return last + 4 * tokens + 50 + stall_steps
+
+
+def aborts_refusal(scheduler: object, workload: Iterable[WorkItem]) -> str | None:
+    """Why `scheduler` cannot run `workload`, in one line: the workload aborts a request
+    and the scheduler does not model aborts (kvsched.spec.interface.Aborting); None when
+    it can. The workload is read only for a scheduler without aborts."""
+    if not_aborting(scheduler, "") is None:
+        return None
+    first = next((w for w in workload if w.abort is not None), None)
+    return None if first is None else not_aborting(scheduler, first.id)
 
 
 def unending(checked: Sequence[Violation], stalled: Violation | None, steps: int,
@@ -103,8 +118,7 @@ def run(scheduler: Scheduler, workload: Iterable[WorkItem], *, block_ids: bool =
             arrivals.append(req)
         aborted = []
         for rid in aborts.pop(step, ()):
-            if rid in outputs:
-                scheduler.abort_request(rid)
+            if rid in outputs and abort(scheduler, rid):
                 del outputs[rid]
                 aborted.append(rid)
         decision = scheduler.schedule()

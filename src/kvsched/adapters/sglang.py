@@ -24,10 +24,16 @@ Mapping (SGLang source lines in docs/conformance/sglang.md):
 - prefix caching is SGLang's radix cache; free_blocks counts SGLang's free pages plus
   its evictable radix-cache pages (what the step invariant calls reclaimable), each
   step line also carries both of SGLang's own counts, its mode and its new_token_ratio;
-- SGLang clips a request's max_new_tokens to what its context and its pool can hold,
-  and aborts a prompt of max_req_len - 5 tokens or more (max_req_len = min(context - 1,
-  pool - 1)): the adapter refuses a workload with such a request, naming it, since the
-  trace would not say what was served; it refuses aborts, which it does not drive.
+- SGLang's front end refuses a prompt of max_req_len - 5 tokens or more (max_req_len =
+  min(context - 1, pool - 1)): config max_prompt_len is max_req_len - 6, and the
+  driver's refusals (SGLang's validate_input_length) are the trace's rejections, in the
+  arrival step; SGLang clips a request's max_new_tokens to what its context and its
+  pool can hold: the adapter refuses a workload with a request it would clip, naming
+  it, since the trace would not say what was served;
+- a client's abort is SGLang's Scheduler.abort_request before the step: the waiting
+  request and the one being chunked it releases at once are the step's `aborted`; a
+  running one runs one more forward and finishes with FINISH_ABORT, a finish of that
+  step, which the step line's own `abort_finished` also lists.
 """
 
 from __future__ import annotations
@@ -45,9 +51,10 @@ from kvsched.adapters.recording import (
     TraceFile,
     built_as_asked,
 )
-from kvsched.reference.sglang import max_req_len, output_room
+from kvsched.reference.sglang import output_room
+from kvsched.spec.blocks import prompt_over_limit
 from kvsched.spec.knobs import SGLangKnobs
-from kvsched.spec.model import Config, Preemption, StepRecord
+from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
 from kvsched.spec.prefix import keys
 from kvsched.spec.profiles import SettingsError, get_profile
 from kvsched.spec.step_kinds import refusal
@@ -116,13 +123,13 @@ def sglang_settings(config: Config, settings: Mapping[str, object] | None = None
 
 
 def served_as_asked(config: Config, item: WorkItem) -> str | None:
-    """Why SGLang would not serve `item` as the workload asks (it clips its output or
-    aborts its prompt: scheduler.py:2700-2730, utils.py:259), or None."""
-    longest = max_req_len(config)
+    """Why SGLang would not serve `item` as the workload asks (it clips its output:
+    scheduler.py:2700-2730), or None. A prompt longer than config max_prompt_len is
+    refused on arrival (validate_input_length, utils.py:259), which the trace says as
+    its rejection: whatever its max_tokens, that is what the workload asked."""
     room = output_room(config, item.prompt_len)
-    if item.prompt_len >= longest - 5:
-        return (f"request {item.id!r}: SGLang aborts a prompt of {item.prompt_len} tokens; "
-                f"its prompts must be shorter than {longest - 5} (max_req_len - 5)")
+    if prompt_over_limit(config, item.prompt_len) is not None:
+        return None
     if item.max_tokens > room:
         return (f"request {item.id!r}: SGLang clips max_tokens {item.max_tokens} to "
                 f"{max(0, room)} (its context and pool hold no more)")
@@ -175,6 +182,9 @@ def config_from_sglang(effective: Mapping[str, Any]) -> Config:
         first_block_id=1,
         prefix_caching=not effective["disable_radix_cache"],
         step_mix="mixed_chunk" if effective["enable_mixed_chunk"] else "prefill_or_decode",
+        # its front end aborts prompts of max_req_input_len = max_req_len - 5 tokens or
+        # more (validate_input_length)
+        max_prompt_len=effective["max_req_len"] - 6,
     )
 
 
@@ -186,12 +196,16 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem],
     the driver gave it: kvsched.spec.prefix)."""
     step = event["step"]
     page = config.block_size
+    refused = {r["id"] for r in event["refused"]}
     block_keys = {rid: tuple(keys(rid, workload[rid].shared,
                                   workload[rid].prompt_len // page, page))
-                  for rid in event["arrivals"]} if config.prefix_caching else {}
+                  for rid in event["arrivals"]
+                  if rid not in refused} if config.prefix_caching else {}
     return StepRecord(
         step,
         arrivals=tuple(workload[rid].request(step) for rid in event["arrivals"]),
+        aborted=tuple(event["aborted"]),
+        rejected=tuple(Rejection(r["id"], r["reason"]) for r in event["refused"]),
         preempted=tuple(Preemption(rid, "recompute") for rid in event["preempted"]),
         scheduled=tuple((rid, n) for rid, n in event["scheduled"]),
         finished=tuple(event["finished"]),
@@ -206,10 +220,14 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem],
 def step_line(rec: StepRecord, event: Mapping[str, Any]) -> dict[str, Any]:
     """The trace line of a step: trace v1's keys, then SGLang's own (readers ignore
     them): its step mode, its free and evictable page counts, the new-token ratio its
-    admission used."""
-    return {**step_dict(rec), "mode": event["mode"], "free_pages": event["free_pages"],
-            "evictable_pages": event["evictable_pages"],
-            "new_token_ratio": event["new_token_ratio"]}
+    admission used, and, when some finished, the finishes that were a client's abort
+    (FINISH_ABORT after the running request's last forward)."""
+    own = {"mode": event["mode"], "free_pages": event["free_pages"],
+           "evictable_pages": event["evictable_pages"],
+           "new_token_ratio": event["new_token_ratio"]}
+    if event["abort_finished"]:
+        own["abort_finished"] = list(event["abort_finished"])
+    return {**step_dict(rec), **own}
 
 
 def header_extra(config: Config, effective: Mapping[str, Any]) -> dict[str, Any]:
@@ -261,9 +279,6 @@ def job_settings(job: Job) -> dict[str, Any]:
     request is one SGLang serves as asked."""
     settings = sglang_settings(job.config, job.settings)
     for item in job.workload:
-        if item.abort is not None:
-            raise AdapterError(f"request {item.id!r} is aborted at step {item.abort}: the "
-                               "SGLang adapter does not drive aborts")
         why = served_as_asked(job.config, item)
         if why is not None:
             raise AdapterError(why)

@@ -151,6 +151,7 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
     )
     from kvsched.loading import FactoryError, build, load_factory
     from kvsched.plot import PlotUnavailable, require_matplotlib
+    from kvsched.simulate import aborts_refusal
     from kvsched.spec.interface import Scheduler
 
     kinds = (diff_side_kind(a, "A"), diff_side_kind(b, "B"))
@@ -208,7 +209,9 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
             workload = load_workload(min(c.max_model_len for c in configs), workload_path,
                                      generator, num_requests, arrival, priorities,
                                      max_tokens, rate, seed, system_prompts, skew, turns,
-                                     think_steps)
+                                     think_steps,
+                                     "priority" if any(c.policy == "priority"
+                                                       for c in configs) else "fcfs")
             sides: list[tuple[Stream, TraceWriter | None]] = []
             reporter = stack.enter_context(Reporter("diffing", len(workload), err, progress,
                                                     unit="requests"))
@@ -238,6 +241,9 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
                         # input, as kvsched fuzz counts it (a crash mid-run is exit 1).
                         fail(f"{text}: the factory raised {type(e).__name__}: "
                              + (str(e).strip().splitlines() or [""])[0])
+                refused = aborts_refusal(scheduler, workload)
+                if refused is not None:
+                    fail(f"{text}: {refused}")
                 writer = None
                 if keep is not None:
                     writer = TraceWriter(stack.enter_context(atomic_output(keep)),

@@ -298,6 +298,10 @@ def config_options(f: Callable[..., Any] | None = None, /, *,
                      help="Cache full KV blocks by content, so that a request starting with "
                           "the same tokens hits them (profile vllm-v1 turns it on, as vLLM "
                           "does)." + default("prefix_caching")),
+        click.option("--max-prompt-len", type=int,
+                     help="The longest prompt the engine's front end takes; longer ones "
+                          "are rejected on arrival (0 = no limit of its own: max_model_len "
+                          "governs)." + default("max_prompt_len")),
         click.option("--step-mix", type=choice("step_mix", STEP_MIXES),
                      help="What one step may combine: running decodes and new prefills "
                           "(any, vLLM), prefill work or decodes (prefill_or_decode, "
@@ -308,7 +312,8 @@ def config_options(f: Callable[..., Any] | None = None, /, *,
     names = ("block_size", "num_gpu_blocks", "num_cpu_blocks", "max_num_batched_tokens",
              "max_num_seqs", "max_model_len", "chunked_prefill",
              "long_prefill_token_threshold", "policy", "preemption", "watermark_blocks",
-             "watermark_scope", "allocation", "first_block_id", "prefix_caching", "step_mix")
+             "watermark_scope", "allocation", "first_block_id", "prefix_caching",
+             "max_prompt_len", "step_mix")
     for name, opt in reversed(list(zip(names, opts, strict=True))):
         honoured = kind is None or name in STEP_KINDS[kind].reads or len(
             STEP_KINDS[kind].takes[name]) > 1
@@ -405,6 +410,13 @@ def build_config(profile: str, given: dict[str, Any]) -> Config:
     ignored = named.refusal(config)
     if ignored is not None:  # a field the profile's step would silently ignore
         fail(ignored)
+    limit = named.defaults.prompt_limit(config)
+    if limit is not None and limit < 1 and "max_prompt_len" not in chosen:
+        fail(f"profile {named.name}: {STEP_KINDS[named.scheduler].engine}'s "
+             f"front end takes no prompt under max_model_len {config.max_model_len} and "
+             f"a cache of {config.num_gpu_blocks * config.block_size} tokens (it takes "
+             f"prompts of min(max_model_len, cache tokens) - "
+             f"{named.defaults.prompt_margin} tokens at most)")
     if config.preemption != "recompute" and config.num_cpu_blocks == 0:
         fail(f"--preemption {config.preemption} moves victims to host blocks, but "
              "--num-cpu-blocks is 0: give host blocks, or --preemption recompute")

@@ -50,6 +50,7 @@ from kvsched.implementations import (
 )
 from kvsched.outputs import check_writable
 from kvsched.progress import Reporter
+from kvsched.spec.interface import NoAborts
 from kvsched.spec.knobs import GROW_CHECKS, REJECT_AT, SWAPPED_ORDERS, VICTIMS, Knobs
 from kvsched.spec.profiles import DEFAULT_PROFILE, get_profile
 from kvsched.spec.step_kinds import STEP_KINDS, knob_option_refusal, knobs_read
@@ -186,6 +187,8 @@ def drive(run: Run, progress: bool | None) -> tuple[int, int, Stalled | None]:
                     bar.set(ended)
         except Stalled as e:  # the steps so far stay: the trace ends where it stuck
             return steps, ended, e
+        except NoAborts as e:  # a workload's abort, a scheduler that does not model it
+            fail(str(e))
     return steps, ended, None
 
 
@@ -292,7 +295,7 @@ def simulate(profile: str, out_path: Path | None, no_block_ids: bool,
         fail(f"--max-steps must be at least 1, got {max_steps}")
     if out_path is not None:
         check_writable(out_path)  # before the run, not after it
-    workload = load_workload(config.max_model_len, **workload_given)
+    workload = load_workload(config.max_model_len, **workload_given, policy=config.policy)
 
     kind = get_profile(profile).scheduler
     implementation = chosen_scheduler(choice, config, knobs, kind, device)
