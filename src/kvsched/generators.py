@@ -50,6 +50,9 @@ Priorities: optional weights w0, w1, ... for priorities 0, 1, ...; None makes ev
 request priority 0 (lower value = more urgent, as in vLLM; SGLang's priority policy runs
 the higher value first). The CLI also takes LEVEL:WEIGHT pairs (parse_priorities), so
 that a mix can set levels further apart than SGLang's priority-preemption threshold.
+A run under the priority policy that names no mix draws DEFAULT_PRIORITY_MIX
+(`priorities_for`): levels 0, 20 and 40, further apart than that threshold (10), so
+that SGLang's priority preemption happens in it as vLLM's does.
 
 Shared prefixes (what prefix caching can reuse; kvsched.workload's `prefix` field):
 - system prompts: K shared prompts of given lengths, ids sys-0 .. sys-(K-1); each
@@ -253,6 +256,22 @@ def parse_priorities(text: str) -> tuple[float, ...]:
                              f"{MAX_PRIORITY_LEVEL}, each named once, in {text!r}")
         mix[at] = w
     return tuple(mix.get(i, 0.0) for i in range(max(mix) + 1))
+
+
+# The priority mix of a generated workload whose run's policy is priority, when it names
+# none: levels 0, 20 and 40 (each 20 apart, more than SGLang's priority-preemption
+# threshold of 10), the most urgent under SGLang's order the rarest.
+DEFAULT_PRIORITY_MIX: tuple[float, ...] = parse_priorities("0:6,20:3,40:1")
+
+
+def priorities_for(policy: str, priorities: Sequence[float] | None
+                   ) -> Sequence[float] | None:
+    """The priority mix a generated workload of a run under `policy` draws from: the one
+    given, else DEFAULT_PRIORITY_MIX under the priority policy (every request priority
+    0 otherwise)."""
+    if priorities is None and policy == "priority":
+        return DEFAULT_PRIORITY_MIX
+    return priorities
 
 
 def _number(name: str, value: object, low: float, what: str) -> float:

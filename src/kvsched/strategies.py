@@ -209,6 +209,11 @@ def resolve(config: Config, policy: str | Knobs) -> tuple[Config, Knobs]:
     return config, policy
 
 
+# Priorities drawn beside the small ones: 20 apart, more than SGLang's
+# priority-preemption threshold (10).
+PRIORITY_LEVELS = (-20, 20, 40)
+
+
 @st.composite
 def workloads(draw: st.DrawFn, config: Config, *, min_requests: int = 1,
               max_requests: int = 8, max_arrival: int = 6,
@@ -217,10 +222,13 @@ def workloads(draw: st.DrawFn, config: Config, *, min_requests: int = 1,
 
     Prompts run up to a little past max_model_len and past the cache, so some
     requests must be rejected; outputs end at EOS (output_len) before or after
-    max_tokens; priorities are small and may tie; about one request in six is
-    aborted a few steps after it arrives (possibly in its arrival step). With
-    `shared`, most prompts start with one of two shared prefixes (prefix caching),
-    or with the whole of an earlier request (a conversation's next turn).
+    max_tokens; priorities are small and may tie, or lie PRIORITY_LEVELS apart (further
+    than SGLang's priority-preemption threshold, 10, so that its priority preemption is
+    drawn too); about one request in six is aborted a few steps after it arrives
+    (possibly in its arrival step). With `shared`, most prompts start with one of two
+    shared prefixes (prefix caching), or with the whole of an earlier request (a
+    conversation's next turn): a more urgent request may then preempt with a radix-cache
+    hit.
     """
     n = draw(st.integers(min_requests, max_requests))
     spread = draw(st.integers(0, max_arrival))  # 0: a burst, all in step 0
@@ -235,7 +243,7 @@ def workloads(draw: st.DrawFn, config: Config, *, min_requests: int = 1,
             prompt_len=draw(prompt_lens(config)),
             output_len=draw(output_lens(config)),
             max_tokens=draw(output_lens(config)),
-            priority=draw(st.integers(-2, 2)),
+            priority=draw(st.one_of(st.integers(-2, 2), st.sampled_from(PRIORITY_LEVELS))),
             abort=abort,
         ))
         if shared and items[-1].prompt_len > 1:

@@ -41,6 +41,7 @@ from kvsched.generators import (
     lazily,
     parse_lengths,
     parse_priorities,
+    priorities_for,
 )
 from kvsched.inputs import InputError
 from kvsched.outputs import STANDARD_ERROR, STANDARD_OUTPUT, OutputError
@@ -444,7 +445,9 @@ def workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      type=click.Choice(ARRIVALS),
                      help="Arrival process of the generated workload."),
         click.option("--priorities", default=None,
-                     help="Priority mix as weights of priorities 0, 1, ...: e.g. 0.7,0.2,0.1."),
+                     help="Priority mix as weights of priorities 0, 1, ...: e.g. 0.7,0.2,0.1, "
+                          "or LEVEL:WEIGHT pairs, e.g. 0:0.8,20:0.2 [default: 0:6,20:3,40:1 "
+                          "under --policy priority, else priority 0]."),
         click.option("--max-tokens", "max_tokens", type=int, default=None,
                      help="Generated workload: max_tokens of every request (default: drawn)."),
         click.option("--rate", type=POSITIVE, default=DEFAULT_RATE, show_default=True,
@@ -482,9 +485,11 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
                   max_tokens: int | None, rate: float, seed: int,
                   system_prompts: str | None = None, skew: float | None = None,
                   turns: float | None = None,
-                  think_steps: float | None = None) -> Collection[WorkItem]:
+                  think_steps: float | None = None,
+                  policy: str = "fcfs") -> Collection[WorkItem]:
     """The workload file, or a generated workload that fits max_model_len (made as a
-    run reads it: kvsched.generators.lazily)."""
+    run reads it: kvsched.generators.lazily), its priorities drawn from the mix given,
+    else the default mix of a run under `policy` (kvsched.generators.priorities_for)."""
     if workload_path is not None:
         ctx = click.get_current_context()
         for name in WORKLOAD_PARAMS[1:]:
@@ -496,7 +501,8 @@ def load_workload(max_model_len: int, workload_path: Path | None, generator: str
     if num_requests < 1:
         fail(f"--requests must be at least 1, got {num_requests}")
     try:
-        mix = parse_priorities(priorities) if priorities is not None else None
+        mix = priorities_for(policy, parse_priorities(priorities)
+                             if priorities is not None else None)
         shared = parse_lengths(system_prompts) if system_prompts is not None else None
         return lazily(generator, num_requests, seed, arrival=arrival, rate=rate,
                       max_model_len=max_model_len, priorities=mix, max_tokens=max_tokens,
