@@ -173,24 +173,6 @@ CASES: tuple[Case, ...] = (
          lambda c: requests(9, 30, c, priorities=(0, 20, 40), output=(10, 120))),
     Case("radix-page1", "the radix cache with pages of 1 token: shared system prompts hit "
          "to the token, up to the prompt's length - 1",
-
-def preempting_with_a_hit(hit: int, own: int, low_max: int, urgent_max: int,
-                          later: int) -> list[WorkItem]:
-    """Priority preemption by a request with a radix-cache hit: s0 caches a system prompt
-    of `hit` tokens and ends; l1 and l2 (priority 0) decode up to `low_max` tokens; w
-    (priority 20: `hit` tokens of that prompt and `own` more) asks for `urgent_max`, does
-    not fit beside them, and is tried again each step, so its fill ids and its hit are
-    those of its last try; x (priority 40), small, arrives at step `later` and takes the
-    last seat, and w, now at the running-request limit, preempts: SGLang sizes its need
-    by its extend (the fill less the hit), so fewer victims cover it."""
-    return validate([
-        WorkItem("s0", 0, hit + 4, 1, 1, 0, prefix=("sys-a", hit)),
-        WorkItem("l1", 0, 30, low_max, low_max, 0),
-        WorkItem("l2", 0, 40, low_max, low_max, 0),
-        WorkItem("w", 3, hit + own, urgent_max, urgent_max, 20, prefix=("sys-a", hit)),
-        WorkItem("x", later, 10, 10, 10, 40),
-    ])
-
          cfg(num_gpu_blocks=1200, max_num_batched_tokens=128, max_num_seqs=16,
                   prefix_caching=True),
          lambda c: requests(10, 30, c, prefixes=SYSTEM, share=0.7, output=(1, 80))),
@@ -204,6 +186,19 @@ def preempting_with_a_hit(hit: int, own: int, low_max: int, urgent_max: int,
                   prefix_caching=True),
          lambda c: requests(12, 36, c, prefixes=(*SYSTEM, ("sys-c", 100)), share=0.8,
                               output=(20, 160), arrive_by=80)),
+    # priority preemption by a request with a radix-cache hit
+    Case("priority-preemption-radix-page1", "a request more urgent by more than 10, "
+         "with a radix-cache hit, preempts at the running-request limit: the victims "
+         "must cover its extend less the hit, so one victim does where two would "
+         "without it",
+         cfg(num_gpu_blocks=1200, max_num_batched_tokens=128, max_num_seqs=3,
+             policy="priority", prefix_caching=True),
+         lambda c: preempting_with_a_hit(64, 169, 578, 511, 18)),
+    Case("priority-preemption-radix-page16", "priority preemption by a request with a "
+         "radix-cache hit of whole pages (pages of 16)",
+         cfg(block_size=16, num_gpu_blocks=75, max_num_batched_tokens=128, max_num_seqs=3,
+             policy="priority", prefix_caching=True),
+         lambda c: preempting_with_a_hit(128, 13, 476, 619, 10)),
     # SGLang's own options (profile knobs its trace's header declares) and the configs
     # SGLang runs that vLLM refuses
     Case("no-chunked-short-budget", "chunked prefill off with a token budget (SGLang's "
@@ -256,19 +251,6 @@ def random_case(seed: int) -> Case:
     priority = rng.random() < 0.3
     radix = rng.random() < 0.4
     budget = rng.choice((32, 64, 128, 256)) if chunked else 2048
-    # priority preemption by a request with a radix-cache hit
-    Case("priority-preemption-radix-page1", "a request more urgent by more than 10, "
-         "with a radix-cache hit, preempts at the running-request limit: the victims "
-         "must cover its extend less the hit, so one victim does where two would "
-         "without it",
-         cfg(num_gpu_blocks=1200, max_num_batched_tokens=128, max_num_seqs=3,
-             policy="priority", prefix_caching=True),
-         lambda c: preempting_with_a_hit(64, 169, 578, 511, 18)),
-    Case("priority-preemption-radix-page16", "priority preemption by a request with a "
-         "radix-cache hit of whole pages (pages of 16)",
-         cfg(block_size=16, num_gpu_blocks=75, max_num_batched_tokens=128, max_num_seqs=3,
-             policy="priority", prefix_caching=True),
-         lambda c: preempting_with_a_hit(128, 13, 476, 619, 10)),
     pool = rng.choice((300, 500, 800, 1200)) // page
     c = cfg(block_size=page, num_gpu_blocks=pool, max_num_batched_tokens=budget,
             max_num_seqs=min(rng.choice((2, 4, 8, 16)), budget), chunked_prefill=chunked,
@@ -308,6 +290,7 @@ FLIPS: dict[str, dict[str, object]] = {
     "requeue=front": {"requeue": "front"},
     "higher_priority_first=False": {"higher_priority_first": False},
     "priority_preemption_threshold=100": {"priority_preemption_threshold": 100},
+    "preempt_need_net_of_prefix=False": {"preempt_need_net_of_prefix": False},
     "retract_decode_steps=0": {"retract_decode_steps": 0},
     "max_prefill_tokens=1000000": {"max_prefill_tokens": 1_000_000},
     "retract_victim=least_urgent": {"retract_victim": "least_urgent"},
@@ -380,7 +363,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     verdicts = [check(name, data) for name, data in traces.items()]
     failed = 0
     for i, v in enumerate(verdicts):
-    "preempt_need_net_of_prefix=False": {"preempt_need_net_of_prefix": False},
         if i < len(named) or not v.ok:
             print(line(v))
             if v.divergence is not None:
