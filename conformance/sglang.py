@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from conformance.common import (
@@ -119,7 +120,74 @@ def ending_early(items: list[WorkItem], most: int) -> list[WorkItem]:
     return [replace(w, output_len=min(w.output_len, most)) for w in items]
 
 
+def aborting(kind: str, radix: bool, config: Config) -> list[WorkItem]:
+    """Requests a client cancels while SGLang holds them `kind` of ways: waiting (two
+    seats, the rest queue), being chunked (prompts over the chunk budget), decoding,
+    or running while prefill steps run (a long prompt's chunks keep the running batch
+    from decoding; one is cancelled right after its own prefill, in the last prefill
+    batch). With `radix` some share a system prompt."""
+    shared = ("sys-a", 64) if radix else None
+    if kind == "waiting":
+        items = [WorkItem(f"r{i}", i // 2, 30 + 7 * i + (64 if radix and i != 1 else 0), 40,
+                          40, prefix=shared if i != 1 else None,
+                          abort={3: 5, 5: 12, 6: 30, 7: 3}.get(i)) for i in range(8)]
+    elif kind == "chunked":
+        items = [WorkItem("r0", 0, 400, 10, 10, abort=3, prefix=shared),
+                 WorkItem("r1", 0, 40, 20, 20),
+                 WorkItem("r2", 6, 300, 10, 10, abort=9, prefix=shared),
+                 WorkItem("r3", 7, 200, 10, 10),
+                 # what of r0 stays cached: its chunks but the one computed last
+                 WorkItem("r4", 12, 350, 10, 10, prefix=("r0", 250) if radix else None)]
+    elif kind == "decoding":
+        items = [WorkItem(f"r{i}", i // 2, 20 + 9 * i + (64 if radix and i % 2 else 0), 60,
+                          60, prefix=shared if i % 2 else None,
+                          abort={1: 10, 3: 20}.get(i)) for i in range(6)]
+        # prefilled in step 8, cancelled before step 9 (the last prefill batch's)
+        items.append(WorkItem("r6", 8, 10, 30, 30, abort=9))
+    else:  # prefill steps
+        items = [WorkItem("r0", 0, 30, 60, 60, abort=12),
+                 WorkItem("r1", 0, 100, 60, 60, abort=10, prefix=shared),
+                 WorkItem("r2", 10, 600, 10, 10, prefix=shared),
+                 WorkItem("r3", 1, 25, 60, 60, abort=2),
+                 WorkItem("r4", 11, 20, 30, 30)]
+    return validate(items)
+
+
+def front_end(config: Config) -> list[WorkItem]:
+    """Prompts at the edge of SGLang's front-end limit: the longest it takes
+    (max_prompt_len, with the few outputs its context leaves), the shortest it refuses
+    (max_req_len - 5), one past it, one of max_model_len and one beyond; one refused
+    arrival is cancelled in its arrival step (the abort finds nothing), between requests
+    it serves."""
+    limit, model = config.max_prompt_len, config.max_model_len
+    return validate([WorkItem("a", 0, 60, 20, 20), WorkItem("edge", 1, limit, 5, 5),
+                     WorkItem("at", 1, limit + 1, 5, 5),
+                     WorkItem("past", 2, limit + 2, 1, 1, abort=2),
+                     WorkItem("full", 3, model, 1, 1),
+                     WorkItem("beyond", 3, model + 40, 1, 1),
+                     WorkItem("b", 4, 80, 10, 10), WorkItem("c", 5, 30, 10, 10)])
+
+
 SYSTEM = (("sys-a", 64), ("sys-b", 160))
+
+
+def preempting_with_a_hit(hit: int, own: int, low_max: int, urgent_max: int,
+                          later: int) -> list[WorkItem]:
+    """Priority preemption by a request with a radix-cache hit: s0 caches a system prompt
+    of `hit` tokens and ends; l1 and l2 (priority 0) decode up to `low_max` tokens; w
+    (priority 20: `hit` tokens of that prompt and `own` more) asks for `urgent_max`, does
+    not fit beside them, and is tried again each step, so its fill ids and its hit are
+    those of its last try; x (priority 40), small, arrives at step `later` and takes the
+    last seat, and w, now at the running-request limit, preempts: SGLang sizes its need
+    by its extend (the fill less the hit), so fewer victims cover it."""
+    return validate([
+        WorkItem("s0", 0, hit + 4, 1, 1, 0, prefix=("sys-a", hit)),
+        WorkItem("l1", 0, 30, low_max, low_max, 0),
+        WorkItem("l2", 0, 40, low_max, low_max, 0),
+        WorkItem("w", 3, hit + own, urgent_max, urgent_max, 20, prefix=("sys-a", hit)),
+        WorkItem("x", later, 10, 10, 10, 40),
+    ])
+
 
 CASES: tuple[Case, ...] = (
     Case("chunked", "prompts longer than the chunk budget: one chunked request at a time, "
@@ -238,6 +306,26 @@ CASES: tuple[Case, ...] = (
              policy="priority"),
          lambda c: requests(18, 60, c, prompt=(20, 100), output=(100, 200), eos=0.0,
                             arrive_by=600, priorities=(0, 1, 2, 3))),
+    # Aborts (SGLang's abort_request) and SGLang's front-end limit (max_prompt_len)
+    *(Case(f"abort-{kind}{'-radix' if radix else ''}", f"a client cancels requests "
+           f"{what}{', the radix cache on' if radix else ''}",
+           cfg(num_gpu_blocks=3000, max_num_batched_tokens=64,
+               max_num_seqs=2 if kind == "waiting" else 8, prefix_caching=radix),
+           partial(aborting, kind, radix))
+      for kind, what in (("waiting", "while they wait: they leave the queue at once"),
+                         ("chunked", "while they are chunked: released at the top of the "
+                                     "next step, the chunk computed last not cached"),
+                         ("decoding", "while they decode, or right after their prefill: "
+                                      "one more forward, then a finish (FINISH_ABORT)"),
+                         ("prefill-steps", "while a long prompt's prefill steps run: they "
+                                           "finish at their next decode"))
+      for radix in (False, True)),
+    Case("front-end-limit", "prompts at and past SGLang's front-end limit (max_req_len - "
+         "5 and more, max_model_len, beyond it) are rejected on arrival, the longest it "
+         "takes is served",
+         cfg(num_gpu_blocks=300, max_model_len=256, max_num_batched_tokens=128,
+             max_num_seqs=8, prefix_caching=True),
+         front_end),
 )
 
 

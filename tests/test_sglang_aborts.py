@@ -11,10 +11,13 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from conformance.sglang import case_named, stored
 from kvsched.reference import SGLangScheduler, reference_scheduler
+from kvsched.reference.sglang import max_req_len
 from kvsched.simulate import run
 from kvsched.spec import check_steps
 from kvsched.spec.model import Config, Request, Status
@@ -176,3 +179,62 @@ def test_a_simulation_with_aborts_is_must_clean_and_replays_exactly(
                              capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout.startswith("OK ")
+
+
+def kept_steps(case: str) -> list[dict[str, Any]]:
+    """The step lines of a kept SGLang trace (tests/data/sglang/)."""
+    data = dict(stored())[case]
+    return [json.loads(line) for line in data.splitlines()[1:] if b'"step"' in line]
+
+
+@pytest.mark.parametrize("radix", ["", "-radix"])
+def test_the_kept_abort_traces_show_each_kind_of_abort_as_sglang_did_it(radix: str) -> None:
+    """What SGLang did, recorded live (conformance.sglang's abort cases): waiting and
+    chunked requests end at the abort; running ones, also those marked while prefill
+    steps run, run on and finish, SGLang's abort_finished naming them. The kept traces
+    replay exactly under the profile (test_sglang_store); here, that they hold what
+    their cases are about."""
+    waiting = kept_steps(f"abort-waiting{radix}")
+    assert sum(len(s.get("aborted", ())) for s in waiting) == 4
+    chunked = kept_steps(f"abort-chunked{radix}")
+    for s in chunked:
+        for rid in s.get("aborted", ()):  # its chunk the step before was not its last
+            before = dict(chunked[s["step"] - 1]["scheduled"])
+            assert before[rid] > 0 and not any(rid in x.get("finished", ()) for x in chunked)
+    assert sum(len(s.get("aborted", ())) for s in chunked) == 2
+    for case in (f"abort-decoding{radix}", f"abort-prefill-steps{radix}"):
+        lines = kept_steps(case)
+        ended = [rid for s in lines for rid in s.get("abort_finished", ())]
+        assert len(ended) >= 2 and not any(s.get("aborted") for s in lines[3:])
+        for s in lines:
+            for rid in s.get("abort_finished", ()):
+                assert rid in s["finished"] and rid in dict(s["scheduled"])
+    prefill = kept_steps(f"abort-prefill-steps{radix}")
+    named = case_named(f"abort-prefill-steps{radix}")
+    marked = {w.id: w.abort for w in named.workload(named.config)
+              if w.id in ("r0", "r1") and w.abort is not None}
+    for rid, at in marked.items():  # marked in a prefill step, finished at a later decode
+        end = next(s for s in prefill if rid in s.get("abort_finished", ()))
+        assert end["step"] > at and end["mode"] == "DECODE"
+        assert prefill[at]["mode"] == "EXTEND" and rid not in dict(prefill[at]["scheduled"])
+
+
+def test_the_kept_chunked_abort_caches_all_chunks_but_the_last() -> None:
+    """r4 shares r0's first 250 tokens; r0 was aborted after three chunks of 64: SGLang
+    cached the first two (each at the top of the next step) and not the third."""
+    hits = {rid: len(ids) for s in kept_steps("abort-chunked-radix")
+            for rid, ids in s.get("prefix_hits", {}).items()}
+    assert hits["r4"] == 128
+
+
+def test_the_kept_front_end_trace_rejects_at_and_past_sglangs_limit() -> None:
+    case = case_named("front-end-limit")
+    limit = case.config.max_prompt_len
+    assert limit == max_req_len(case.config) - 6
+    prompts = {w.id: w.prompt_len for w in case.workload(case.config)}
+    lines = kept_steps("front-end-limit")
+    rejected = {r["id"]: s["step"] for s in lines for r in s.get("rejected", ())}
+    assert rejected == {"at": 1, "past": 2, "full": 3, "beyond": 3}
+    assert prompts["at"] == limit + 1 and prompts["full"] == case.config.max_model_len
+    assert any("edge" in s.get("finished", ()) for s in lines) and prompts["edge"] == limit
+    assert not any(s.get("aborted") for s in lines)  # the abort found it refused
