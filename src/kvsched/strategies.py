@@ -209,9 +209,10 @@ def resolve(config: Config, policy: str | Knobs) -> tuple[Config, Knobs]:
     return config, policy
 
 
-# Priorities drawn beside the small ones: 20 apart, more than SGLang's
-# priority-preemption threshold (10).
-PRIORITY_LEVELS = (-20, 20, 40)
+# The priorities a workload draws, in order: neighbours 5 apart (within SGLang's
+# priority-preemption threshold, 10), the outer ones 15 further (beyond it), so that
+# SGLang's priority preemption is drawn too.
+PRIORITY_LEVELS = (-20, -5, 0, 5, 20)
 
 
 @st.composite
@@ -222,9 +223,9 @@ def workloads(draw: st.DrawFn, config: Config, *, min_requests: int = 1,
 
     Prompts run up to a little past max_model_len and past the cache, so some
     requests must be rejected; outputs end at EOS (output_len) before or after
-    max_tokens; priorities are small and may tie, or lie PRIORITY_LEVELS apart (further
-    than SGLang's priority-preemption threshold, 10, so that its priority preemption is
-    drawn too); about one request in six is aborted a few steps after it arrives
+    max_tokens; priorities may tie, or lie within SGLang's priority-preemption threshold
+    (10) of each other or beyond it (PRIORITY_LEVELS), so that its priority preemption is
+    drawn too; about one request in six is aborted a few steps after it arrives
     (possibly in its arrival step). With `shared`, most prompts start with one of two
     shared prefixes (prefix caching), or with the whole of an earlier request (a
     conversation's next turn): a more urgent request may then preempt with a radix-cache
@@ -243,7 +244,7 @@ def workloads(draw: st.DrawFn, config: Config, *, min_requests: int = 1,
             prompt_len=draw(prompt_lens(config)),
             output_len=draw(output_lens(config)),
             max_tokens=draw(output_lens(config)),
-            priority=draw(st.one_of(st.integers(-2, 2), st.sampled_from(PRIORITY_LEVELS))),
+            priority=PRIORITY_LEVELS[draw(st.integers(-2, 2)) + 2],
             abort=abort,
         ))
         if shared and items[-1].prompt_len > 1:
