@@ -320,6 +320,13 @@ CASES: tuple[Case, ...] = (
                          ("prefill-steps", "while a long prompt's prefill steps run: they "
                                            "finish at their next decode"))
       for radix in (False, True)),
+    Case("abort-retracted", "a client cancels a decoding request in the step a full "
+         "cache retracts it: it keeps its mark (to_finish) in the queue, recomputes when "
+         "admitted again, and finishes at the sample that ends that prefill",
+         cfg(num_gpu_blocks=150, max_model_len=128, max_num_batched_tokens=64,
+             max_num_seqs=4),
+         lambda c: validate([WorkItem(f"r{i}", i * 8, 20, 80, 80,
+                                      abort=457 if i == 6 else None) for i in range(40)])),
     Case("front-end-limit", "prompts at and past SGLang's front-end limit (max_req_len - "
          "5 and more, max_model_len, beyond it) are rejected on arrival, the longest it "
          "takes is served",
@@ -353,13 +360,28 @@ def random_case(seed: int) -> Case:
                                  share=0.6 if radix else 0.0))
 
 
+def random_aborts_case(seed: int) -> Case:
+    """random-N's config and requests, a client cancelling about a third of them 0 to 30
+    steps after they arrive, drawn from a stream of their own (random-N stays as it is)."""
+    base = random_case(seed)
+
+    def workload(config: Config) -> list[WorkItem]:
+        rng = random.Random(f"kvsched/sglang-random-aborts/{seed}")
+        return validate([replace(w, abort=w.arrival + rng.randint(0, 30))
+                         if rng.random() < 0.35 else w for w in base.workload(config)])
+
+    return Case(f"random-aborts-{seed}", "random, with aborts", base.config, workload)
+
+
 def case_named(name: str) -> Case:
-    """The case of this name: a named one or random-N."""
+    """The case of this name: a named one, random-N or random-aborts-N."""
     for c in CASES:
         if c.name == name:
             return c
     if name.startswith("random-") and name[len("random-"):].isdigit():
         return random_case(int(name[len("random-"):]))
+    if name.startswith("random-aborts-") and name[len("random-aborts-"):].isdigit():
+        return random_aborts_case(int(name[len("random-aborts-"):]))
     raise KeyError(f"no case {name!r}")
 
 

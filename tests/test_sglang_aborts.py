@@ -238,3 +238,26 @@ def test_the_kept_front_end_trace_rejects_at_and_past_sglangs_limit() -> None:
     assert prompts["at"] == limit + 1 and prompts["full"] == case.config.max_model_len
     assert any("edge" in s.get("finished", ()) for s in lines) and prompts["edge"] == limit
     assert not any(s.get("aborted") for s in lines)  # the abort found it refused
+
+
+def test_the_kept_retracted_abort_finishes_after_its_recompute() -> None:
+    """abort-retracted: r6, cancelled in the step a full cache retracts it, keeps its
+    mark in the queue; SGLang admits it again long after, recomputes it, and its first
+    sample finishes it (FINISH_ABORT), far short of its 80 outputs."""
+    lines = kept_steps("abort-retracted")
+    assert [p["id"] for p in lines[457]["preempted"]] == ["r6"]
+    again = [s["step"] for s in lines if s["step"] > 457 and "r6" in dict(s["scheduled"])]
+    end = next(s for s in lines if "r6" in s.get("abort_finished", ()))
+    assert again and end["step"] == again[-1] and end["mode"] == "EXTEND"
+    assert not any(s.get("aborted") for s in lines)
+
+
+def test_the_kept_random_cases_with_aborts_end_requests_both_ways() -> None:
+    names = [n for n in dict(stored()) if n.startswith("random-aborts-")]
+    assert len(names) >= 20
+    at_once = finishes = 0
+    for name in names:
+        for s in kept_steps(name):
+            at_once += len(s.get("aborted", ()))
+            finishes += len(s.get("abort_finished", ()))
+    assert at_once > 0 and finishes > 0
