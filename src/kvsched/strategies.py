@@ -130,9 +130,11 @@ def servable(config: Config, kind: SchedulerKind) -> Config:
     refuses any other at start-up: kvsched.spec.step_kinds), no more seats than the token
     budget; vLLM v1's config as given.
 
-    Known gaps, which the spec cannot say yet: below these its adapter refuses more
-    seats than the token budget, or SGLang's front end refuses the prompt (from
-    max_req_len - 5 tokens on), and the step, which models neither, admits nothing."""
+    Known gap, which the spec cannot say yet: below these its adapter refuses more
+    seats than the token budget, and the step, which does not model that, admits
+    nothing. SGLang's front end, which refuses prompts from max_req_len - 5 tokens on, is
+    config max_prompt_len, which profile sglang@0.5.23 sets (`resolve`): the step
+    rejects those prompts on arrival."""
     pages = -(-config.max_model_len // config.block_size)
     if kind == "v0":
         return replace(config, num_gpu_blocks=max(config.num_gpu_blocks, pages))
