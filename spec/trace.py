@@ -357,11 +357,19 @@ class TraceReader:
             yield rec
 
 
+# Config fields the header writes only when they differ from their default: those trace
+# v1 gained after its first recordings, so that a trace that does not use one is the
+# same, byte for byte, as it was before.
+WRITTEN_WHEN_SET = frozenset({"max_prompt_len"})
+
+
 def header_dict(config: Config, engine: dict[str, str] | None = None,
                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"kvsched": "trace", "version": VERSION,
                            "engine": engine or {"name": "kvsched", "version": "0"},
-                           "config": {n: getattr(config, n) for n in config_field_names()}}
+                           "config": {n: getattr(config, n) for n in config_field_names()
+                                      if n not in WRITTEN_WHEN_SET
+                                      or getattr(config, n) != OPTIONAL_CONFIG[n]}}
     out.update(extra or {})
     return out
 
