@@ -3,8 +3,8 @@
 NOTE on the method. A scope fixes a config, the knobs and up to a few request shapes
 (prompt_len, max_tokens, priority). From the empty scheduler, each step branches on
 every input the environment may give: any subset of the requests not yet arrived
-arrives, at most one live request is aborted (where the scope's step takes aborts: not
-SGLang's, whose adapter drives none), the scheduler decides (deterministic),
+arrives, at most one live request is aborted (SGLang's step ends a running one only at
+its next sample: kvsched.spec.interface.abort), the scheduler decides (deterministic),
 and any subset of the requests that sampled a token stops at end-of-sequence (those
 that reached max_tokens or max_model_len stop anyway). Breadth-first search over
 canonical states (state_key.py) visits each reachable state once.
@@ -56,6 +56,7 @@ from kvsched.reference import SGLangScheduler, scheduler_for
 from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.spec.checker import Checker, Report
 from kvsched.spec.interface import Deduplicating, Scheduler
+from kvsched.spec.interface import abort as kvsched_abort
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Decision, Request, StepRecord
 from kvsched.spec.prefix import block_key
@@ -163,8 +164,9 @@ class Step:
 
     world: World
     requests: tuple[Request, ...]
-    abort: str | None
+    abort: str | None  # the request the client aborted before the step
     decision: Decision
+    ended: str | None = None  # that request, when the abort ended it at once
 
 
 def begin_step(world: World, scope: Scope, step: int, arrivals: tuple[str, ...],
@@ -175,11 +177,12 @@ def begin_step(world: World, scope: Scope, step: int, arrivals: tuple[str, ...],
                              shapes[rid].priority, step, shapes[rid].prefix)
                      for rid in arrivals)
     targets = [world.scheduler] + ([world.twin] if world.twin is not None else [])
+    ended = None
     for s in targets:
         for r in requests:
             s.add_request(r)
-        if abort is not None:
-            s.abort_request(abort)
+        if abort is not None and kvsched_abort(s, abort) and s is world.scheduler:
+            ended = abort  # else a running request marked to finish (SGLang's)
     world.unarrived = tuple(rid for rid in world.unarrived if rid not in arrivals)
     decision = world.scheduler.schedule()
     if world.twin is not None:
@@ -188,7 +191,7 @@ def begin_step(world: World, scope: Scope, step: int, arrivals: tuple[str, ...],
             raise Counterexample("profile", ("profile",),
                                  f"decided {decision.comparable()} where the reference "
                                  f"decides {expected.comparable()}")
-    return Step(world, requests, abort, decision)
+    return Step(world, requests, abort, decision, ended)
 
 
 def optional_stops(step: Step, scope: Scope) -> tuple[str, ...]:
@@ -242,7 +245,7 @@ def record(world: World, scope: Scope, step: Step, number: int,
         bs = scope.config.block_size
         told = world.checker.state.live
         arrived = {r.id: r for r in step.requests}
-        ended = {r.id for r in d.rejected} | ({step.abort} if step.abort else set())
+        ended = {r.id for r in d.rejected} | ({step.ended} if step.ended else set())
         shapes = dict(zip(scope.ids, scope.shapes, strict=True))
         for rid in dict.fromkeys([*arrived, *d.sampled]):
             if rid in ended:
@@ -257,7 +260,7 @@ def record(world: World, scope: Scope, step: Step, number: int,
                 keys[rid] = got
     dedup = (world.scheduler.dedups() if isinstance(world.scheduler, Deduplicating)
              else {})
-    return StepRecord(number, step.requests, (step.abort,) if step.abort else (),
+    return StepRecord(number, step.requests, (step.ended,) if step.ended else (),
                       d.rejected, d.preempted, d.swapped_in, d.scheduled, finished,
                       world.scheduler.free_blocks(), d.new_blocks,
                       prefix_hits=d.prefix_hits, block_keys=keys, dedup=dedup)
@@ -321,7 +324,7 @@ def successors(world: World, scope: Scope, number: int) -> Iterator[tuple[Inputs
                 with blame(inputs):
                     last = i == len(choices) - 1
                     branch = step if last else Step(step.world.clone(), step.requests, abort,
-                                                     step.decision)
+                                                     step.decision, step.ended)
                     end_step(branch, scope, number, eos)
                 yield inputs, branch.world
 

@@ -459,7 +459,7 @@ def sglang_scope(requests: tuple[Shape, ...], family: str, rules: str = "",
     name = name_of(SGLANG + (f"+{rules}" if rules else ""), config, requests)
     if config.step_mix != "prefill_or_decode":
         name += f" {config.step_mix}"
-    return Scope(name, family, config, knobs, requests, "sglang", aborts=False)
+    return Scope(name, family, config, knobs, requests, "sglang")
 
 
 def sglang_scopes(family: str = "sglang", sizes: tuple[int, ...] = (3, 2)) -> list[Scope]:
