@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
+from test_starvation import PASSED_OVER, arrival  # PASSED_OVER: r1 passed over
 
 from conformance.sglang import PROFILE as SGLANG
 from conformance.sglang import stored as sglang_stored
@@ -68,12 +69,6 @@ V1: dict[str, Any] = {"block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 0,
 SGLANG_STEPS: dict[str, Any] = {"step_mix": "prefill_or_decode", "first_block_id": 1}
 
 
-def arrival(rid: str, prompt_len: int, max_tokens: int = 8, priority: int = 0
-            ) -> dict[str, Any]:
-    return {"id": rid, "prompt_len": prompt_len, "max_tokens": max_tokens,
-            "priority": priority}
-
-
 def trace(steps: list[dict[str, Any]], end: bool = False, **config: Any) -> bytes:
     header = {"kvsched": "trace", "version": 1, "engine": {"name": "hand"},
               "config": V1 | config}
@@ -107,14 +102,6 @@ THRASH: list[dict[str, Any]] = [
     {"preempted": [{"id": "r1", "mode": "recompute"}], "scheduled": [["r0", 1]]},
     {"scheduled": [["r0", 1], ["r1", 4]]},
     {"preempted": [{"id": "r1", "mode": "recompute"}], "scheduled": [["r0", 1]]},
-]
-# r2 and r3, later arrivals, take the free seat in turn while r1 could run there
-PASSED_OVER: list[dict[str, Any]] = [
-    {"arrivals": [arrival("r0", 4, 4), arrival("r1", 4)], "scheduled": [["r0", 4]]},
-    {"arrivals": [arrival("r2", 4)], "scheduled": [["r0", 1], ["r2", 4]]},
-    {"scheduled": [["r0", 1], ["r2", 1]]},
-    {"scheduled": [["r0", 1], ["r2", 1]], "finished": ["r0"]},
-    {"arrivals": [arrival("r3", 4)], "scheduled": [["r2", 1], ["r3", 4]]},
 ]
 IDLE: list[dict[str, Any]] = [{"arrivals": [arrival("r0", 4)]}, {}, {}]
 
