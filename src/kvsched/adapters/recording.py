@@ -23,10 +23,11 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Generic, Protocol, TypeVar
+from typing import IO, Any, Generic, Protocol, TypedDict, TypeVar
 
 from kvsched.outputs import Output, OutputError
-from kvsched.spec.model import Config, StepRecord
+from kvsched.spec.blocks import blocks_for
+from kvsched.spec.model import Config, Rejection, Request, StepRecord
 from kvsched.spec.step_kinds import STEP_KINDS, SchedulerKind, StepKind
 from kvsched.spec.trace import TraceWriter, json_line, step_dict
 from kvsched.workload import WorkItem, item_dict
@@ -130,6 +131,51 @@ class TraceFile:
 
     def discard(self) -> None:
         self.output.discard()
+
+
+def refuse_seats_over_budget(config: Config, engine: str) -> None:
+    """The start-up refusal of vLLM's engines (v1's and V0's): a token budget below the
+    sequence limit (a decode step of every running request would exceed it)."""
+    if config.max_num_batched_tokens < config.max_num_seqs:
+        raise AdapterError(f"{engine} refuses max_num_batched_tokens "
+                           f"({config.max_num_batched_tokens}) below max_num_seqs "
+                           f"({config.max_num_seqs}): a decode step of every running "
+                           "request would exceed the token budget")
+
+
+def refuse_undersized_cache(config: Config, engine: str, allowed: bool = False) -> None:
+    """The start-up refusal of vLLM's engines (v1's and V0's): a cache that cannot hold
+    one max_model_len sequence; `allowed` where a recording wants to see what the
+    scheduler does then."""
+    longest = blocks_for(config.max_model_len, config.block_size)
+    if longest > config.num_gpu_blocks and not allowed:
+        raise AdapterError(f"{engine}'s engine refuses at start-up a cache of "
+                           f"{config.num_gpu_blocks} blocks that cannot hold one "
+                           f"max_model_len sequence ({longest} blocks)")
+
+
+class LoopFields(TypedDict):
+    """The step fields every driver's loop writes alike (driver_host.run_job)."""
+
+    arrivals: tuple[Request, ...]
+    aborted: tuple[str, ...]
+    rejected: tuple[Rejection, ...]
+    scheduled: tuple[tuple[str, int], ...]
+
+
+def loop_fields(event: Mapping[str, Any], workload: Mapping[str, WorkItem],
+                rejected_after: Iterable[Mapping[str, str]] = ()) -> LoopFields:
+    """A step event's fields that every driver writes alike, as StepRecord's: the
+    arrivals (as the workload asked them), the aborts the engine ended at once, the
+    front end's refusals (then `rejected_after`, an engine's own rejections) and the
+    tokens scheduled per request."""
+    step = event["step"]
+    return LoopFields(
+        arrivals=tuple(workload[rid].request(step) for rid in event["arrivals"]),
+        aborted=tuple(event["aborted"]),
+        rejected=tuple(Rejection(r["id"], r["reason"])
+                       for r in (*event["refused"], *rejected_after)),
+        scheduled=tuple((rid, n) for rid, n in event["scheduled"]))
 
 
 def read_events(lines: Iterable[bytes], name: str) -> Iterator[dict[str, Any]]:

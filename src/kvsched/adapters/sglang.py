@@ -42,19 +42,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvsched.adapters.recording import (
-    AdapterError,
-    Engine,
-    EngineOption,
-    Job,
-    Recorded,
-    TraceFile,
-    built_as_asked,
-)
+from kvsched.adapters import recording
+from kvsched.adapters.recording import AdapterError
 from kvsched.reference.sglang import output_room
 from kvsched.spec.blocks import prompt_over_limit
 from kvsched.spec.knobs import SGLangKnobs
-from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
+from kvsched.spec.model import Config, Preemption, StepRecord
 from kvsched.spec.prefix import keys
 from kvsched.spec.profiles import SettingsError, get_profile
 from kvsched.spec.step_kinds import refusal
@@ -203,11 +196,8 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem],
                   if rid not in refused} if config.prefix_caching else {}
     return StepRecord(
         step,
-        arrivals=tuple(workload[rid].request(step) for rid in event["arrivals"]),
-        aborted=tuple(event["aborted"]),
-        rejected=tuple(Rejection(r["id"], r["reason"]) for r in event["refused"]),
+        **recording.loop_fields(event, workload),
         preempted=tuple(Preemption(rid, "recompute") for rid in event["preempted"]),
-        scheduled=tuple((rid, n) for rid, n in event["scheduled"]),
         finished=tuple(event["finished"]),
         free_blocks=event["free_pages"] + event["evictable_pages"],
         new_blocks={rid: tuple(ids) for rid, ids in event["new_block_ids"].items() if ids},
@@ -254,18 +244,18 @@ def header_extra(config: Config, effective: Mapping[str, Any]) -> dict[str, Any]
     }}
 
 
-class SglangTrace(TraceFile):
+class SglangTrace(recording.TraceFile):
     """The trace file of one job of SGLang's scheduler."""
 
-    def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
-        built = built_as_asked(job, config_from_sglang(header["config"]), "SGLang")
+    def __init__(self, job: recording.Job, header: Mapping[str, Any]) -> None:
+        built = recording.built_as_asked(job, config_from_sglang(header["config"]), "SGLang")
         asked = settings_from_sglang({**header["config"], **sglang_settings(job.config,
                                                                              job.settings)})
         for name, value in settings_from_sglang(header["config"]).items():
             if asked[name] != value:
                 raise AdapterError(f"{job.name}: SGLang changed the settings: {name}: "
                                    f"asked {asked[name]!r}, SGLang uses {value!r}")
-        super().__init__(job, Recorded(job, built, {"name": "sglang",
+        super().__init__(job, recording.Recorded(job, built, {"name": "sglang",
                                                     "version": str(header["sglang"])}),
                          header_extra(built, header["config"]))
 
@@ -274,7 +264,7 @@ class SglangTrace(TraceFile):
         return self.write(rec, step_line(rec, event))
 
 
-def job_settings(job: Job) -> dict[str, Any]:
+def job_settings(job: recording.Job) -> dict[str, Any]:
     """The driver's settings for a job: its config's (sglang_settings), once each
     request is one SGLang serves as asked."""
     settings = sglang_settings(job.config, job.settings)
@@ -285,7 +275,7 @@ def job_settings(job: Job) -> dict[str, Any]:
     return settings
 
 
-def summary(result: Recorded) -> str:
+def summary(result: recording.Recorded) -> str:
     return (f"SGLang {result.engine.get('version', '?')}, {result.steps} steps, "
             f"{len(result.job.workload)} requests, {result.preemptions} retractions and "
             "preemptions")
@@ -300,35 +290,35 @@ _UNMODELLED_ORDERS = {
     "routing-key": "routing keys", "hrrn": "the highest response ratio first",
     "shortest-prefill-first": "the shortest prefill first"}
 OPTIONS = (
-    EngineOption(
+    recording.EngineOption(
         "--max-prefill-tokens", "With chunked prefill, the most tokens of one prefill "
         "step beside the chunk (SGLang's --max-prefill-tokens); without it, "
         "--max-num-batched-tokens is SGLang's max_prefill_tokens.",
         knob="max_prefill_tokens", default=f"{SGLangKnobs().max_prefill_tokens}, SGLang's"),
-    EngineOption(
+    recording.EngineOption(
         "--schedule-policy", "SGLang's queue order; the profile models fcfs (and "
         "--policy priority, SGLang's priority scheduling over it), and refuses the others.",
         choices=("fcfs", *_UNMODELLED_ORDERS), default="fcfs",
         refused={word: f"SGLang's --schedule-policy {word} orders the waiting queue by "
                        f"{what}, which profile {ENGINE_PROFILE} does not model; use fcfs"
                  for word, what in _UNMODELLED_ORDERS.items()}),
-    EngineOption(
+    recording.EngineOption(
         "--priority-scheduling-preemption-threshold", "Under --policy priority, a waiting "
         "request preempts running ones less urgent by more than this.",
         knob="priority_preemption_threshold",
         default=f"{SGLangKnobs().priority_preemption_threshold}, SGLang's"),
-    EngineOption(
+    recording.EngineOption(
         "--schedule-low-priority-values-first", "Under --policy priority, a lower value "
         "is more urgent (SGLang's default: a higher one).", knob="higher_priority_first",
         switch=True, as_knob={"on": False}),
-    EngineOption(
+    recording.EngineOption(
         "--retraction-policy", "Which decoding request a full cache retracts first: the "
         "fewest outputs (length) or, under --policy priority, the least urgent (priority).",
         knob="retract_victim", choices=tuple(RETRACTION_POLICIES.values()),
         as_knob={v: k for k, v in RETRACTION_POLICIES.items()}, default="length"),
 )
 
-ENGINE = Engine(
+ENGINE = recording.Engine(
     name="sglang", label="SGLang", release=SGLANG_VERSION, profile=ENGINE_PROFILE,
     step_kind="sglang", driver=DRIVER, python=DEFAULT_SGLANG_PYTHON,
     make_env="sglang-env", setup_hint=SETUP_HINT, settings=job_settings,

@@ -28,17 +28,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvsched.adapters.recording import (
-    AdapterError,
-    Engine,
-    Job,
-    Recorded,
-    TraceFile,
-    built_as_asked,
-)
-from kvsched.spec.blocks import blocks_for
+from kvsched.adapters import recording
+from kvsched.adapters.recording import AdapterError
 from kvsched.spec.knobs import Knobs
-from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
+from kvsched.spec.model import Config, Preemption, StepRecord
 from kvsched.spec.profiles import UnknownProfile, resolve_vllm_release
 from kvsched.spec.step_kinds import STEP_KINDS
 from kvsched.workload import WorkItem
@@ -75,19 +68,12 @@ def vllm_settings(config: Config, allow_undersized_cache: bool = False) -> dict[
     if config.step_mix != "any":
         raise AdapterError("vLLM's steps run decodes and prefills together: use step_mix "
                            f"any, not {config.step_mix}")
-    if config.max_num_batched_tokens < config.max_num_seqs:
-        raise AdapterError(f"vLLM refuses max_num_batched_tokens "
-                           f"({config.max_num_batched_tokens}) below max_num_seqs "
-                           f"({config.max_num_seqs})")
+    recording.refuse_seats_over_budget(config, "vLLM")
     if config.long_prefill_token_threshold > config.max_model_len:
         raise AdapterError(f"vLLM refuses long_prefill_token_threshold "
                            f"({config.long_prefill_token_threshold}) above max_model_len "
                            f"({config.max_model_len})")
-    longest = blocks_for(config.max_model_len, config.block_size)
-    if longest > config.num_gpu_blocks and not allow_undersized_cache:
-        raise AdapterError(f"vLLM's engine refuses at start-up a cache of "
-                           f"{config.num_gpu_blocks} blocks that cannot hold one "
-                           f"max_model_len sequence ({longest} blocks)")
+    recording.refuse_undersized_cache(config, "vLLM", allow_undersized_cache)
     num_blocks = config.num_gpu_blocks + 1  # the null block
     # vLLM keeps int(watermark * num_blocks) blocks: aim between two integers.
     watermark = (config.watermark_blocks + 0.5) / num_blocks if config.watermark_blocks else 0.0
@@ -166,11 +152,8 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem]) -> S
     keys = {rid: tuple(ks) for rid, ks in event.get("block_keys", {}).items() if ks}
     return StepRecord(
         step,
-        arrivals=tuple(workload[rid].request(step) for rid in event["arrivals"]),
-        aborted=tuple(event["aborted"]),
-        rejected=tuple(Rejection(r["id"], r["reason"]) for r in event["refused"]),
+        **recording.loop_fields(event, workload),
         preempted=tuple(Preemption(rid, "recompute") for rid in event["preempted"]),
-        scheduled=tuple((rid, n) for rid, n in event["scheduled"]),
         finished=tuple(f["id"] for f in event["finished"]),
         free_blocks=event["free_blocks"],
         new_blocks=new_blocks,
@@ -215,20 +198,20 @@ def engine_header(header: Mapping[str, Any]) -> dict[str, str]:
     return engine
 
 
-class VllmTrace(TraceFile):
+class VllmTrace(recording.TraceFile):
     """The trace file of one job of vLLM's v1 scheduler."""
 
-    def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
-        built = built_as_asked(
+    def __init__(self, job: recording.Job, header: Mapping[str, Any]) -> None:
+        built = recording.built_as_asked(
             job, config_from_vllm(header["config"], int(header["null_block"])), "vLLM")
-        super().__init__(job, Recorded(job, built, engine_header(header)),
+        super().__init__(job, recording.Recorded(job, built, engine_header(header)),
                          header_extra(built.prefix_caching))
 
     def step(self, event: Mapping[str, Any]) -> StepRecord:
         return self.write(step_record(event, self.by_id))
 
 
-def summary(result: Recorded) -> str:
+def summary(result: recording.Recorded) -> str:
     return (f"vLLM {result.engine.get('version', '?')}, {result.steps} steps, "
             f"{len(result.job.workload)} requests, {result.preemptions} preemptions, "
             f"{result.rejected} rejected")
@@ -251,7 +234,7 @@ def release_python(name: str, python: Path | None = None) -> Path:
     return python or env.python
 
 
-ENGINE = Engine(
+ENGINE = recording.Engine(
     name="vllm", label="vLLM", release=VLLM_VERSION, profile="vllm-v1", step_kind="v1",
     driver=DRIVER, python=DEFAULT_VLLM_PYTHON, make_env="conformance-vllm",
     setup_hint=SETUP_HINT,

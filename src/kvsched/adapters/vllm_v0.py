@@ -33,18 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvsched.adapters.recording import (
-    AdapterError,
-    Engine,
-    Job,
-    Recorded,
-    TraceFile,
-    built_as_asked,
-    stopped_by_engine,
-)
-from kvsched.spec.blocks import blocks_for
+from kvsched.adapters import recording
+from kvsched.adapters.recording import AdapterError
 from kvsched.spec.knobs import Knobs
-from kvsched.spec.model import Config, Preemption, Rejection, StepRecord
+from kvsched.spec.model import Config, Preemption, StepRecord
 from kvsched.spec.profiles import VLLM_V0_DEFAULTS
 from kvsched.spec.step_kinds import STEP_KINDS
 from kvsched.spec.trace import step_dict
@@ -111,15 +103,8 @@ def v0_settings(config: Config, allow_undersized_cache: bool = False) -> dict[st
     if config.first_block_id != 0:
         raise AdapterError(f"V0's GPU block ids run from 0, not {config.first_block_id}: "
                            "use first_block_id 0")
-    if config.max_num_batched_tokens < config.max_num_seqs:
-        raise AdapterError(f"V0 refuses max_num_batched_tokens "
-                           f"({config.max_num_batched_tokens}) below max_num_seqs "
-                           f"({config.max_num_seqs})")
-    longest = blocks_for(config.max_model_len, config.block_size)
-    if longest > config.num_gpu_blocks and not allow_undersized_cache:
-        raise AdapterError(f"V0's engine refuses at start-up a cache of "
-                           f"{config.num_gpu_blocks} blocks that cannot hold one "
-                           f"max_model_len sequence ({longest} blocks)")
+    recording.refuse_seats_over_budget(config, "V0")
+    recording.refuse_undersized_cache(config, "V0", allow_undersized_cache)
     return {
         "block_size": config.block_size,
         "num_gpu_blocks": config.num_gpu_blocks,
@@ -185,16 +170,11 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem]) -> S
     """One driver step event as a trace step: V0's own block ids, victims in the order
     V0 preempted them with their mode; refusals by the front end, then the scheduler's
     ignored requests, as rejections."""
-    step = event["step"]
     return StepRecord(
-        step,
-        arrivals=tuple(workload[rid].request(step) for rid in event["arrivals"]),
-        aborted=tuple(event["aborted"]),
-        rejected=tuple(Rejection(r["id"], r["reason"])
-                       for r in (*event["refused"], *event["ignored"])),
+        event["step"],
+        **recording.loop_fields(event, workload, rejected_after=event["ignored"]),
         preempted=tuple(Preemption(p["id"], p["mode"]) for p in event["preempted"]),
         swapped_in=tuple(event["swapped_in"]),
-        scheduled=tuple((rid, n) for rid, n in event["scheduled"]),
         finished=tuple(f["id"] for f in event["finished"]),
         free_blocks=event["free_blocks"],
         new_blocks={rid: tuple(ids) for rid, ids in event["new_block_ids"].items() if ids},
@@ -236,7 +216,7 @@ def header_extra() -> dict[str, Any]:
 
 
 @dataclass
-class RecordedV0(Recorded):
+class RecordedV0(recording.Recorded):
     """What recording one job on V0 produced, with V0's own failure if it had one."""
 
     swaps: int = 0
@@ -244,14 +224,14 @@ class RecordedV0(Recorded):
     engine_error: str | None = None
 
 
-class V0Trace(TraceFile):
+class V0Trace(recording.TraceFile):
     """The trace file of one job of V0's scheduler. A job V0 failed in keeps its trace
     up to the failing step, without an end line."""
 
     result: RecordedV0
 
-    def __init__(self, job: Job, header: Mapping[str, Any]) -> None:
-        built = built_as_asked(job, config_from_v0(header["config"]), "V0")
+    def __init__(self, job: recording.Job, header: Mapping[str, Any]) -> None:
+        built = recording.built_as_asked(job, config_from_v0(header["config"]), "V0")
         super().__init__(job, RecordedV0(job, built, {"name": "vllm",
                                                       "version": str(header["vllm"])}),
                          header_extra())
@@ -282,10 +262,10 @@ def failure(result: RecordedV0) -> str | None:
     if result.engine_error is not None:
         return (f"V0 failed in step {result.steps}: {result.engine_error} (the trace holds "
                 "the steps before it)")
-    return stopped_by_engine(ENGINE, result)
+    return recording.stopped_by_engine(ENGINE, result)
 
 
-ENGINE = Engine(
+ENGINE = recording.Engine(
     name="vllm-v0", label="V0", release=VLLM_V0_VERSION, profile="vllm-v0",
     step_kind="v0", driver=DRIVER, python=DEFAULT_VLLM_V0_PYTHON,
     make_env="vllm-v0-env", setup_hint=SETUP_HINT,
