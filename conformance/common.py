@@ -263,11 +263,22 @@ def summary(what: str, verdicts: Sequence[Verdict]) -> str:
             f"{counts(sum((v.should for v in verdicts), Counter()))}")
 
 
+def seats_and_budget(rng: random.Random, chunked: bool, max_model_len: int
+                     ) -> tuple[int, int]:
+    """A random case's max_num_seqs and token budget, as vLLM takes them: a budget of
+    at least the seats, and without chunked prefill of at least max_model_len."""
+    seqs = rng.choice([1, 2, 3, 4, 8, 16])
+    budget = max(seqs, rng.choice([seqs, seqs + 1, 8, 16, 32, 64, 256]))
+    if not chunked:
+        budget = max(budget, max_model_len)
+    return seqs, budget
+
+
 def suite_parser(prog: str, doc: str | None, python_flag: str, default_python: Path,
-                 default_out: Path, default_random: int, random_help: str
-                 ) -> argparse.ArgumentParser:
+                 default_out: Path, default_random: int, random_help: str,
+                 flags: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The arguments every suite takes: case names, --out, its engine's Python,
-    --random N, --seed, --list."""
+    --random N, --seed, --list, and the suite's own switches (`flags`: flag -> help)."""
     parser = argparse.ArgumentParser(prog=f"python -m {prog}",
                                      description=doc.splitlines()[0] if doc else "")
     parser.add_argument("names", nargs="*", help="run only these cases")
@@ -278,16 +289,23 @@ def suite_parser(prog: str, doc: str | None, python_flag: str, default_python: P
                              f"{default_random})")
     parser.add_argument("--seed", type=int, default=0, help="first random case's seed")
     parser.add_argument("--list", action="store_true", help="list the cases and stop")
+    for flag, text in (flags or {}).items():
+        parser.add_argument(flag, action="store_true", help=text)
     return parser
 
 
-def refused(prog: str, counts: Mapping[str, int]) -> bool:
-    """Whether some count of random cases (flag: N) is negative, said in one line."""
-    for flag, n in counts.items():
-        if n < 0:
+def parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None
+           ) -> argparse.Namespace | None:
+    """A suite's arguments, or None when a count of random cases (--random, --random-*)
+    is negative, said in one line."""
+    args = parser.parse_args(argv)
+    prog = parser.prog.removeprefix("python -m ")
+    for name, n in vars(args).items():
+        if name.startswith("random") and n < 0:
+            flag = "--" + name.replace("_", "-")
             print(f"{prog}: error: {flag} must not be negative, got {n}", file=sys.stderr)
-            return True
-    return False
+            return None
+    return args
 
 
 class Named(Protocol):

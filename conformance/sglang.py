@@ -33,8 +33,8 @@ from conformance.common import (
     check_stream,
     line,
     list_cases,
+    parsed,
     print_sensitivity,
-    refused,
     suite_parser,
     summary,
 )
@@ -52,6 +52,9 @@ STORE = ROOT / "tests" / "data" / "sglang"
 DEFAULT_OUT = Path("build/conformance-sglang")
 DEFAULT_RANDOM = 200
 MAX_STEPS = 20_000  # every case ends well before this; one that does not is not live
+PARSER = suite_parser("conformance.sglang", __doc__, "--sglang-python", DEFAULT_SGLANG_PYTHON,
+                      DEFAULT_OUT, DEFAULT_RANDOM, "",
+                      {"--keep": "write the traces into the store (tests/data/sglang/)"})
 
 
 @dataclass(frozen=True)
@@ -449,12 +452,8 @@ def run(cases: Sequence[Case], out: Path, python: Path) -> dict[str, bytes]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = suite_parser("conformance.sglang", __doc__, "--sglang-python",
-                          DEFAULT_SGLANG_PYTHON, DEFAULT_OUT, DEFAULT_RANDOM, "")
-    parser.add_argument("--keep", action="store_true",
-                        help="write the traces into the store (tests/data/sglang/)")
-    args = parser.parse_args(argv)
-    if refused("conformance.sglang", {"--random": args.random}):
+    args = parsed(PARSER, argv)
+    if args is None:
         return 2
     if args.list:
         return list_cases(CASES)

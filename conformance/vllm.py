@@ -34,9 +34,10 @@ from conformance.common import (
     list_cases,
     never_fitting,
     over_max_model_len,
+    parsed,
     print_sensitivity,
     random_workload,
-    refused,
+    seats_and_budget,
     suite_parser,
     summary,
     with_aborts,
@@ -258,10 +259,7 @@ def random_case(seed: int) -> Case:
     max_model_len = rng.choice([16, 32, 64, 100, 128, 256])
     blocks = blocks_for(max_model_len, block_size) + rng.choice([0, 0, 1, 3, 10, 50])
     chunked = rng.random() < 0.75
-    seqs = rng.choice([1, 2, 3, 4, 8, 16])
-    budget = max(seqs, rng.choice([seqs, seqs + 1, 8, 16, 32, 64, 256]))
-    if not chunked:
-        budget = max(budget, max_model_len)
+    seqs, budget = seats_and_budget(rng, chunked, max_model_len)
     threshold = min(rng.choice([0, 0, 1, 4, 16, 50]), max_model_len) if chunked else 0
     config = cfg(block_size=block_size, num_gpu_blocks=blocks, max_num_batched_tokens=budget,
                  max_num_seqs=seqs, max_model_len=max_model_len, chunked_prefill=chunked,
@@ -413,9 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--random-prefix", type=int, default=DEFAULT_RANDOM_PREFIX,
                         metavar="M", help=f"also M small random cases with shared prefixes, "
                                           f"prefix caching on (default {DEFAULT_RANDOM_PREFIX})")
-    args = parser.parse_args(argv)
-    if refused("conformance.vllm", {"--random": args.random,
-                                    "--random-prefix": args.random_prefix}):
+    args = parsed(parser, argv)
+    if args is None:
         return 2
     if args.list:
         return list_cases(CASES)

@@ -31,19 +31,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from conformance import common
 from conformance.common import (
     Case,
     Variant,
     Verdict,
     check_case,
     counts,
-    list_cases,
     never_fitting,
     over_max_model_len,
-    print_sensitivity,
-    random_workload,
-    refused,
-    suite_parser,
     with_aborts,
 )
 from kvsched.adapters.recording import AdapterError, Job
@@ -62,6 +58,10 @@ DEFAULT_RANDOM = 200
 # stall ends earlier: the driver stops it). Random cases end within a few thousand
 # steps, or V0 livelocks.
 MAX_STEPS = 20_000
+PARSER = common.suite_parser("conformance.vllm_v0", __doc__, "--vllm-python",
+                             DEFAULT_VLLM_V0_PYTHON, DEFAULT_OUT, DEFAULT_RANDOM, "",
+                             {"--stored": "only the kinds and the defects "
+                                          "(tests/data/vllm-v0/)"})
 RANDOM_MAX_STEPS = 5_000
 
 
@@ -252,17 +252,14 @@ def random_case(seed: int) -> Case:
     least = blocks_for(max_model_len, block_size)
     blocks = max(least + rng.choice([0, 0, 1, 3, 10, 50]), rng.choice([0, 0, 0, 100, 150]))
     chunked = rng.random() < 0.5
-    seqs = rng.choice([1, 2, 3, 4, 8, 16])
-    budget = max(seqs, rng.choice([seqs, seqs + 1, 8, 16, 32, 64, 256]))
-    if not chunked:
-        budget = max(budget, max_model_len)
+    seqs, budget = common.seats_and_budget(rng, chunked, max_model_len)
     swap = rng.random() < 0.5
     policy = rng.choice(["fcfs", "priority"])
     config = v0(block_size=block_size, num_gpu_blocks=blocks, max_num_batched_tokens=budget,
                 max_num_seqs=seqs, max_model_len=max_model_len, chunked_prefill=chunked,
                 policy=policy, preemption="swap" if swap else "recompute",
                 num_cpu_blocks=4 * blocks if swap else 0)
-    workload = random_workload(rng, max_model_len)
+    workload = common.random_workload(rng, max_model_len)
     return Case(f"random-{seed}", "a small random config and workload", config,
                 lambda: workload)
 
@@ -370,19 +367,15 @@ def faults(outcomes: Sequence[Outcome]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = suite_parser("conformance.vllm_v0", __doc__, "--vllm-python",
-                          DEFAULT_VLLM_V0_PYTHON, DEFAULT_OUT, DEFAULT_RANDOM, "")
-    parser.add_argument("--stored", action="store_true",
-                        help="only the kinds and the defects (tests/data/vllm-v0/)")
-    args = parser.parse_args(argv)
+    args = common.parsed(PARSER, argv)
+    if args is None:
+        return 2
     if args.stored:
         args.names = [*args.names, *STORED]
-    if refused("conformance.vllm_v0", {"--random": args.random}):
-        return 2
     defects = {d.case.name: d for d in DEFECTS}
     named = [*CASES, *(d.case for d in DEFECTS)]
     if args.list:
-        return list_cases(named)
+        return common.list_cases(named)
     unknown = [n for n in args.names if n not in {c.name for c in named}]
     if unknown:
         print(f"conformance.vllm_v0: error: unknown case {unknown[0]!r}; see --list",
@@ -426,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     blind = []
     if not args.names:  # the whole suite must tell each flipped rule from V0
         paths = [args.out / f"{c.name}.jsonl" for c in CASES]
-        blind = print_sensitivity(paths, PROFILE, "V0", V0_VARIANTS)
+        blind = common.print_sensitivity(paths, PROFILE, "V0", V0_VARIANTS)
     print(f"{time.monotonic() - started:.0f} s")
     return 1 if failed or blind else 0
 
