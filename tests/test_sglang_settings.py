@@ -135,6 +135,12 @@ def test_record_sglang_offers_no_first_block_id(tmp_path: Path) -> None:
     assert "--first-block-id" in one_line(record(tmp_path, "--first-block-id", "5"))
 
 
+def test_record_sglang_offers_no_prompt_limit_of_its_own(tmp_path: Path) -> None:
+    # SGLang's front end sets it from the context and the pool; simulate may set any
+    assert "--max-prompt-len" in one_line(record(tmp_path, "--max-prompt-len", "100"))
+    assert "--max-prompt-len" in kvsched("simulate", "--help").stdout
+
+
 def kept(case: str) -> list[dict[str, Any]]:
     data = gzip.decompress((STORE / f"{case}.jsonl.gz").read_bytes()).decode()
     return [json.loads(line) for line in data.splitlines()]

@@ -327,9 +327,10 @@ def recorded_config_options(f: Callable[..., Any], profile: str,
                             own: Mapping[str, object] | None = None) -> Callable[..., Any]:
     """The config options of a recorder whose engine runs `profile`'s step: only what its
     step kind honours (config_options(kind=...)), none for the first block id (each
-    engine's ids are its own: vLLM's run from 1, V0's from 0, SGLang's pages from 1),
-    and each unset option shown as the value the engine's `own` defaults, then the
-    profile's, give it."""
+    engine's ids are its own: vLLM's run from 1, V0's from 0, SGLang's pages from 1) or
+    the front end's prompt limit (the engine's own, from its context and pool: SGLang's
+    max_req_len - 6, which the profile sets), and each unset option shown as the value
+    the engine's `own` defaults, then the profile's, give it."""
     named = get_profile(profile)
     configured = named.configure(replace(DEFAULT_CONFIG, **(own or {})))  # type: ignore[arg-type]
 
@@ -348,7 +349,7 @@ def recorded_config_options(f: Callable[..., Any], profile: str,
         return shown
 
     return config_options(f, defaults=default, kind=named.scheduler,
-                          leave_out=frozenset({"first_block_id"}))
+                          leave_out=frozenset({"first_block_id", "max_prompt_len"}))
 
 
 class ProfileName(click.ParamType[str, Any]):
