@@ -75,8 +75,11 @@ def complete(i):
     prompt = " ".join(f"w{(i * 7 + j) % 500}" for j in range(20 + 25 * i))
     if i % 2 == 0:
         prompt = SYSTEM + " " + prompt
+    # Each request its own priority: vLLM breaks a tie by the front end's stamp, which a
+    # request the engine core adds a step later may hold earlier, and a trace orders
+    # arrivals by step (docs/conformance/vllm-live.md, "Arrival order").
     conn, resp = post({"prompt": prompt, "max_tokens": 30 + 10 * i, "ignore_eos": True,
-                       "priority": i % 3})
+                       "priority": i})
     assert resp.status == 200, resp.read()
     resp.read()
     conn.close()
@@ -94,7 +97,7 @@ def abandoned(priority):
     conn.sock.shutdown(socket.SHUT_RDWR)  # the FIN now: vLLM aborts the request
     conn.close()
 threads = [threading.Thread(target=complete, args=(i,)) for i in range(8)]
-threads += [threading.Thread(target=abandoned, args=(p,)) for p in (0, 2)]
+threads += [threading.Thread(target=abandoned, args=(p,)) for p in (-1, 8)]
 for t in threads:
     t.start()
 for t in threads:
