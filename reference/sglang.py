@@ -82,6 +82,7 @@ from kvsched.spec.model import (
     Status,
 )
 from kvsched.spec.prefix import KeyBook
+from kvsched.spec.step_kinds import knob_refusal
 
 # SGLang's FCFS pass re-stamps the waiting requests' cached prefixes every this many
 # passes, for at most this many of them (WAITING_PREFIX_REFRESH_INTERVAL and
@@ -154,6 +155,9 @@ class SGLangScheduler:
         if config.step_mix == "any":
             raise ValueError("SGLang's steps run prefill work or decodes: config step_mix "
                              "must be prefill_or_decode or mixed_chunk")
+        refused = knob_refusal("sglang", knobs or Knobs())
+        if refused is not None:
+            raise ValueError(refused)
         self.config = config
         self.rules: SGLangKnobs = (knobs or Knobs()).sglang
         r = self.rules

@@ -99,13 +99,15 @@ def test_v0s_own_rules_flipped_are_not_refused_on_its_step() -> None:
 
 
 def test_each_reference_step_refuses_another_kinds_knob_when_built_directly() -> None:
-    from kvsched.reference import ReferenceScheduler, V0Scheduler
+    from kvsched.reference import ReferenceScheduler, SGLangScheduler, V0Scheduler
 
     v0_config = get_profile("vllm-v0").configure(Config())
     with pytest.raises(ValueError, match=r"^vLLM V0's step does not read knob victim tail"):
         V0Scheduler(v0_config, replace(Knobs(), victim="tail"))
     with pytest.raises(ValueError, match=r"^vLLM v1's step does not read knob v0\.reject"):
         ReferenceScheduler(Config(), replace(Knobs(), v0=replace(V0Knobs(), reject="arrival")))
+    with pytest.raises(ValueError, match=r"^SGLang's step does not read knob victim tail"):
+        SGLangScheduler(SGLANG_CONFIG, replace(Knobs(), victim="tail"))
 
 
 @pytest.mark.parametrize(("name", "value"), [
