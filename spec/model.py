@@ -12,7 +12,9 @@ from enum import StrEnum
 from typing import Literal
 
 Policy = Literal["fcfs", "priority"]
-PreemptionMode = Literal["recompute", "swap", "auto"]
+# lazy: recompute, lazily: a victim goes back to waiting keeping its blocks and computed
+# tokens until a step's `reclaimed` takes them (LMDeploy).
+PreemptionMode = Literal["recompute", "swap", "auto", "lazy"]
 # When blocks are handed out (kvsched.spec.blocks.allocation_reserve): as the chunks
 # need them (vLLM v1), for all known tokens at admission and swap-in (vLLM V0), or for
 # the longest sequence at admission (Orca, TGI).
@@ -26,7 +28,7 @@ WatermarkScope = Literal["running", "always"]
 # (SGLang's --enable-mixed-chunk).
 StepMix = Literal["any", "prefill_or_decode", "mixed_chunk"]
 POLICIES: tuple[Policy, ...] = ("fcfs", "priority")
-PREEMPTION_MODES: tuple[PreemptionMode, ...] = ("recompute", "swap", "auto")
+PREEMPTION_MODES: tuple[PreemptionMode, ...] = ("recompute", "swap", "auto", "lazy")
 ALLOCATIONS: tuple[Allocation, ...] = ("lazy", "prompt", "full")
 WATERMARK_SCOPES: tuple[WatermarkScope, ...] = ("running", "always")
 STEP_MIXES: tuple[StepMix, ...] = ("any", "prefill_or_decode", "mixed_chunk")
@@ -35,8 +37,15 @@ CHOICES: dict[str, tuple[str, ...]] = {"policy": POLICIES, "preemption": PREEMPT
                                        "allocation": ALLOCATIONS,
                                        "watermark_scope": WATERMARK_SCOPES,
                                        "step_mix": STEP_MIXES}
-# A preemption as it happened: auto resolves to one of these two per victim.
-VICTIM_MODES: tuple[str, ...] = ("recompute", "swap")
+# A preemption as it happened: auto resolves to recompute or swap per victim; lazy is
+# the victim mode of config preemption lazy, and of it alone (`victim_modes`).
+VICTIM_MODES: tuple[str, ...] = ("recompute", "swap", "lazy")
+
+
+def victim_modes(preemption: str) -> tuple[str, ...]:
+    """The victim modes a trace of config `preemption` may give: lazy under lazy, and
+    recompute or swap under any other."""
+    return ("lazy",) if preemption == "lazy" else ("recompute", "swap")
 
 # Numbers above this are refused as absurd (a typo, not a cache).
 MAX_COUNT = 2**40
@@ -66,6 +75,12 @@ class Config:
     # The longest prompt the engine's front end takes (longer ones are rejected in their
     # arrival step); 0: no limit of its own, max_model_len governs.
     max_prompt_len: int = 0
+    # The tokens beyond its own a chunk may take blocks for (R): its Db lies between
+    # blocks_needed(C, Dn, G) and blocks_needed(C, Dn, G, reserve=C + Dn + R) (LMDeploy).
+    prealloc_tokens: int = 0
+    # Steps are scheduled one ahead of their samples: a finished request may be scheduled
+    # once more (a void entry) and holds its blocks until released or reclaimed (LMDeploy).
+    pipelined: bool = False
 
     def problems(self) -> list[str]:
         """Every way this config is malformed, one sentence each naming the field (a
@@ -74,10 +89,10 @@ class Config:
         positive = ("block_size", "num_gpu_blocks", "max_num_batched_tokens",
                     "max_num_seqs", "max_model_len")
         non_negative = ("num_cpu_blocks", "long_prefill_token_threshold", "watermark_blocks",
-                        "first_block_id", "max_prompt_len")
+                        "first_block_id", "max_prompt_len", "prealloc_tokens")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("chunked_prefill", "prefix_caching"):
+            if f.name in ("chunked_prefill", "prefix_caching", "pipelined"):
                 if not isinstance(value, bool):
                     out.append(f"config.{f.name} must be true or false, got {value!r}")
                 continue
@@ -113,7 +128,8 @@ class Config:
 # Config fields a trace header may leave out, with the value that then holds.
 OPTIONAL_CONFIG: dict[str, object] = {"first_block_id": 0, "prefix_caching": False,
                                       "allocation": "lazy", "watermark_scope": "running",
-                                      "step_mix": "any", "max_prompt_len": 0}
+                                      "step_mix": "any", "max_prompt_len": 0,
+                                      "prealloc_tokens": 0, "pipelined": False}
 
 
 def config_field_names() -> tuple[str, ...]:
@@ -162,6 +178,9 @@ class Status(StrEnum):
     FINISHED = "finished"
     ABORTED = "aborted"
     REJECTED = "rejected"
+    # Finished under config pipelined, its blocks still held until a step's `released`
+    # or `reclaimed` names it: live, neither waiting nor running.
+    HELD = "held"
 
     @property
     def ended(self) -> bool:
@@ -189,7 +208,7 @@ class Rejection:
 @dataclass(frozen=True)
 class Preemption:
     id: str
-    mode: str  # "recompute" or "swap", as it happened
+    mode: str  # "recompute", "swap" or "lazy", as it happened
 
 
 @dataclass(frozen=True)
@@ -200,7 +219,10 @@ class Decision:
     tokens, so sample one token at the end of the step; it is derived, not traced.
     `new_blocks` is None when the scheduler does not expose block ids. `prefix_hits`
     maps a request admitted with a prefix-cache hit to the cached blocks it took, in
-    table order; its scheduled count is the tokens computed after them.
+    table order; its scheduled count is the tokens computed after them. `released`
+    lists held finished requests whose blocks are freed (phase 1, config pipelined);
+    `reclaimed` the requests that lose all their blocks (phase 3, after the victims), in
+    the order the engine took them.
     """
 
     rejected: tuple[Rejection, ...] = ()
@@ -210,6 +232,8 @@ class Decision:
     sampled: tuple[str, ...] = ()
     new_blocks: dict[str, tuple[int, ...]] | None = None
     prefix_hits: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    released: tuple[str, ...] = ()
+    reclaimed: tuple[str, ...] = ()
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -220,15 +244,20 @@ class Decision:
         reasons are prose and differ between engines, so only the ids count). With
         `ordered_victims` False the victims (with their modes) count as a set, for
         engines that report them so. A prefix hit counts by its length: which cached
-        blocks hold the same content is the engine's choice of ids."""
+        blocks hold the same content is the engine's choice of ids. The released
+        count as a set, the reclaimed in order; both only when some step has them, so
+        that a decision without them compares as it always did."""
         victims = tuple((p.id, p.mode) for p in self.preempted)
-        return (
+        out: tuple[object, ...] = (
             tuple(r.id for r in self.rejected),
             victims if ordered_victims else tuple(sorted(victims)),
             self.swapped_in,
             self.scheduled,
             tuple(sorted((rid, len(ids)) for rid, ids in self.prefix_hits.items())),
         )
+        if self.released or self.reclaimed:
+            out += (tuple(sorted(self.released)), self.reclaimed)
+        return out
 
 
 @dataclass(frozen=True)
@@ -254,6 +283,11 @@ class StepRecord:
     # starts with these cached blocks, which hold the content of the blocks they
     # replace; the replaced ones are released (SGLang's radix cache keeps one copy).
     dedup: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Config pipelined: held finished requests whose blocks are freed (phase 1, after the
+    # aborts). Lazy preemption and held requests: requests that lose all their blocks
+    # (phase 3, after the victims), in the order the engine took them.
+    released: tuple[str, ...] = ()
+    reclaimed: tuple[str, ...] = ()
     line: int = field(default=0, compare=False)
 
     @property
@@ -264,4 +298,5 @@ class StepRecord:
     @property
     def decision(self) -> Decision:
         return Decision(self.rejected, self.preempted, self.swapped_in, self.scheduled,
-                        new_blocks=self.new_blocks, prefix_hits=self.prefix_hits)
+                        new_blocks=self.new_blocks, prefix_hits=self.prefix_hits,
+                        released=self.released, reclaimed=self.reclaimed)

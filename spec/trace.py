@@ -32,7 +32,7 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 UTF8_BOM = b"\xef\xbb\xbf"
 STEP_KEYS = frozenset({"step", "arrivals", "aborted", "rejected", "preempted", "swapped_in",
                        "scheduled", "finished", "free_blocks", "new_blocks", "time_ms",
-                       "prefix_hits", "block_keys", "dedup"})
+                       "prefix_hits", "block_keys", "dedup", "released", "reclaimed"})
 HEADER_KEYS = frozenset({"kvsched", "version", "engine", "config", "preempted_order",
                          "settings"})
 # The step keys each engine's adapter (kvsched.adapters) adds to trace v1's, by the
@@ -247,7 +247,8 @@ def parse_step(obj: Any, line: int) -> StepRecord:
             raise TraceError(line, 'each preemption must be an object {"id": ..., "mode": ...}')
         mode = p.get("mode")
         if mode not in VICTIM_MODES:
-            raise TraceError(line, f"preemption mode must be recompute or swap, got {mode!r}")
+            raise TraceError(line, "preemption mode must be recompute, swap or lazy, "
+                                   f"got {mode!r}")
         preempted.append(Preemption(_str(p["id"], line, "preempted id"), str(mode)))
     scheduled = []
     for s in _list(obj, "scheduled", line):
@@ -283,7 +284,7 @@ def parse_step(obj: Any, line: int) -> StepRecord:
                       tuple(preempted), _ids(obj, "swapped_in", line), tuple(scheduled),
                       _ids(obj, "finished", line), free_blocks, new_blocks,
                       None if time_ms is None else float(time_ms), hits, keys, dedup,
-                      line=line)
+                      _ids(obj, "released", line), _ids(obj, "reclaimed", line), line=line)
 
 
 def _block_map(obj: dict[str, Any], key: str, line: int) -> dict[str, tuple[int, ...]]:
@@ -360,7 +361,7 @@ class TraceReader:
 # Config fields the header writes only when they differ from their default: those trace
 # v1 gained after its first recordings, so that a trace that does not use one is the
 # same, byte for byte, as it was before.
-WRITTEN_WHEN_SET = frozenset({"max_prompt_len"})
+WRITTEN_WHEN_SET = frozenset({"max_prompt_len", "prealloc_tokens", "pipelined"})
 
 
 def header_dict(config: Config, engine: dict[str, str] | None = None,
@@ -382,7 +383,7 @@ def step_dict(rec: StepRecord) -> dict[str, Any]:
                        finished=rec.finished, free_blocks=rec.free_blocks,
                        new_blocks=rec.new_blocks, time_ms=rec.time_ms,
                        prefix_hits=rec.prefix_hits, block_keys=rec.block_keys,
-                       dedup=rec.dedup)
+                       dedup=rec.dedup, released=rec.released, reclaimed=rec.reclaimed)
 
 
 def step_fields(step: int, *, arrivals: Sequence[Request] = (), aborted: Sequence[str] = (),
@@ -395,6 +396,7 @@ def step_fields(step: int, *, arrivals: Sequence[Request] = (), aborted: Sequenc
                 prefix_hits: Mapping[str, Sequence[int]] | None = None,
                 block_keys: Mapping[str, Sequence[str] | Sequence[bytes]] | None = None,
                 dedup: Mapping[str, Sequence[int]] | None = None,
+                released: Sequence[str] = (), reclaimed: Sequence[str] = (),
                 ) -> dict[str, Any]:
     """The JSON object of one step from its parts (StepRecord's fields): the one place
     the step line's shape is written. The parts go in as they are (JSON writes a tuple
@@ -408,10 +410,14 @@ def step_fields(step: int, *, arrivals: Sequence[Request] = (), aborted: Sequenc
                             "priority": r.priority} for r in arrivals]
     if aborted:
         out["aborted"] = aborted
+    if released:
+        out["released"] = released
     if rejected:
         out["rejected"] = [{"id": r.id, "reason": r.reason} for r in rejected]
     if preempted:
         out["preempted"] = [{"id": p.id, "mode": p.mode} for p in preempted]
+    if reclaimed:
+        out["reclaimed"] = reclaimed
     if swapped_in:
         out["swapped_in"] = swapped_in
     if scheduled:

@@ -71,7 +71,7 @@ CASES: dict[str, tuple[bytes, str]] = {
     "step gap": (lines(HEADER, ARRIVE, {"step": 2}), "line 3: expected step 1, got 2"),
     "step not object": (lines(HEADER, [1, 2]), "line 2: expected a step object"),
     "bad mode": (lines(HEADER, ARRIVE, {"step": 1, "preempted": [{"id": "r1", "mode": "evict"}]}),
-                 "line 3: preemption mode must be recompute or swap"),
+                 "line 3: preemption mode must be recompute, swap or lazy"),
     "bad scheduled entry": (lines(HEADER, {"step": 0, "scheduled": [["r1"]]}),
                             'line 2: each "scheduled" entry must be [id, tokens]'),
     "prefix hits not ids": (lines(HEADER, {**ARRIVE, "prefix_hits": {"r1": 1}}),

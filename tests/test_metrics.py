@@ -318,7 +318,7 @@ def test_simulation_with_aborts() -> None:
 @given(kind=st.sampled_from(GENERATORS), seed=st.integers(0, 2**16),
        blocks=st.integers(8, 40), chunked=st.booleans(),
        profile=st.sampled_from(["vllm-v1", "vllm-v0", "sarathi"]),
-       preemption=st.sampled_from(PREEMPTION_MODES))
+       preemption=st.sampled_from([m for m in PREEMPTION_MODES if m != "lazy"]))
 def test_token_identity_on_any_simulation(kind: str, seed: int, blocks: int, chunked: bool,
                                           profile: str, preemption: PreemptionMode) -> None:
     # vllm-v0 on caches V0 starts with (one max_model_len sequence fits) and where no

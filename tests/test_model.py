@@ -18,7 +18,7 @@ from kvsched.spec.profiles import ConfigDefaults, get_profile, pinned_profile
 @pytest.mark.parametrize("change,problem", [
     ({"chunked_prefill": 1}, "config.chunked_prefill must be true or false, got 1"),
     ({"policy": "lifo"}, "config.policy must be one of fcfs, priority, got 'lifo'"),
-    ({"preemption": "drop"}, "config.preemption must be one of recompute, swap, auto, got "
+    ({"preemption": "drop"}, "config.preemption must be one of recompute, swap, auto, lazy, got "
                              "'drop'"),
     ({"block_size": 2.0}, "config.block_size must be an integer, got 2.0"),
     ({"max_num_seqs": True}, "config.max_num_seqs must be an integer, got True"),

@@ -123,7 +123,8 @@ class CheckedScheduler:
         rec = StepRecord(self.steps, tuple(self._arrivals), tuple(self._aborted),
                          decision.rejected, decision.preempted, decision.swapped_in,
                          decision.scheduled, finished, self.scheduler.free_blocks(),
-                         decision.new_blocks)
+                         decision.new_blocks, released=decision.released,
+                         reclaimed=decision.reclaimed)
         self._arrivals, self._aborted, self._decision = [], [], None
         self.steps += 1
         self._check(rec)

@@ -149,7 +149,8 @@ def run(scheduler: Scheduler, workload: Iterable[WorkItem], *, block_ids: bool =
                          finished, scheduler.free_blocks(),
                          decision.new_blocks if block_ids else None,
                          prefix_hits=decision.prefix_hits, block_keys=keys,
-                         dedup=dedup if block_ids else {})
+                         dedup=dedup if block_ids else {}, released=decision.released,
+                         reclaimed=decision.reclaimed)
         yield rec
         if stall.observe(moves(rec), bool(outputs)):
             raise stalled_run(scheduler, lambda rid: live[rid].request(live[rid].arrival),
