@@ -219,6 +219,58 @@ def test_assembled_trace_reads_back_and_checks_clean(tmp_path: Path) -> None:
     assert not (tmp_path / "t.jsonl.part").exists()
 
 
+# The same workload under async scheduling, as the driver writes it (pipelined_step):
+# each step's finishes come a step late, as "finished_before", and the blocks they free
+# are released in the step after that. c finishes at step 1 and still fills a slot of
+# step 2, as a request that stopped at end-of-sequence does (the engine core had queued
+# it); a finishes at step 2 with no slot after it.
+PIPELINED = replace(CONFIG, pipelined=True)
+ASYNC_HEADER = {**HEADER, "config": effective(vllm_settings(PIPELINED), async_scheduling=True,
+                                              scheduler_class="AsyncScheduler")}
+ASYNC_EVENTS: list[dict[str, Any]] = [
+    ASYNC_HEADER,
+    step_event(0, arrivals=["a"], scheduled=[["a", 6]], new_block_ids={"a": [1, 2]},
+               free_blocks=38),
+    step_event(1, arrivals=["c"], scheduled=[["a", 1], ["c", 5]],
+               new_block_ids={"c": [3, 4]}, free_blocks=36),
+    step_event(2, scheduled=[["a", 1], ["c", 1]], free_blocks=36,
+               finished_before=[{"id": "c", "reason": "stop"}]),
+    step_event(3, released=["c"], free_blocks=38,
+               finished_before=[{"id": "a", "reason": "length"}]),
+    step_event(4, released=["a"], free_blocks=40),
+    {"done": "t", "complete": True, "steps": 5},
+]
+
+
+def test_async_scheduling_puts_each_finish_on_its_own_step(tmp_path: Path) -> None:
+    job = Job("t", PIPELINED, SMALL, tmp_path / "t.jsonl")
+    [result] = VLLM.assemble([job], iter(ASYNC_EVENTS))
+    assert result.config.pipelined and result.steps == 5
+    with job.out.open("rb") as f:
+        reader = TraceReader(f)
+        assert reader.header.config.pipelined
+        records = list(reader)
+    assert [r.finished for r in records] == [(), ("c",), ("a",), (), ()]
+    assert [r.released for r in records] == [(), (), (), ("c",), ("a",)]
+    # c's slot in step 2 is the one the engine core filled before it knew c stopped.
+    assert records[2].scheduled == (("a", 1), ("c", 1))
+    assert check_steps(result.config, records, complete=True).counts == {}
+
+
+def test_a_finish_before_any_step_is_refused(tmp_path: Path) -> None:
+    job = Job("t", PIPELINED, SMALL, tmp_path / "t.jsonl")
+    early = step_event(0, arrivals=["a"], finished_before=["a"])
+    with pytest.raises(AdapterError, match="finishes of an earlier step"):
+        VLLM.assemble([job], iter([ASYNC_HEADER, early]))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_async_scheduling_is_asked_of_vllm_by_the_pipelined_config() -> None:
+    assert vllm_settings(PIPELINED)["async_scheduling"] is True
+    assert vllm_settings(CONFIG)["async_scheduling"] is False
+    assert config_from_vllm(ASYNC_HEADER["config"]).pipelined
+
+
 def test_a_stopped_job_has_no_end_line(tmp_path: Path) -> None:
     job = Job("t", CONFIG, SMALL, tmp_path / "t.jsonl")
     [result] = VLLM.assemble([job], iter([*EVENTS[:2], {"done": "t", "complete": False}]))

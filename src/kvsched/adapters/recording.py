@@ -16,6 +16,7 @@ of jobs or a workload with any Engine of the table (kvsched.adapters.engines).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -104,20 +105,48 @@ class TraceFile:
         self.output = Output(job.out)
         self.stream: IO[bytes] = self.output.stream
         TraceWriter(self.stream).header(result.config, result.engine, extra)
+        # A pipelined engine (config pipelined) decides step k+1 before it applies step
+        # k's output, so step k's finishes come in step k+1's event, as its
+        # "finished_before": each step line waits here for the next event.
+        self.held: StepRecord | None = None
+
+    def take(self, event: Mapping[str, Any]) -> StepRecord:
+        """One step event: the line held before it gets the event's "finished_before"
+        (ids, or objects with an "id") and is written, then the engine's adapter makes
+        the event's own line (`step`)."""
+        before = tuple(f["id"] if isinstance(f, Mapping) else str(f)
+                       for f in event.get("finished_before") or ())
+        if self.held is not None:
+            held, self.held = self.held, None
+            self._put(dataclasses.replace(held, finished=held.finished + before))
+        elif before:
+            raise AdapterError(f"step {event.get('step')}: the driver gave finishes of an "
+                               "earlier step, and there is none")
+        return self.step(event)
 
     def step(self, event: Mapping[str, Any]) -> StepRecord:
         raise NotImplementedError
 
     def write(self, rec: StepRecord, line: dict[str, Any] | None = None) -> StepRecord:
         """Write a step: `line`, the step's object as the engine's adapter makes it, or
-        trace v1's own."""
+        trace v1's own; a pipelined engine's trace v1 line waits for the next event
+        (`take`)."""
+        if line is None and self.result.config.pipelined:
+            self.held = rec
+            return rec
+        self._put(rec, line)
+        return rec
+
+    def _put(self, rec: StepRecord, line: dict[str, Any] | None = None) -> None:
         self.stream.write(json_line(step_dict(rec) if line is None else line))
         self.result.steps += 1
         self.result.preemptions += len(rec.preempted)
         self.result.rejected += len(rec.rejected)
-        return rec
 
     def done(self, event: Mapping[str, Any]) -> Recorded:
+        if self.held is not None:
+            held, self.held = self.held, None
+            self._put(held)
         complete = bool(event["complete"])
         if complete:
             TraceWriter(self.stream).end()
@@ -199,7 +228,7 @@ def read_events(lines: Iterable[bytes], name: str) -> Iterator[dict[str, Any]]:
 class JobTrace(Protocol[R_co]):
     """One job's trace file while a driver's events come in."""
 
-    def step(self, event: Mapping[str, Any]) -> StepRecord: ...
+    def take(self, event: Mapping[str, Any]) -> StepRecord: ...
     def done(self, event: Mapping[str, Any]) -> R_co: ...
     def discard(self) -> None: ...
 
@@ -223,7 +252,7 @@ def assemble_with(jobs: Sequence[Job], events: Iterable[dict[str, Any]],
             elif current is None:
                 raise AdapterError(f"the {name} driver wrote a step outside a job")
             elif "step" in event:
-                rec = current.step(event)
+                rec = current.take(event)
                 if on_step is not None:
                     on_step(jobs[len(results)], rec)
             elif "done" in event:

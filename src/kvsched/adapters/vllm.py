@@ -68,6 +68,9 @@ def vllm_settings(config: Config, allow_undersized_cache: bool = False) -> dict[
     if config.step_mix != "any":
         raise AdapterError("vLLM's steps run decodes and prefills together: use step_mix "
                            f"any, not {config.step_mix}")
+    if config.prealloc_tokens:
+        raise AdapterError("vLLM's v1 scheduler takes blocks only for the tokens it "
+                           "schedules: use prealloc_tokens 0")
     recording.refuse_seats_over_budget(config, "vLLM")
     if config.long_prefill_token_threshold > config.max_model_len:
         raise AdapterError(f"vLLM refuses long_prefill_token_threshold "
@@ -88,6 +91,9 @@ def vllm_settings(config: Config, allow_undersized_cache: bool = False) -> dict[
         "policy": config.policy,
         "watermark": watermark,
         "enable_prefix_caching": config.prefix_caching,
+        # pipelined: vLLM's async scheduling (AsyncScheduler, the engine core's queue of
+        # two batches), which the driver runs as the engine core does.
+        "async_scheduling": config.pipelined,
     }
 
 
@@ -99,16 +105,22 @@ REQUIRED_ENGINE_SETTINGS: dict[str, object] = {
     # report False (the driver's no-reserve-full-isl); that release's profile says so.
     "scheduler_reserve_full_isl": (True, False),
     "enable_prefix_caching": (True, False),
-    "async_scheduling": False,
+    "async_scheduling": (True, False),
     "num_spec_tokens": 0,
     "num_lookahead_tokens": 0,
-    "scheduler_class": "Scheduler",
+    "scheduler_class": ("Scheduler", "AsyncScheduler"),
 }
 
 
 def config_from_vllm(effective: Mapping[str, Any], null_block: int = 0) -> Config:
     """The kvsched config of a scheduler vLLM really built (the driver reads it back).
     Block ids are vLLM's own: its null block is 0, so they run from 1."""
+    if (effective.get("scheduler_class") == "AsyncScheduler") != bool(
+            effective.get("async_scheduling")):
+        raise AdapterError(f"vLLM built its scheduler with scheduler_class="
+                           f"{effective.get('scheduler_class')!r} and async_scheduling="
+                           f"{effective.get('async_scheduling')!r}; the adapter needs "
+                           "AsyncScheduler exactly when async scheduling is on")
     if null_block != 0:
         raise AdapterError(f"vLLM's null block is {null_block}; the adapter needs block 0 "
                            "(so that vLLM's own block ids run from 1)")
@@ -138,6 +150,7 @@ def config_from_vllm(effective: Mapping[str, Any], null_block: int = 0) -> Confi
         watermark_blocks=effective["watermark_blocks"],
         first_block_id=1,
         prefix_caching=effective["enable_prefix_caching"],
+        pipelined=effective["async_scheduling"],
     )
 
 
@@ -145,7 +158,9 @@ def config_from_vllm(effective: Mapping[str, Any], null_block: int = 0) -> Confi
 
 def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem]) -> StepRecord:
     """One driver step event as a trace step: vLLM's own block ids (as in its logs),
-    victims in the order vLLM preempted them."""
+    victims in the order vLLM preempted them. With async scheduling the event's
+    "finished" are none (the recording core puts its "finished_before" on the step
+    before) and its "released" the requests whose blocks the last output freed."""
     step = event["step"]
     new_blocks = {rid: tuple(ids) for rid, ids in event["new_block_ids"].items() if ids}
     hits = {rid: tuple(ids) for rid, ids in event.get("prefix_hits", {}).items() if ids}
@@ -155,6 +170,7 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem]) -> S
         **recording.loop_fields(event, workload),
         preempted=tuple(Preemption(rid, "recompute") for rid in event["preempted"]),
         finished=tuple(f["id"] for f in event["finished"]),
+        released=tuple(event.get("released", ())),
         free_blocks=event["free_blocks"],
         new_blocks=new_blocks,
         prefix_hits=hits,
@@ -162,7 +178,7 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem]) -> S
     )
 
 
-def header_extra(prefix_caching: bool) -> dict[str, Any]:
+def header_extra(prefix_caching: bool, pipelined: bool = False) -> dict[str, Any]:
     caching: dict[str, Any] = {"prefix_caching": prefix_caching}
     if prefix_caching:
         caching["prefix_hits"] = (
@@ -174,8 +190,14 @@ def header_extra(prefix_caching: bool) -> dict[str, Any]:
         caching["block_keys"] = "vLLM's Request.block_hashes (sha256, base64)"
     return {"preempted_order": True, "adapter": {
         "name": "kvsched.adapters.vllm",
-        "scheduler": "vllm.v1.core.sched.scheduler.Scheduler",
-        **caching, "async_scheduling": False,
+        "scheduler": "vllm.v1.core.sched.async_scheduler.AsyncScheduler" if pipelined
+        else "vllm.v1.core.sched.scheduler.Scheduler",
+        **caching, "async_scheduling": pipelined,
+        **({"pipelined": "the engine core's batch queue of two: step k+1 is decided "
+                         "before step k's output is applied; a request that stopped at "
+                         "end-of-sequence may fill a slot of the next batch, and its "
+                         "blocks come back when its output is applied (released in the "
+                         "step after)"} if pipelined else {}),
         "rejected": "refused by vLLM's input processor (prompt_len >= max_model_len); "
                     "the scheduler never saw them",
         "preempted": "in the order vLLM preempted them: the driver hooks "
@@ -205,7 +227,7 @@ class VllmTrace(recording.TraceFile):
         built = recording.built_as_asked(
             job, config_from_vllm(header["config"], int(header["null_block"])), "vLLM")
         super().__init__(job, recording.Recorded(job, built, engine_header(header)),
-                         header_extra(built.prefix_caching))
+                         header_extra(built.prefix_caching, built.pipelined))
 
     def step(self, event: Mapping[str, Any]) -> StepRecord:
         return self.write(step_record(event, self.by_id))

@@ -132,6 +132,7 @@ def _module(name: str) -> Any:
 #
 #   sched-config-watermark, no-watermark   0.11.0-0.23.0   no v1 watermark
 #   sched-config-is_encoder_decoder        0.11.0
+#   cpu-async-off                          any     async scheduling: the CPU platform's off
 #   scheduler-block_size                   0.11.0
 #   scheduler-hash_block_size              0.11.0-0.19.1
 #   no-reserve-full-isl                    0.11.0-0.18.1   admission checks one chunk
@@ -444,7 +445,7 @@ def build_scheduler(cfg: dict[str, Any], model_dir: Path, scheduler_class: Any =
         long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
         policy=cfg["policy"],
         watermark=cfg["watermark"],
-        async_scheduling=False,
+        async_scheduling=bool(cfg.get("async_scheduling", False)),
         is_encoder_decoder=False,
     ), "sched-config")
     if cfg["watermark"] and "watermark" not in settings:
@@ -463,6 +464,11 @@ def build_scheduler(cfg: dict[str, Any], model_dir: Path, scheduler_class: Any =
     kv_cache_config = kv.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                                        kv_cache_groups=[kv.KVCacheGroupSpec(["layer"], spec)])
     cache_config.num_gpu_blocks = num_blocks
+    if settings.get("async_scheduling") and not scheduler_config.async_scheduling:
+        # vLLM's CPU platform turns async scheduling off ("not required on CPU"); a GPU
+        # engine keeps it and builds the AsyncScheduler, as the driver does.
+        fired("cpu-async-off")
+        scheduler_config.async_scheduling = True
     cls = scheduler_class or sched_mod.Scheduler
     base: Any = vllm_base(cls)  # a tracing subclass takes what vLLM's class takes
     return cls(**accepted(base.__init__, dict(
@@ -727,7 +733,18 @@ class Job:
         sched_output = _module("vllm.v1.core.sched.output")
         self.status = _module("vllm.v1.request").RequestStatus
         vllm = _module("vllm")
-        self.scheduler = scheduler = build_scheduler(job["config"], model_dir)
+        # With async scheduling vLLM's engine core decides step k+1 before it applies step
+        # k's output (EngineCore.step_with_batch_queue, a queue of two batches): the
+        # driver does the same with vLLM's AsyncScheduler (pipelined_step).
+        self.pipelined = bool(job["config"].get("async_scheduling", False))
+        self.scheduler = scheduler = build_scheduler(
+            job["config"], model_dir,
+            _module("vllm.v1.core.sched.async_scheduler").AsyncScheduler
+            if self.pipelined else None)
+        # Pipelined: the batch in flight (its output not applied yet, and who samples in
+        # it), and the requests whose blocks the last output's finishes freed.
+        self.in_flight: tuple[Any, list[str]] | None = None
+        self.freed: list[str] = []
         self.pool = pool = scheduler.kv_cache_manager.block_pool
         self.hasher = block_hasher(scheduler)
         self.keys = BlockKeys(pool, scheduler.block_size) if self.hasher is not None else None
@@ -765,18 +782,10 @@ class Job:
         return True
 
     def step(self, step: int) -> tuple[dict[str, Any], list[str], bool]:
-        scheduler, live, keys, status = self.scheduler, self.live, self.keys, self.status
-        preempted = self.preempted
-        preempted.clear()
-        running = () if self.victims_named else list(scheduler.running)
-        output = scheduler.schedule()
-        reported = output.preempted_req_ids if self.victims_named else {
-            r.request_id for r in running if r.status == status.PREEMPTED}
-        if set(preempted) != set(reported):
-            raise DriverError(f"preempted {sorted(preempted)} but the scheduler output "
-                              f"says {sorted(reported)}")
-        fresh, hits = step_blocks(output, scheduler.block_size)
-        scheduled = list(output.num_scheduled_tokens.items())
+        if self.pipelined:
+            return self.pipelined_step()
+        scheduler, live, keys = self.scheduler, self.live, self.keys
+        output, preempted, scheduled, decided = self.decide()
         sampled: list[list[int]] = []
         for rid, _ in scheduled:
             request = live[rid]
@@ -791,13 +800,65 @@ class Job:
             live.pop(f["id"], None)
             if keys is not None:
                 keys.forget(f["id"])
-        return ({"preempted": list(preempted),
-                 "scheduled": [[rid, n] for rid, n in scheduled],
-                 "new_block_ids": fresh, "prefix_hits": hits,
-                 "block_keys": {rid: list(map(key_text, ks)) for rid, ks in keys.take().items()}
-                 if keys is not None else {},
-                 "finished": finished, "free_blocks": self.pool.get_num_free_blocks()},
+        return ({**decided, "finished": finished,
+                 "free_blocks": self.pool.get_num_free_blocks()},
                 [f["id"] for f in finished], bool(scheduled or preempted or finished))
+
+    def decide(self) -> tuple[Any, list[str], list[tuple[str, int]], dict[str, Any]]:
+        """vLLM's schedule() for one step: its output, the victims in the order vLLM took
+        them, the batch, and the step event's fields they make."""
+        scheduler, status, keys = self.scheduler, self.status, self.keys
+        preempted = self.preempted
+        preempted.clear()
+        running = () if self.victims_named else list(scheduler.running)
+        output = scheduler.schedule()
+        reported = output.preempted_req_ids if self.victims_named else {
+            r.request_id for r in running if r.status == status.PREEMPTED}
+        if set(preempted) != set(reported):
+            raise DriverError(f"preempted {sorted(preempted)} but the scheduler output "
+                              f"says {sorted(reported)}")
+        fresh, hits = step_blocks(output, scheduler.block_size)
+        scheduled = list(output.num_scheduled_tokens.items())
+        return output, list(preempted), scheduled, {
+            "preempted": list(preempted), "scheduled": [[rid, n] for rid, n in scheduled],
+            "new_block_ids": fresh, "prefix_hits": hits,
+            "block_keys": {rid: list(map(key_text, ks)) for rid, ks in keys.take().items()}
+            if keys is not None else {}}
+
+    def pipelined_step(self) -> tuple[dict[str, Any], list[str], bool]:
+        """One step of async scheduling, as vLLM's engine core runs it with its queue of
+        two batches (EngineCore.step_with_batch_queue): decide step k, then apply step
+        k-1's output. The step event's "finished_before" are step k-1's finishes (its
+        own "finished" are none: they are known a step later); applying the output
+        frees their blocks, which are "released" in step k+1's event, whose decisions
+        had them back; a request that stopped at end-of-sequence may be in step k's
+        batch, a slot the engine core had already filled (vLLM's AsyncScheduler skips
+        only a request sure to have reached max_tokens). free_blocks is vLLM's count
+        after step k's decisions, before that output."""
+        scheduler, live, keys = self.scheduler, self.live, self.keys
+        output, preempted, scheduled, decided = self.decide()
+        free = self.pool.get_num_free_blocks()
+        # Who samples in step k: not a prompt chunk that leaves tokens to compute.
+        sampling = [rid for rid, _ in scheduled if not live[rid].is_prefill_chunk]
+        released, self.freed = self.freed, []
+        finished: list[dict[str, str]] = []
+        if self.in_flight is not None:
+            last, samplers = self.in_flight
+            ids = list(last.num_scheduled_tokens)
+            sampled = [[self.contents.output(rid, live[rid].num_output_tokens)]
+                       if rid in samplers and rid in live else [] for rid in ids]
+            finished = finishes(scheduler.update_from_output(
+                last, self.runner_output(ids, sampled)))
+            for f in finished:
+                if keys is not None:
+                    keys.forget(f["id"])
+            self.freed = [f["id"] for f in finished]
+        self.in_flight = (output, sampling) if scheduled else None
+        for rid in released:
+            live.pop(rid, None)
+        return ({**decided, "finished": [], "finished_before": finished,
+                 "released": released, "free_blocks": free},
+                released, bool(scheduled or preempted or finished or released))
 
     def stopped(self, error: Exception) -> dict[str, Any] | None:
         """vLLM did something in a step that trace v1 cannot say (a DriverError): the
