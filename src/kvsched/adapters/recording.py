@@ -328,18 +328,24 @@ RecordedT = TypeVar("RecordedT", bound=Recorded)  # what an engine's recording c
 class EngineOption:
     """One of an engine's own options that `kvsched record NAME` offers beside the
     config's: `flag` as the engine spells it, `help`; `choices` (its words), `switch`
-    (a flag without a value) or else an integer; `knob`, the setting of its step kind
-    it sets (StepKind.settings; "" for none), and `as_knob`, each word's knob value where
-    they differ; `refused`, each word the adapter refuses, with why (one clause)."""
+    (a flag without a value), `real` (a number with a fraction) or else an integer;
+    `knob`, the setting of its step kind it sets (StepKind.settings; "" for none), and
+    `as_knob`, each word's knob value where they differ; `refused`, each word the
+    adapter refuses, with why (one clause); `config`, the config field a switch turns
+    on."""
 
     flag: str
     help: str
     knob: str = ""
     choices: tuple[str, ...] = ()
     switch: bool = False
+    real: bool = False
     as_knob: Mapping[str, object] = field(default_factory=dict)
     refused: Mapping[str, str] = field(default_factory=dict)
     default: str = ""  # what an unset option means, as --help says it
+    # The config field a switch turns on, where the option is the engine's own way of
+    # saying one its step kind does not offer (vLLM's --async-scheduling: pipelined).
+    config: str = ""
 
     @property
     def dest(self) -> str:

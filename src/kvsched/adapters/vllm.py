@@ -256,12 +256,20 @@ def release_python(name: str, python: Path | None = None) -> Path:
     return python or env.python
 
 
+OPTIONS = (
+    recording.EngineOption(
+        "--async-scheduling", "Drive vLLM's async scheduling (its AsyncScheduler, step k+1 "
+        "decided before step k's output is applied, as vLLM's engine core does on a GPU): "
+        "a pipelined trace, checked at the MUST level (profile vllm-v1 does not model it).",
+        switch=True, config="pipelined"),
+)
+
 ENGINE = recording.Engine(
     name="vllm", label="vLLM", release=VLLM_VERSION, profile="vllm-v1", step_kind="v1",
     driver=DRIVER, python=DEFAULT_VLLM_PYTHON, make_env="conformance-vllm",
     setup_hint=SETUP_HINT,
     settings=lambda job: vllm_settings(job.config, job.allow_undersized_cache),
-    trace=VllmTrace, summary=summary, python_flag="--vllm-python",
+    trace=VllmTrace, summary=summary, python_flag="--vllm-python", options=OPTIONS,
     release_python=release_python,
     release_help="Drive vLLM release X's scheduler, from its environment (`make "
                  "vllm-release V=X` builds it): any of 0.11.0 ... 0.34.0, also as "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,15 +75,19 @@ def engine_option(option: EngineOption) -> Callable[[Callable[..., Any]], Callab
     if option.switch:
         return click.option(option.flag, option.dest, is_flag=True, default=None,
                             help=option.help)
-    kind: Any = click.Choice(option.choices) if option.choices else int
+    kind: Any = click.Choice(option.choices) if option.choices else \
+        float if option.real else int
     return click.option(option.flag, option.dest, type=kind, default=None,
                         help=option.help + shown)
 
 
-def engine_settings(engine: Engine[Any], given: dict[str, Any]) -> dict[str, object]:
-    """The settings (profile knobs, StepKind.settings) the engine's own options given
-    ask for, taken out of `given`; a refused value (EngineOption.refused) is bad input."""
+def engine_settings(engine: Engine[Any], given: dict[str, Any]
+                    ) -> tuple[dict[str, object], dict[str, object]]:
+    """The settings (profile knobs, StepKind.settings) and the config fields the engine's
+    own options given ask for, taken out of `given`; a refused value
+    (EngineOption.refused) is bad input."""
     settings: dict[str, object] = {}
+    switched: dict[str, object] = {}  # config fields its own options turn on
     for option in engine.options:
         value = given.pop(option.dest, None)
         if value is None:
@@ -90,10 +95,13 @@ def engine_settings(engine: Engine[Any], given: dict[str, Any]) -> dict[str, obj
         word = "on" if option.switch else value
         if isinstance(word, str) and word in option.refused:
             fail(f"{option.flag} {word}: {option.refused[word]}")
+        if option.config:
+            switched[option.config] = True
+            continue
         if option.knob:
             settings[option.knob] = option.as_knob.get(word, value) \
                 if isinstance(word, str) else value
-    return settings
+    return settings, switched
 
 
 def recording(profile: str, workload_path: Path, out_path: Path, max_steps: int | None,
@@ -121,9 +129,12 @@ def record_with(engine: Engine[Any], workload_path: Path, out_path: Path,
         except AdapterError as e:
             fail(str(e))
     given = dict(config_given)
-    settings = engine_settings(engine, given)
+    settings, switched = engine_settings(engine, given)
     config, workload = recording(engine.profile, workload_path, out_path, max_steps,
                                  given, engine.defaults)
+    # What the engine's own options turn on is beyond its profile's step (vLLM's async
+    # scheduling): the trace says it, and it is checked at the MUST level.
+    config = replace(config, **switched)  # type: ignore[arg-type]
     try:
         result = engine.record(config, workload, out_path, python, max_steps,
                                allow_undersized_cache, settings)
