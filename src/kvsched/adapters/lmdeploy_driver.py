@@ -70,8 +70,10 @@ Events:
 `released` lists the held requests whose sessions ended before the step was scheduled;
 `preempted` the running requests LMDeploy sent back to waiting while scheduling it
 (Scheduler.preempt_seqs, only the call that finds the sequence RUNNING), `reclaimed` the
-requests not running whose blocks it took (RecomputeEvictionHelper._reclaim_candidate),
-each in the order LMDeploy took them; `void` the scheduled requests that had finished;
+requests not running that lost all the blocks they held (SequenceLifecycle.
+release_paging_resources: an allocation's RecomputeEvictionHelper._reclaim_candidate, or,
+with prefix caching, a failed admission rolling back its prefix match), each in the order
+LMDeploy took them; `void` the scheduled requests that had finished;
 `free_blocks` the block manager's free count after the step was scheduled and
 `evictable_blocks` the prefix cache's blocks no request holds (evictable). Block ids are
 LMDeploy's own, from 0; a request's new blocks are the ids its block table holds that
@@ -126,8 +128,7 @@ def _import_lmdeploy() -> SimpleNamespace:
     g.MessageStatus, g.SamplingParam = messages.MessageStatus, messages.SamplingParam
     g.SequenceMeta = messages.SequenceMeta
     g.Scheduler = m("lmdeploy.pytorch.paging").Scheduler
-    g.RecomputeEvictionHelper = m("lmdeploy.pytorch.paging.eviction_helper."
-                                  "recompute_eviction_helper").RecomputeEvictionHelper
+    g.SequenceLifecycle = m("lmdeploy.pytorch.paging.seq_states.states").SequenceLifecycle
     g.BlockTrie = m("lmdeploy.pytorch.paging.block_trie.trie").BlockTrie
     g.Node = m("lmdeploy.pytorch.paging.block_trie.node").Node
     g.kv_lifecycle = m("lmdeploy.pytorch.paging.block_trie.kv_lifecycle")
@@ -199,6 +200,7 @@ class Watch:
         self.preempted: list[int] = []
         self.reclaimed: list[int] = []
         self.evicted = 0
+        self.ending = False  # a session is being ended: its release is no reclaim
 
     def take(self) -> tuple[list[int], list[int], int]:
         out = (self.preempted, self.reclaimed, self.evicted)
@@ -211,7 +213,7 @@ LAST_RUNNING: list[Any] = []  # the batch _make_forward_inputs built last
 
 
 def watch_decisions(g: SimpleNamespace) -> None:
-    """Hook Scheduler.preempt_seqs, RecomputeEvictionHelper._reclaim_candidate and
+    """Hook Scheduler.preempt_seqs, SequenceLifecycle.release_paging_resources and
     BlockTrie.evict (each calls LMDeploy's own), and keep the batch of the forward
     inputs (_send_next_inputs_impl pops it before forward_async)."""
     preempt = g.Scheduler.preempt_seqs
@@ -227,15 +229,20 @@ def watch_decisions(g: SimpleNamespace) -> None:
         return preempt(self, seqs)
 
     g.Scheduler.preempt_seqs = preempt_seqs
-    reclaim = g.RecomputeEvictionHelper._reclaim_candidate
+    release = g.SequenceLifecycle.release_paging_resources
 
-    def reclaim_candidate(self: Any, seq: Any) -> bool:
-        taken = bool(reclaim(self, seq))
-        if taken:
+    def release_paging_resources(self: Any, seq: Any) -> Any:
+        # A sequence that is not running loses all its blocks: an allocation reclaims
+        # them (RecomputeEvictionHelper._reclaim_candidate,
+        # recompute_eviction_helper.py:117) or, with prefix caching, a failed admission
+        # rolls back its prefix match (prefill_scheduler.py:382), both through here; a
+        # session's end (remove_sequence, states.py:47) is not a reclaim.
+        if seq.num_blocks > 0 and not WATCH.ending \
+                and (not WATCH.reclaimed or WATCH.reclaimed[-1] != seq.session_id):
             WATCH.reclaimed.append(seq.session_id)
-        return taken
+        return release(self, seq)
 
-    g.RecomputeEvictionHelper._reclaim_candidate = reclaim_candidate
+    g.SequenceLifecycle.release_paging_resources = release_paging_resources
     evict = g.BlockTrie.evict
 
     def trie_evict(self: Any, max_num_blocks: int) -> Any:
@@ -320,7 +327,8 @@ class Job:
             max_batches=cfg["max_batches"], max_prefill_token_num=cfg["max_prefill_token_num"],
             role=g.EngineRole.Hybrid, block_size=bs, kernel_block_size=bs, window_size=-1,
             enable_prefix_caching=cfg["enable_prefix_caching"],
-            prefix_cache_decode_state_interval=0, enable_chunked_prefill=False,
+            prefix_cache_decode_state_interval=0,
+            enable_chunked_prefill=cfg["enable_chunked_prefill"],
             prefill_interval=cfg["prefill_interval"])
         self.maker = g.InputsMakerAsync(
             executor=self.executor, scheduler=self.scheduler,
@@ -358,7 +366,7 @@ class Job:
         """Engine._get_max_session_len (engine/engine.py:328-341), on this cache."""
         bs = self.cache_cfg.block_size
         tokens = (self.cache_cfg.num_gpu_blocks - self.cache_cfg.num_reserved_gpu_blocks) * bs
-        return min(tokens - bs, cfg["session_len"])
+        return int(min(tokens - bs, cfg["session_len"]))
 
     def effective_config(self, cfg: dict[str, Any]) -> dict[str, Any]:
         """What LMDeploy's objects were built with, read back from them."""
@@ -415,7 +423,11 @@ class Job:
             if rid in self.finished:  # else a reclaim took its blocks: it has ended
                 self.finished.discard(rid)
                 self.released.append(rid)
-            self.scheduler.end_session(self.sid[rid])
+            WATCH.ending = True
+            try:
+                self.scheduler.end_session(self.sid[rid])
+            finally:
+                WATCH.ending = False
         self.to_end = []
         due = self.step_now
         while self.next_arrival < len(self.pending) \
@@ -483,7 +495,9 @@ class Job:
     def decisions(self, step: int) -> dict[str, Any]:
         """What the scheduler did since the last forward, and the cache after it."""
         preempted, reclaimed, evicted = WATCH.take()
-        rids = [self.rid[s] for s in reclaimed]
+        # a request whose blocks were only matched in this schedule's failed admission
+        # (a prefix hit rolled back) held none the trace gave it
+        rids = [self.rid[s] for s in reclaimed if self.tables.get(self.rid[s])]
         ended = [rid for rid in rids if rid in self.finished]  # held: it ends now
         for rid in rids:  # a reclaimed request holds nothing, and recomputes
             self.computed[rid] = 0

@@ -419,7 +419,7 @@ def build_config(profile: str, given: dict[str, Any]) -> Config:
              f"a cache of {config.num_gpu_blocks * config.block_size} tokens (it takes "
              f"prompts of min(max_model_len, cache tokens) - "
              f"{named.defaults.prompt_margin} tokens at most)")
-    if config.preemption != "recompute" and config.num_cpu_blocks == 0:
+    if config.preemption in ("swap", "auto") and config.num_cpu_blocks == 0:
         fail(f"--preemption {config.preemption} moves victims to host blocks, but "
              "--num-cpu-blocks is 0: give host blocks, or --preemption recompute")
     problems = config.problems()
