@@ -87,7 +87,7 @@ def judge(f: StepFacts, state: State, options: CheckOptions, leaked: int,
     return [
         *must.kv_budget(f), *must.cpu_budget(f), *must.token_budget(f, cfg),
         *must.seq_limit(f, cfg), *must.token_range(f, cfg), *must.one_state(f),
-        *must.preempt(f), *must.finish(f, cfg), *must.reject(f, cfg),
+        *must.preempt(f, cfg), *must.finish(f, cfg), *must.reject(f, cfg),
         *must.block_ids(f, cfg), *must.accounting(f, leaked),
         *should.no_idle(f, state), *should.no_thrash(f, options.max_preemptions),
         *should.needed_preemption(f, cfg, preempted_order),
@@ -219,7 +219,7 @@ class Checker:
         self.report.requests += len(f.arrivals)
         for v in judge(f, self.state, self.options, self.leaked, self.preempted_order):
             self.flag(v)
-        if self.stall.observe(should.moves(rec), bool(self.state.live)):
+        if self.stall.observe(should.moves(rec), self.state.working):
             self.flag(should.state_progress(rec.step, self.stall.limit, self.state))
         for v in self.starvation.observe(rec.step, should.passed_over(f, self.state),
                                          self.state):
@@ -253,6 +253,8 @@ class Checker:
         waits)."""
         self.report.complete = complete
         if complete:
+            for v in must.held_at_end(self.step_no, self.state):
+                self.flag(v)
             for v in should.completion(self.step_no, self.state):
                 self.flag(v)
         elif self.stall.quiet >= self.stall.limit:

@@ -9,8 +9,8 @@ the sentences they say. The checker (checker.py) calls them in the order of INVA
 from __future__ import annotations
 
 from kvsched.spec.blocks import rejectable
-from kvsched.spec.model import Config
-from kvsched.spec.state import NEVER_ARRIVED, Action, HitBlock, StepFacts
+from kvsched.spec.model import Config, Status, victim_modes
+from kvsched.spec.state import NEVER_ARRIVED, Action, HitBlock, State, StepFacts
 from kvsched.spec.violation import Violation
 
 
@@ -18,14 +18,19 @@ def kv_budget(f: StepFacts) -> list[Violation]:
     """kv-budget: sum over r in S of Db_r (swap-ins included, and E_r, the evictable
     blocks a prefix hit takes) <= B_free + B_reclaim.
 
-    B_free is the free GPU blocks before the step (evictable cached ones included),
-    B_reclaim what its preemptions released. With it, free GPU blocks never go negative.
+    B_free is the free GPU blocks before the step (evictable cached ones included, and
+    what the step's `released` freed), B_reclaim what its preemptions released plus what
+    its `reclaimed` entries released (a lazy victim releases nothing by itself). With
+    it, free GPU blocks never go negative.
     """
     if f.demand <= f.free_before + f.reclaim:
         return []
+    by_victims = f.reclaim - f.released_by_reclaims
+    reclaimed = (f" and {f.released_by_reclaims} by reclaimed entries"
+                 if f.reclaims else "")
     return [Violation("kv-budget", f.step,
                       f"the step needs {f.demand} new GPU blocks but only {f.free_before} were "
-                      f"free and {f.reclaim} reclaimed by preemption",
+                      f"free and {by_victims} reclaimed by preemption{reclaimed}",
                       lhs=f.demand, relation="<=", rhs=f.free_before + f.reclaim)]
 
 
@@ -144,13 +149,23 @@ def one_state(f: StepFacts) -> list[Violation]:
     return out
 
 
-def preempt(f: StepFacts) -> list[Violation]:
-    """preempt: a victim was running (and not admitted or swapped in this step); a
-    recompute victim restarts from C = 0 with no blocks, so its first new chunk is
-    handed ceil((C + Dn) / block_size) block ids from nothing."""
+def preempt(f: StepFacts, config: Config | None = None) -> list[Violation]:
+    """preempt: a victim was running (and not admitted or swapped in this step), in a
+    mode of the config's preemption (lazy under lazy, recompute or swap under any other:
+    model.victim_modes); a recompute victim, and a waiting one whose blocks are reclaimed,
+    restarts from C = 0 with no blocks, so its first new chunk is handed
+    ceil((C + Dn) / block_size) block ids from nothing (a lazy victim keeps its blocks:
+    it releases nothing)."""
     out = [Violation("preempt", f.step, f"{_misplaced(v.action)}; only a running request "
                      "can be a victim", request=v.action.request)
            for v in f.victims if not v.action.applied]
+    if config is not None:
+        modes = victim_modes(config.preemption)
+        out += [Violation("preempt", f.step,
+                          f"{v.action.request} is preempted in mode {v.mode}, which config "
+                          f"preemption {config.preemption} does not use (it takes "
+                          f"{' or '.join(modes)})", request=v.action.request)
+                for v in f.victims if v.mode not in modes]
     out += [Violation("preempt", f.step,
                       f"{c.action.request} was preempted by recompute but its next chunk got "
                       f"{c.restart_ids} new blocks where {c.new_blocks} are needed from "
@@ -215,12 +230,21 @@ def block_ids(f: StepFacts, config: Config) -> list[Violation]:
     first, last = config.first_block_id, config.first_block_id + config.num_gpu_blocks
     for h in f.handouts or ():
         rid = h.request
-        if h.counted and h.given != h.expected:
+        if h.counted and not h.within:
             # A request that was not scheduled needs no new block at all.
-            out.append(Violation("block-ids", f.step,
-                                 f"{rid} gets {h.given} new block ids where it needs "
-                                 f"{h.expected}", request=rid,
-                                 lhs=h.given, relation="==", rhs=h.expected))
+            if h.most > h.expected:  # prealloc_tokens: a range
+                over = h.given > h.most
+                out.append(Violation("block-ids", f.step,
+                                     f"{rid} gets {h.given} new block ids where it needs "
+                                     f"{h.expected} to {h.most} (prealloc_tokens "
+                                     f"{config.prealloc_tokens})", request=rid,
+                                     lhs=h.given, relation="<=" if over else ">=",
+                                     rhs=h.most if over else h.expected))
+            else:
+                out.append(Violation("block-ids", f.step,
+                                     f"{rid} gets {h.given} new block ids where it needs "
+                                     f"{h.expected}", request=rid,
+                                     lhs=h.given, relation="==", rhs=h.expected))
         for b, owner in h.blocks:
             if not first <= b < last:
                 out.append(Violation("block-ids", f.step,
@@ -275,11 +299,15 @@ def _suspects(f: StepFacts, missing: int) -> list[tuple[str, str, int]]:
     out: list[tuple[str, str, int]] = []
     if missing > 0:
         out += [("abort", rid, n) for rid, n in f.released_by_aborts if n > 0]
+        out += [("release", r.action.request, r.released) for r in f.releases
+                if r.released > 0]
+        out += [("reclaim", r.action.request, r.released) for r in f.reclaims
+                if r.released > 0]
         out += [("victim", v.action.request, v.released) for v in f.valid_victims
                 if v.released > 0]
         out += [("finish", d.action.request, d.released) for d in f.finishes
                 if d.released > 0]
-    proven = {h.request for h in f.handouts or () if h.counted and h.given == h.expected}
+    proven = {h.request for h in f.handouts or () if h.counted and h.within}
     restarted = set(f.restarted)
     for c in f.chunks:
         rid = c.action.request
@@ -334,6 +362,8 @@ def accounting(f: StepFacts, leaked: int) -> list[Violation]:
                               f"no blocks: the engine's free count is off by {missing}",
                               request=one, lhs=-missing, relation="==", rhs=0)]
         what = {"abort": f"aborting {ids} should have released {n} GPU blocks",
+                "release": f"releasing {ids} should have freed {n} GPU blocks",
+                "reclaim": f"reclaiming {ids} should have freed {n} GPU blocks",
                 "prefix hit": f"{ids} took {n} evictable cached blocks by prefix hit"}.get(
                     kind, f"{ids} should have been handed {n} GPU blocks")
         return [Violation("accounting", f.step,
@@ -349,3 +379,15 @@ def accounting(f: StepFacts, leaked: int) -> list[Violation]:
     return [Violation("accounting", f.step,
                       f"the engine reports {reported} free GPU blocks; the trace implies "
                       f"{derived}{why}", lhs=reported, relation="==", rhs=derived)]
+
+
+def held_at_end(step: int, state: State) -> list[Violation]:
+    """accounting, at the end of a complete trace (config pipelined): a finished request
+    still held holds its blocks for good, a leak (the end line says the engine ran until
+    every session ended, which releases them)."""
+    return [Violation("accounting", step,
+                      f"{rid} finished at step {t.finished_at} but still holds "
+                      f"{t.gpu_blocks} GPU blocks when the trace ends: never released or "
+                      "reclaimed (a leak)", request=rid, lhs=t.gpu_blocks, relation="==",
+                      rhs=0)
+            for rid, t in state.live.items() if t.status == Status.HELD]

@@ -122,6 +122,8 @@ def runnable(state: State) -> str | None:
     watermark of an admission or a swap-in), if any."""
     cfg = state.config
     for rid, t in state.live.items():
+        if t.status == Status.HELD:
+            continue  # finished: it waits for nothing
         view = t.view()
         if fits(cfg, view, next_chunk(cfg, t.request, view, state.running), state.free,
                 state.running):
@@ -143,9 +145,12 @@ def no_idle(f: StepFacts, state: State) -> list[Violation]:
 
 def completion(step: int, state: State) -> list[Violation]:
     """completion: in a complete trace every request ends finished, rejected or aborted;
-    one that can never complete is rejected, not left waiting forever."""
+    one that can never complete is rejected, not left waiting forever. (A held one has
+    finished: that it still holds blocks is accounting's, must.held_at_end.)"""
     out = []
     for rid, t in state.live.items():
+        if t.status == Status.HELD:
+            continue
         never = never_completes(state.config, t.request.prompt_len, t.request.max_tokens)
         why = f"; it can never complete ({never}) and should have been rejected" if never \
             else ""
@@ -209,13 +214,17 @@ def needed_preemption(f: StepFacts, config: Config, ordered: bool = True
     if not victims or len(victims) != len(f.victims) \
             or f.demand > f.free_before + f.reclaim or seat_preemption(f, config):
         return []
+    # A lazy victim gives back what a reclaim of it in the same step releases.
+    reclaimed = {r.action.request: r.released for r in f.reclaims}
     for v in victims if not ordered else victims[-1:]:
         demand = f.demand + own_chunk_blocks(v.known, v.computed, v.held, config)
-        if preemption_was_needed(demand, f.free_before, f.reclaim, v.released):
+        gave = v.released + reclaimed.get(v.action.request, 0)
+        if preemption_was_needed(demand, f.free_before, f.reclaim, gave):
             return []
     last = victims[-1]
     demand = f.demand + own_chunk_blocks(last.known, last.computed, last.held, config)
-    without_last = f.free_before + f.reclaim - last.released
+    without_last = (f.free_before + f.reclaim - last.released
+                    - reclaimed.get(last.action.request, 0))
     return [Violation("needed-preemption", f.step,
                       f"the step preempted, but its {demand} new blocks fit in the "
                       f"{without_last} available without its last victim",
@@ -227,9 +236,10 @@ def needed_preemption(f: StepFacts, config: Config, ordered: bool = True
 
 def moves(rec: StepRecord) -> bool:
     """Whether a step changes the work already there: it aborts, rejects, preempts, swaps
-    in, schedules or finishes something (an arrival only adds work)."""
+    in, schedules, finishes, releases or reclaims something (an arrival only adds
+    work)."""
     return bool(rec.scheduled or rec.preempted or rec.swapped_in or rec.finished
-                or rec.aborted or rec.rejected)
+                or rec.aborted or rec.rejected or rec.released or rec.reclaimed)
 
 
 class Stall:
@@ -309,8 +319,8 @@ def progress(step: int, limit: int, config: Config,
 def state_progress(step: int, limit: int, state: State) -> Violation:
     """`progress` over the checker's state."""
     return progress(step, limit, state.config,
-                    [(t.request, t.view()) for t in state.live.values()], state.free,
-                    state.running)
+                    [(t.request, t.view()) for t in state.live.values()
+                     if t.status != Status.HELD], state.free, state.running)
 
 
 def stalled_run(scheduler: Scheduler, request_of: Callable[[str], Request], step: int,

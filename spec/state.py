@@ -13,6 +13,20 @@ Dn, G, R), a swap-in taking its blocks beyond H at the swap-in itself. An action
 applies only in a state that allows it (ALLOWED): one that does not is recorded, not
 applied, so the state stays one the spec can describe.
 
+Three config fields stretch the phases (LMDeploy's rules, engine-neutrally). Under
+preemption lazy a victim goes back to waiting keeping its G blocks, their ids and its C
+computed tokens (it releases nothing); a step's `reclaimed`, after its victims, takes
+every block from requests that do not run and hold some (a lazy victim, a waiting
+request, a held one): a waiting one then recomputes from C = 0, as a recompute victim,
+and a held one ends. Under pipelined a finished request keeps its blocks (status held,
+live, neither waiting nor running) until a step's `released` (phase 1, after the
+aborts) or `reclaimed` names it, and it ends then; in the step right after its finish
+it may be scheduled once more, a void entry: counted in the step's seats and tokens, it
+takes blocks as any chunk and computes its tokens (C = min(C + Dn, N)) but samples
+nothing. With prealloc_tokens R > 0 a chunk's Db is the count of ids `new_blocks` gives
+it when that lies between blocks_needed(C, Dn, G) and blocks_needed(C, Dn, G, reserve =
+C + Dn + R), else (and without ids) the lower bound.
+
 With prefix caching (config prefix_caching) a block may have several holders. A block
 becomes cached, with its table index and (when the trace gives one) its content key,
 in the step whose chunk fills it; it stays cached when its last holder releases it
@@ -45,14 +59,22 @@ NEVER_ARRIVED = "never arrived"
 
 # Which states allow which action. Besides the statuses, a request can be in one of this
 # step's transient states: "arriving", "just preempted", "swapped out this step",
-# "swapped in", "already scheduled this step".
+# "swapped in", "already scheduled this step"; and two that say why an action does not
+# apply: "held since step K" (a held request past the step right after its finish) and
+# "<state> with no blocks" (nothing to reclaim).
 ALLOWED: dict[str, frozenset[str]] = {
     "arrives": frozenset({NEVER_ARRIVED}),
     "aborted": frozenset({"waiting", "running", "swapped", "arriving"}),
+    # A held request's blocks are freed when its session ends (config pipelined).
+    "released": frozenset({"held"}),
     "rejected": frozenset({"waiting"}),
     "preempted": frozenset({"running"}),
+    # Every block of a request that does not run and holds some: a lazy victim (of this
+    # step or before: waiting), or a held one.
+    "reclaimed": frozenset({"waiting", "held", "just preempted"}),
     "swapped in": frozenset({"swapped"}),
-    "scheduled": frozenset({"waiting", "running", "swapped in"}),
+    # A held request only in the step right after its finish: a void entry.
+    "scheduled": frozenset({"waiting", "running", "swapped in", "held"}),
     # A live request always finishes (whether it had sampled is the finish invariant's
     # question); an ended one cannot.
     "finished": frozenset({"waiting", "running", "swapped"}),
@@ -77,6 +99,7 @@ class LiveRequest:
     block_ids: list[int] = field(default_factory=list)
     recomputing: bool = False  # a recompute victim whose first new chunk is not yet seen
     keys: list[str] = field(default_factory=list)  # content keys of its full blocks
+    finished_at: int | None = None  # held: the step it finished in
 
     def view(self) -> RequestView:
         return RequestView(self.status, self.num_tokens, self.num_computed, self.gpu_blocks,
@@ -101,13 +124,21 @@ class Victim:
     """A preemption: the victim's N, C, G and free host blocks just before it."""
 
     action: Action
-    mode: str  # "recompute" or "swap"
+    mode: str  # "recompute", "swap" or "lazy"
     known: int
     computed: int
     held: int
     free_host: int
     preemptions: int  # counting this one
-    released: int  # GPU blocks it gave back
+    released: int  # GPU blocks it gave back (none when lazy)
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    """A `released` or `reclaimed` entry: the GPU blocks it freed."""
+
+    action: Action
+    released: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +155,7 @@ class Chunk:
     sampled: bool
     restart_ids: int | None  # a recompute victim's first chunk: the ids the trace gives
     after: int  # C after the entry: min(C + Dn, N); C when it did not apply or Dn < 1
+    void: bool = False  # a held request's entry right after its finish (config pipelined)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +165,15 @@ class Handout:
     request: str
     state: str
     given: int
-    expected: int  # Db of its chunk, plus H on a swap-in
+    expected: int  # Db of its chunk, plus H on a swap-in (the least, with prealloc_tokens)
     counted: bool  # False when the count was already told as the victim's `preempt`
     blocks: tuple[tuple[int, str | None], ...]
+    most: int = -1  # the most it may be given (prealloc_tokens); -1: exactly `expected`
+
+    @property
+    def within(self) -> bool:
+        """Whether the ids given number what the chunk may take."""
+        return self.expected <= self.given <= max(self.most, self.expected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +240,10 @@ class StepFacts:
     line: int
     arrivals: list[Action] = field(default_factory=list)
     aborts: list[Action] = field(default_factory=list)
+    releases: list[Reclaim] = field(default_factory=list)  # `released`: held ones end
     rejections: list[tuple[Action, Request | None]] = field(default_factory=list)
     victims: list[Victim] = field(default_factory=list)
+    reclaims: list[Reclaim] = field(default_factory=list)  # `reclaimed`, after the victims
     # each swap-in with the GPU blocks it took: its H, plus what its allocation reserves
     swap_ins: list[tuple[Action, int]] = field(default_factory=list)
     chunks: list[Chunk] = field(default_factory=list)
@@ -214,7 +254,8 @@ class StepFacts:
     dedups: list[Dedup] = field(default_factory=list)
     due: list[LiveRequest] = field(default_factory=list)  # sampled and not finished
     free_before: int = 0  # B_free: after arrivals and aborts
-    reclaim: int = 0  # B_reclaim: what the victims released
+    reclaim: int = 0  # B_reclaim: what the victims and the reclaims released
+    released_by_reclaims: int = 0  # the reclaims' part of `reclaim`
     demand: int = 0  # sum of Db, swap-ins included
     tokens: int = 0  # sum of Dn
     running: int = 0  # after the scheduled set
@@ -229,8 +270,9 @@ class StepFacts:
     @property
     def actions(self) -> list[Action]:
         """Every action of the step, in the order it applied."""
-        return [*self.arrivals, *self.aborts, *(a for a, _ in self.rejections),
-                *(v.action for v in self.victims), *(a for a, _ in self.swap_ins),
+        return [*self.arrivals, *self.aborts, *(r.action for r in self.releases),
+                *(a for a, _ in self.rejections), *(v.action for v in self.victims),
+                *(r.action for r in self.reclaims), *(a for a, _ in self.swap_ins),
                 *(c.action for c in self.chunks), *(f.action for f in self.finishes),
                 *(d.action for d in self.dedups)]
 
@@ -264,7 +306,7 @@ class Snapshot:
 def _copy(t: LiveRequest) -> LiveRequest:
     return LiveRequest(t.request, t.status, t.num_tokens, t.num_computed, t.gpu_blocks,
                        t.host_blocks, t.preemptions, list(t.block_ids), t.recomputing,
-                       list(t.keys))
+                       list(t.keys), t.finished_at)
 
 
 class State:
@@ -337,6 +379,12 @@ class State:
     def running(self) -> int:
         return self.count[Status.RUNNING]
 
+    @property
+    def working(self) -> bool:
+        """Whether some live request has work left (a held one has none: it waits only
+        for its blocks to be released)."""
+        return len(self.live) > self.count[Status.HELD]
+
     def _set_status(self, t: LiveRequest, status: Status) -> None:
         self.count[t.status] -= 1
         self.count[status] += 1
@@ -385,6 +433,7 @@ class State:
         st.f.free_before = self.free
         self._rejections(st)
         self._preemptions(st)
+        self._reclaims(st)
         self._swap_ins(st)
         self._schedule(st)
         self._finishes(st)
@@ -404,7 +453,8 @@ class State:
 
     def _preemptions(self, st: _Step) -> None:
         """Phase 3: recompute releases G and sets C = 0 (back to waiting); swap moves the
-        G blocks to the host (H = G)."""
+        G blocks to the host (H = G); lazy goes back to waiting keeping G, its block ids
+        and C (it releases nothing until a reclaim)."""
         f = st.f
         for p in st.rec.preempted:
             a = Action(p.id, "preempted", st.state(p.id))
@@ -421,6 +471,10 @@ class State:
                 released = self._release_gpu(t)
                 self._set_status(t, Status.SWAPPED)
                 st.tags[p.id] = "swapped out this step"
+            elif p.mode == "lazy":
+                released = 0
+                self._set_status(t, Status.WAITING)
+                st.tags[p.id] = "just preempted"
             else:
                 released = self._release_gpu(t)
                 t.num_computed = 0
@@ -430,6 +484,30 @@ class State:
             f.victims.append(Victim(a, p.mode, known, computed, held, free_host,
                                     t.preemptions, released))
             f.reclaim += released
+
+    def _reclaims(self, st: _Step) -> None:
+        """Phase 3, after the victims: each reclaimed request, in the order the engine
+        took them, releases all its GPU blocks; a waiting one (a lazy victim) recomputes
+        from C = 0, as a recompute victim does, and a held one ends (finished)."""
+        f = st.f
+        for rid in st.rec.reclaimed:
+            t = self.live.get(rid)
+            state = st.state(rid)
+            if t is not None and t.gpu_blocks == 0 and state in ALLOWED["reclaimed"]:
+                state = f"{state} with no blocks"
+            a = Action(rid, "reclaimed", state)
+            if not a.applied or t is None:
+                f.reclaims.append(Reclaim(a, 0))
+                continue
+            if t.status == Status.HELD:
+                released = self._end(t, Status.FINISHED)
+            else:
+                released = self._release_gpu(t)
+                t.num_computed = 0
+                t.recomputing = True
+            f.reclaims.append(Reclaim(a, released))
+            f.reclaim += released
+            f.released_by_reclaims += released
 
     def _swap_ins(self, st: _Step) -> None:
         """Phase 4: the host blocks come back to the GPU, with the blocks the allocation
@@ -465,8 +543,14 @@ class State:
         rec, f, handouts = st.rec, st.f, st.handouts
         bs = self.config.block_size
         hits = rec.prefix_hits
+        prealloc = self.config.prealloc_tokens
+        voids = 0
         for rid, n in rec.scheduled:
-            a = Action(rid, "scheduled", st.state(rid))
+            state = st.state(rid)
+            held = self.live.get(rid)
+            if state == "held" and held is not None and held.finished_at != rec.step - 1:
+                state = f"held since step {held.finished_at}"
+            a = Action(rid, "scheduled", state)
             t = self.live.get(rid) if a.applied else None
             if t is None:
                 st.tags[rid] = "already scheduled this step"
@@ -482,16 +566,29 @@ class State:
                                       None, computed))
                 continue
             # An admission (new, or resumed after recompute) reserves what its allocation
-            # says; every other chunk takes only the blocks it fills.
+            # says; every other chunk takes only the blocks it fills. A void entry (held)
+            # stays held.
             reserve = 0
+            void = t.status == Status.HELD
+            voids += void
             if t.status == Status.WAITING:
                 self._set_status(t, Status.RUNNING)
                 reserve = allocation_reserve(self.config, t.request, known)
             db = blocks_needed(computed, n, t.gpu_blocks, bs, reserve)
+            most = -1
+            if prealloc > 0:
+                # Up to R tokens beyond the chunk's own: the trace's ids say how many,
+                # within the bounds; else (or without ids) the least.
+                most = blocks_needed(computed, n, t.gpu_blocks, bs,
+                                     max(reserve, computed + n + prealloc))
+                if rec.new_blocks is not None:
+                    given = len(rec.new_blocks.get(rid, ()))
+                    if db <= given <= most:
+                        db = given
             f.demand += db
             self.free -= db
             t.gpu_blocks += db
-            handouts.expect(rid, db)
+            handouts.expect(rid, db, most)
             restart: int | None = None
             if t.recomputing:
                 t.recomputing = False
@@ -504,19 +601,19 @@ class State:
             self._hand_out(handouts, rid)
             # A swap-in's table is all new: its restored blocks are cached again too.
             self._cache_full(t, 0 if a.state == "swapped in" else computed)
-            done = t.num_computed == known
+            done = t.num_computed == known and not void
             if done:
                 t.num_tokens += 1
                 st.sampled.append(t)
             f.chunks.append(Chunk(a, n, known, computed, t.request.prompt_len, db, done,
-                                  restart, t.num_computed))
+                                  restart, t.num_computed, void))
         for rid in hits:
             if rid not in st.scheduled:
                 f.hits.append(Hit(Action(rid, "prefix hit", st.state(rid)), 0, 0, (), 0,
                                   "unscheduled"))
         for rid in [*handouts.expected, *(rec.new_blocks or ())]:
             self._hand_out(handouts, rid)
-        f.running = self.running
+        f.running = self.running + voids
         f.handouts = handouts.done if rec.new_blocks is not None else None
         f.evicted = handouts.evicted
         if rec.new_blocks is None:
@@ -527,9 +624,10 @@ class State:
         f.free_at_batch = self.free
 
     def _finishes(self, st: _Step) -> None:
-        """Phase 6: a finished request releases everything. A live request finishes
-        whatever it did this step (the finish invariant asks whether it sampled); an
-        ended one is told in the state it is in."""
+        """Phase 6: a finished request releases everything; under config pipelined it
+        keeps its GPU blocks instead, held until a `released` or `reclaimed` names it. A
+        live request finishes whatever it did this step (the finish invariant asks
+        whether it sampled); an ended or held one is told in the state it is in."""
         f = st.f
         sampled_ids = {t.request.id for t in st.sampled}
         finished = set(st.rec.finished)
@@ -538,7 +636,14 @@ class State:
                        else st.state(rid))
             t = self.live.get(rid) if a.applied else None
             outputs = t.num_tokens - t.request.prompt_len if t is not None else 0
-            released = self._end(t, Status.FINISHED) if t is not None else 0
+            released = 0
+            if t is not None and self.config.pipelined:
+                self.free_host += t.host_blocks
+                t.host_blocks = 0
+                self._set_status(t, Status.HELD)
+                t.finished_at = st.rec.step
+            elif t is not None:
+                released = self._end(t, Status.FINISHED)
             f.finishes.append(Finish(a, rid in sampled_ids, released, outputs))
             f.released_by_finish += released
         f.due = [t for t in st.sampled if t.request.id not in finished]
@@ -588,7 +693,8 @@ class State:
                                      evictable, refused, self.ids_missing_from is None))
 
     def _inputs(self, rec: StepRecord, f: StepFacts, tags: dict[str, str]) -> None:
-        """Phase 1: arrivals become waiting, then aborts end their requests."""
+        """Phase 1: arrivals become waiting, then aborts end their requests, then the
+        released held requests end, freeing their blocks."""
 
         def state(rid: str) -> str:
             return tags.get(rid) or self.status_of(rid)
@@ -607,6 +713,11 @@ class State:
             if a.applied:
                 tags.pop(rid, None)  # aborted now: a second abort finds it ended
                 f.released_by_aborts.append((rid, self._end(self.live[rid], Status.ABORTED)))
+        for rid in rec.released:
+            a = Action(rid, "released", state(rid))
+            t = self.live.get(rid) if a.applied else None
+            f.releases.append(Reclaim(a, self._end(t, Status.FINISHED) if t is not None
+                                      else 0))
         for rid, keys in rec.block_keys.items():
             t = self.live.get(rid)
             if t is not None:
@@ -688,7 +799,7 @@ class State:
                     h.evicted += 1
                 t.block_ids.append(b)
         h.done.append(Handout(rid, self.status_of(rid), len(given), h.expected.get(rid, 0),
-                              rid not in h.told, tuple(blocks)))
+                              rid not in h.told, tuple(blocks), h.most.get(rid, -1)))
 
 
 @dataclass
@@ -697,13 +808,17 @@ class _Handouts:
 
     rec: StepRecord
     expected: dict[str, int] = field(default_factory=dict)  # Db, plus H on a swap-in
+    most: dict[str, int] = field(default_factory=dict)  # the most, with prealloc_tokens
     told: set[str] = field(default_factory=set)  # counts told as the victim's preempt
     seen: set[str] = field(default_factory=set)
     done: list[Handout] = field(default_factory=list)
     evicted: int = 0  # cached blocks among the handed out
 
-    def expect(self, rid: str, blocks: int) -> None:
+    def expect(self, rid: str, blocks: int, most: int = -1) -> None:
+        """`rid` takes `blocks` more (at most `most` with prealloc_tokens; -1: exactly)."""
         self.expected[rid] = self.expected.get(rid, 0) + blocks
+        if most >= 0:
+            self.most[rid] = self.most.get(rid, self.expected[rid] - blocks) + most
 
 
 class _Step:
