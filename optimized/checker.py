@@ -41,7 +41,9 @@ on the spec Checker's state) the compiled state also counts what its steps did
 `observe_run`); a step the spec's Checker checks goes to the sink with its StepFacts
 (`observe`), after the last step each live request sampled at (`observe_samples`).
 
-Without the compiled module (an install without a C++ compiler) every line goes to the
+Without the compiled module (an install without a C++ compiler), and for a trace whose
+config the compiled state does not model (kvsched.optimized.knobs.unsupported_state:
+LMDeploy's pipelined steps, lazy preemption, prealloc_tokens), every line goes to the
 spec's Checker, read as above.
 """
 
@@ -52,7 +54,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from kvsched.optimized.knobs import unsupported_pools
+from kvsched.optimized.knobs import unsupported_pools, unsupported_state
 from kvsched.optimized.memory import no_cycle_collection
 from kvsched.spec import should
 from kvsched.spec.checker import Checker, CheckOptions, Position, Report
@@ -182,7 +184,10 @@ class FastChecker:
         self.engine_keys = engine_step_keys(header)  # not unknown: its engine's own
         self.fast: Any = None
         self.saved: Any = None  # the compiled state before the run
-        if FastState is not None:
+        # Why the compiled state does not take this trace, if it does not: every step
+        # then goes to the spec's Checker, as without the compiled module.
+        self.refused = unsupported_state(header.config)
+        if FastState is not None and self.refused is None:
             self.fast = FastState(header.config, max_preemptions, header.preempted_order,
                                   self.checker.state.status_of, self.sink is not None)
             if not self.fast.usable:

@@ -39,6 +39,20 @@ def unsupported_pools(config: Config, scheduler: FastScheduler = "compiled") -> 
             "(the reference scheduler takes more)")
 
 
+def unsupported_state(config: Config) -> str | None:
+    """Why the compiled state (the vectorized checker's, kvsched.optimized.state) does
+    not model a trace of `config`, in one line, or None: then the spec's state moves
+    and judges every step of it (the same verdicts, at the spec's speed)."""
+    beyond = [what for what, on in (
+        ("pipelined steps", config.pipelined),
+        ("lazy preemption", config.preemption == "lazy"),
+        (f"prealloc_tokens {config.prealloc_tokens}", config.prealloc_tokens > 0)) if on]
+    if not beyond:
+        return None
+    return (f"the compiled state does not model {' or '.join(beyond)} (LMDeploy's "
+            "rules): the spec's state checks the trace")
+
+
 def unsupported_config(config: Config, scheduler: FastScheduler = "compiled") -> str | None:
     """Why the fast `scheduler` refuses `config`, in one line, or None: a field vLLM v1's
     step does not honour at its value (kvsched.spec.step_kinds, the table every
