@@ -309,12 +309,19 @@ def config_options(f: Callable[..., Any] | None = None, /, *,
                           "SGLang), or decodes joining a chunked prefill step "
                           "(mixed_chunk, SGLang's --enable-mixed-chunk)."
                           + default("step_mix")),
+        click.option("--prealloc-tokens", type=int,
+                     help="The tokens beyond its own a chunk may take blocks for "
+                          "(LMDeploy: its prefill interval, 16)." + default("prealloc_tokens")),
+        click.option("--pipelined/--no-pipelined", default=None,
+                     help="Decide each step before the last one's samples are applied: a "
+                          "finished request holds its blocks until its session ends "
+                          "(LMDeploy)." + default("pipelined")),
     ]
     names = ("block_size", "num_gpu_blocks", "num_cpu_blocks", "max_num_batched_tokens",
              "max_num_seqs", "max_model_len", "chunked_prefill",
              "long_prefill_token_threshold", "policy", "preemption", "watermark_blocks",
              "watermark_scope", "allocation", "first_block_id", "prefix_caching",
-             "max_prompt_len", "step_mix")
+             "max_prompt_len", "step_mix", "prealloc_tokens", "pipelined")
     for name, opt in reversed(list(zip(names, opts, strict=True))):
         honoured = kind is None or name in STEP_KINDS[kind].reads or len(
             STEP_KINDS[kind].takes[name]) > 1
