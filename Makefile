@@ -5,11 +5,12 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 DEMO   ?= demo
 
-.PHONY: compiled demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 conformance-vllm-v0 vllm-release vllm-releases vllm-releases-sample vllm-changelog vllm-v0-env vllm-v0-traces vllm-release-traces vllm-plugin serve-check sglang-env conformance-sglang proofs mutation clean
+.PHONY: compiled demo test lint unit bench bench-full gpu-check fuzz-deep docs conformance-vllm conformance-vllm-0.33 conformance-vllm-v0 vllm-release vllm-releases vllm-releases-sample vllm-changelog vllm-v0-env vllm-v0-traces vllm-release-traces vllm-plugin serve-check sglang-env conformance-sglang lmdeploy-env conformance-lmdeploy proofs mutation clean
 VLLM_VENV ?= .venv-vllm
 VLLM033_VENV ?= .venv-vllm-0.33
 VLLM_V0_VENV ?= .venv-vllm-v0
 SGLANG_VENV ?= .venv-sglang
+LMDEPLOY_VENV ?= .venv-lmdeploy
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -116,6 +117,20 @@ conformance-sglang: $(STAMP)
 # SGLang's environment alone, for `kvsched record sglang`.
 sglang-env:
 	@PYTHON=$(PYTHON) SGLANG_VENV=$(SGLANG_VENV) scripts/sglang_env.sh
+
+# LMDeploy 0.18.0's real scheduler at the MUST level: the named cases and 200 random ones
+# recorded and checked, and every trace the store (tests/data/lmdeploy/) keeps for its
+# case compared with it (creates $(LMDEPLOY_VENV) once: scripts/lmdeploy_env.sh, 1.2 GB).
+# ARGS go to the suite (conformance.lmdeploy: --keep rewrites the store, --list, case
+# names); --list needs no LMDeploy, so it builds nothing.
+conformance-lmdeploy: $(STAMP)
+	@case " $(ARGS) " in *" --list "*) ;; \
+		*) PYTHON=$(PYTHON) LMDEPLOY_VENV=$(LMDEPLOY_VENV) scripts/lmdeploy_env.sh > /dev/null;; esac
+	$(BIN)/python -m conformance.lmdeploy --lmdeploy-python $(LMDEPLOY_VENV)/bin/python $(ARGS)
+
+# LMDeploy's environment alone, for `kvsched record lmdeploy`.
+lmdeploy-env:
+	@PYTHON=$(PYTHON) LMDEPLOY_VENV=$(LMDEPLOY_VENV) scripts/lmdeploy_env.sh
 
 # The same suite on vLLM 0.33's scheduler against vllm-v1@0.33 (creates $(VLLM033_VENV)
 # once: the vllm 0.33.0 wheel over $(VLLM_VENV), scripts/vllm_env.sh says how).

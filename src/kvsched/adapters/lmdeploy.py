@@ -169,13 +169,16 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem],
 
 def step_line(rec: StepRecord, event: Mapping[str, Any]) -> dict[str, Any]:
     """The trace line of a step: trace v1's keys, then LMDeploy's own (readers ignore
-    them): the forward's kind, its void entries (requests that had finished), the block
+    them): the forward's kind, its void entries (requests that had finished), the
+    entries whose token LMDeploy dropped (the next forward preempted them), the block
     manager's free count and the trie's evictable blocks, and the trie blocks an
     allocation evicted."""
     own: dict[str, Any] = {"kind": event["kind"], "engine_free": event["free_blocks"],
                            "evictable": event["evictable_blocks"]}
     if event["void"]:
         own["void"] = list(event["void"])
+    if event.get("unsampled"):
+        own["unsampled"] = list(event["unsampled"])
     if event["cache_evicted"]:
         own["cache_evicted"] = event["cache_evicted"]
     return {**step_dict(rec), **own}

@@ -64,7 +64,7 @@ Events:
      "released": [ids], "preempted": [ids], "reclaimed": [ids], "kind": "prefill" |
      "chunk" | "last_chunk" | "decode" | null, "scheduled": [[id, n]], "void": [ids],
      "new_block_ids": {id: [ids]}, "prefix_hits": {id: [ids]}, "finished": [ids],
-     "free_blocks": n, "evictable_blocks": n, "cache_evicted": n}
+     "unsampled": [ids], "free_blocks": n, "evictable_blocks": n, "cache_evicted": n}
     {"done": name, "complete": bool, "steps": n[, "stopped": "one line"][, "stalled": s]}
     {"error": "one line"}    (then exit status 3)
 `released` lists the held requests whose sessions ended before the step was scheduled;
@@ -496,8 +496,11 @@ class Job:
         """What the scheduler did since the last forward, and the cache after it."""
         preempted, reclaimed, evicted = WATCH.take()
         # a request whose blocks were only matched in this schedule's failed admission
-        # (a prefix hit rolled back) held none the trace gave it
-        rids = [self.rid[s] for s in reclaimed if self.tables.get(self.rid[s])]
+        # (a prefix hit rolled back) held none the trace gave it; one that lost its blocks
+        # twice in a schedule (a second failed admission on blocks it matched again)
+        # lost them once
+        rids = list(dict.fromkeys(self.rid[s] for s in reclaimed
+                                  if self.tables.get(self.rid[s])))
         ended = [rid for rid in rids if rid in self.finished]  # held: it ends now
         for rid in rids:  # a reclaimed request holds nothing, and recomputes
             self.computed[rid] = 0
@@ -575,6 +578,11 @@ class Job:
             self.loop.resp_queue.get_nowait()
         self.maker.preempt_invalid_decode_seqs()
         self.in_flight = None if running is None else (fi, running)
+        # a running request the next forward's schedule preempted is no longer RUNNING
+        # when this forward's output is applied: ARSequenceStrategy.update_running drops
+        # its token (strategies/ar/sequence.py:145), and it recomputes it when resumed
+        following = self.records.get(step + 1, {}).get("preempted", [])
+        record["unsampled"] = [rid for rid, _ in record["scheduled"] if rid in following]
         # a request that finished in an earlier forward sits in this one's batch when
         # it was dispatched before that forward's output was applied
         record["void"] = [rid for rid, _ in record["scheduled"] if rid in self.done]
