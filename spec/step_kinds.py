@@ -2,8 +2,9 @@
 its step honours, the values it honours where it honours only some, and its knob type.
 
 A step kind is whose rules one scheduler step follows: vLLM v1's ("v1", the reference
-with its knobs), vLLM V0's ("v0", kvsched.reference.v0) or SGLang's ("sglang",
-kvsched.reference.sglang). A profile names one (Profile.scheduler). A config field a
+with its knobs), vLLM V0's ("v0", kvsched.reference.v0), SGLang's ("sglang",
+kvsched.reference.sglang) or LMDeploy's ("lmdeploy",
+kvsched.reference.lmdeploy). A profile names one (Profile.scheduler). A config field a
 kind does not read must hold the one value its step behaves as (SGLang's step keeps no
 watermark: watermark_blocks 0); any other value would be silently ignored, so every tool
 and every implementation refuses it through `refusal`, written here once. So are the
@@ -26,11 +27,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Literal
 
-from kvsched.spec.knobs import Knobs, SGLangKnobs, V0Knobs
+from kvsched.spec.knobs import Knobs, LMDeployKnobs, SGLangKnobs, V0Knobs
 from kvsched.spec.model import Config
 
 # Whose rules a step is (a profile's `scheduler`).
-SchedulerKind = Literal["v1", "v0", "sglang"]
+SchedulerKind = Literal["v1", "v0", "sglang", "lmdeploy"]
+KnobType = type[Knobs] | type[V0Knobs] | type[SGLangKnobs] | type[LMDeployKnobs]
 
 
 @dataclass(frozen=True)
@@ -44,14 +46,15 @@ class StepKind:
     `starts(config, knobs)`: why its engine refuses `config` under those knobs (the
     kind's part of them) at start-up, in one line, or None; `knobs_field`: where Knobs
     holds its knobs, "" for Knobs' own fields (vLLM v1's), else the field of Knobs that
-    holds its type (V0Knobs in Knobs.v0, SGLangKnobs in Knobs.sglang)."""
+    holds its type (V0Knobs in Knobs.v0, SGLangKnobs in Knobs.sglang, LMDeployKnobs in
+    Knobs.lmdeploy)."""
 
     name: SchedulerKind
     engine: str
     reads: frozenset[str]
     takes: Mapping[str, tuple[object, ...]]
     why: Mapping[str, str]
-    knobs: type[Knobs] | type[V0Knobs] | type[SGLangKnobs]
+    knobs: KnobType
     knob_fields: frozenset[str]
     starts: Callable[[Config, Knobs], str | None]
     settings: Mapping[str, str]
@@ -66,7 +69,7 @@ def _all_but(*names: str) -> frozenset[str]:
     return frozenset(f.name for f in fields(Config)) - set(names)
 
 
-def _all_fields(knobs: type[Knobs] | type[V0Knobs] | type[SGLangKnobs]) -> frozenset[str]:
+def _all_fields(knobs: KnobType) -> frozenset[str]:
     return frozenset(f.name for f in fields(knobs))
 
 
@@ -104,29 +107,99 @@ def _sglang_starts(config: Config, knobs: Knobs) -> str | None:
                 f"{knobs.sglang.max_prefill_tokens}")
     return None
 
+
+# What vLLM's and SGLang's steps take of the fields only LMDeploy's reads: no blocks
+# beyond a chunk's own tokens, no pipelining, no lazy preemption.
+_NOT_PIPELINED: dict[str, tuple[object, ...]] = {
+    "prealloc_tokens": (0,), "pipelined": (False,),
+    "preemption": ("recompute", "swap", "auto")}
+
+
+def _not_pipelined(engine: str) -> dict[str, str]:
+    """Why vLLM's steps (`engine`) take only those values (SGLang's says its own
+    preemption)."""
+    return {"prealloc_tokens": f"{engine} hands out no blocks beyond a chunk's own tokens",
+            "pipelined": f"{engine} applies a step's output before deciding the next step",
+            "preemption": f"{engine}'s victims release their blocks at once"}
+
+def _lmdeploy_starts(config: Config, knobs: Knobs) -> str | None:
+    """What LMDeploy 0.18.0 cannot run as the spec says it: a decode forward runs every
+    running request outside max_prefill_token_num, so a config whose seats exceed the
+    token budget would see decode steps over it; its preallocation is prefill_interval
+    tokens, which config prealloc_tokens must declare; and its knobs' ranges
+    (SchedulerConfig, the LMDEPLOY_PT_TTFT_* variables as it clamps them)."""
+    rules = knobs.lmdeploy
+    if config.max_num_seqs > config.max_num_batched_tokens:
+        return ("LMDeploy's decode forward runs every running request outside "
+                "max_prefill_token_num: max_num_seqs (max_batches) "
+                f"{config.max_num_seqs} above max_num_batched_tokens "
+                f"{config.max_num_batched_tokens} would let a decode step exceed the "
+                "token budget; lower max_num_seqs or raise max_num_batched_tokens")
+    if rules.prefill_interval < 1:
+        return f"LMDeploy's prefill_interval must be at least 1, got {rules.prefill_interval}"
+    declared = getattr(config, "prealloc_tokens", rules.prefill_interval)
+    if declared != rules.prefill_interval:
+        return (f"LMDeploy preallocates prefill_interval ({rules.prefill_interval}) tokens "
+                f"beyond a request's known ones, but config prealloc_tokens is {declared}: "
+                "they must agree")
+    if rules.short_turns < 1:
+        return f"LMDeploy's short_turns must be at least 1, got {rules.short_turns}"
+    if not rules.aging_seconds >= 0.001:
+        return ("LMDeploy's aging_seconds must be at least 0.001 (LMDEPLOY_PT_TTFT_AGING_SEC "
+                f"is clamped so), got {rules.aging_seconds}")
+    if not rules.step_seconds >= 0:
+        return f"LMDeploy's step_seconds must not be negative, got {rules.step_seconds}"
+    if rules.release_delay < 1:
+        return ("LMDeploy's release_delay must be at least 1 (a session ends after its "
+                f"request's last output), got {rules.release_delay}")
+    return None
+
+
+_LMDEPLOY_WHY = {
+    "step_mix": "LMDeploy's forwards run prefills or decodes, never both",
+    "chunked_prefill": "LMDeploy always splits a prompt above max_prefill_token_num into "
+                       "chunks",
+    "policy": "LMDeploy has no priority scheduling: arrival order and prompt sizes only",
+    "preemption": "LMDeploy preempts by recompute, lazily: a victim keeps its blocks until "
+                  "they are reclaimed",
+    "num_cpu_blocks": "LMDeploy 0.18 has no swap (eviction_type copy maps to recompute)",
+    "watermark_blocks": "LMDeploy keeps no watermark",
+    "watermark_scope": "LMDeploy keeps no watermark",
+    "allocation": "LMDeploy hands out blocks as chunks need them, with prealloc_tokens more",
+    "long_prefill_token_threshold": "LMDeploy chunks only at max_prefill_token_num",
+    "first_block_id": "LMDeploy's block ids start at 0",
+    "pipelined": "LMDeploy's engine loop decides each forward before applying the last "
+                 "one's output",
+}
+
 STEP_KINDS: dict[SchedulerKind, StepKind] = {
     "v1": StepKind(
-        "v1", "vLLM v1", _all_but("step_mix", "max_prompt_len"),
-        {"step_mix": ("any",), "max_prompt_len": (0,)},
-        {"step_mix": _VLLM_STEPS, "max_prompt_len": _VLLM_PROMPTS},
-        Knobs, _all_fields(Knobs) - {"v0", "sglang"}, _vllm_starts, {}),
+        "v1", "vLLM v1", _all_but("step_mix", "max_prompt_len", *_NOT_PIPELINED),
+        {"step_mix": ("any",), "max_prompt_len": (0,), **_NOT_PIPELINED},
+        {"step_mix": _VLLM_STEPS, "max_prompt_len": _VLLM_PROMPTS,
+         **_not_pipelined("vLLM")},
+        Knobs, _all_fields(Knobs) - {"v0", "sglang", "lmdeploy"}, _vllm_starts, {}),
     # V0's step fixes the victim and when swapped and waiting requests are admitted, and
     # caps no chunk (its cap needs max_num_partial_prefills > 1): kvsched.reference.v0.
     # Its rules are V0Knobs.
     "v0": StepKind(
         "v0", "vLLM V0", _all_but("step_mix", "long_prefill_token_threshold",
-                                  "max_prompt_len"),
-        {"step_mix": ("any",), "long_prefill_token_threshold": (0,), "max_prompt_len": (0,)},
+                                  "max_prompt_len", *_NOT_PIPELINED),
+        {"step_mix": ("any",), "long_prefill_token_threshold": (0,), "max_prompt_len": (0,),
+         **_NOT_PIPELINED},
         {"step_mix": _VLLM_STEPS, "max_prompt_len": _VLLM_PROMPTS,
+         **_not_pipelined("vLLM V0"),
          "long_prefill_token_threshold": "V0 has no per-chunk long-prefill threshold"},
         V0Knobs, _all_fields(V0Knobs), _vllm_starts, {}, knobs_field="v0"),
     "sglang": StepKind(
         "sglang", "SGLang",
         _all_but("step_mix", "preemption", "num_cpu_blocks", "allocation",
-                 "watermark_blocks", "watermark_scope", "long_prefill_token_threshold"),
+                 "watermark_blocks", "watermark_scope", "long_prefill_token_threshold",
+                 "prealloc_tokens", "pipelined"),
         {"step_mix": ("prefill_or_decode", "mixed_chunk"), "preemption": ("recompute",),
          "num_cpu_blocks": (0,), "allocation": ("lazy",), "watermark_blocks": (0,),
-         "watermark_scope": ("running",), "long_prefill_token_threshold": (0,)},
+         "watermark_scope": ("running",), "long_prefill_token_threshold": (0,),
+         "prealloc_tokens": (0,), "pipelined": (False,)},
         {"step_mix": "SGLang's steps run prefill work or decodes, or with "
                      "--enable-mixed-chunk decodes joining a chunked prefill",
          "preemption": "SGLang retracts by recompute and has no swap space",
@@ -134,12 +207,28 @@ STEP_KINDS: dict[SchedulerKind, StepKind] = {
          "allocation": "SGLang hands out pages as tokens fill them",
          "watermark_blocks": "SGLang keeps no watermark",
          "watermark_scope": "SGLang keeps no watermark",
-         "long_prefill_token_threshold": "SGLang has no long-prefill threshold"},
+         "long_prefill_token_threshold": "SGLang has no long-prefill threshold",
+         "prealloc_tokens": "SGLang hands out no pages beyond a chunk's own tokens",
+         "pipelined": "SGLang applies a step's output before deciding the next step"},
         SGLangKnobs, _all_fields(SGLangKnobs), _sglang_starts,
         {"max_prefill_tokens": "--max-prefill-tokens",
          "priority_preemption_threshold": "--priority-scheduling-preemption-threshold",
          "higher_priority_first": "--schedule-low-priority-values-first",
          "retract_victim": "--retraction-policy"}, knobs_field="sglang"),
+    "lmdeploy": StepKind(
+        "lmdeploy", "LMDeploy",
+        _all_but(*_LMDEPLOY_WHY),
+        {"step_mix": ("prefill_or_decode",), "chunked_prefill": (True,),
+         "policy": ("fcfs",), "preemption": ("lazy",), "num_cpu_blocks": (0,),
+         "watermark_blocks": (0,), "watermark_scope": ("running",), "allocation": ("lazy",),
+         "long_prefill_token_threshold": (0,), "first_block_id": (0,), "pipelined": (True,)},
+        _LMDEPLOY_WHY,
+        LMDeployKnobs, _all_fields(LMDeployKnobs), _lmdeploy_starts,
+        {"prefill_interval": "prefill_interval", "step_seconds": "step_seconds",
+         "aging_seconds": "LMDEPLOY_PT_TTFT_AGING_SEC",
+         "short_turns": "LMDEPLOY_PT_TTFT_SHORT_TURNS",
+         "ttft_policy": "LMDEPLOY_PT_TTFT_POLICY",
+         "enable_chunked_prefill": "enable_chunked_prefill"}, knobs_field="lmdeploy"),
 }
 SCHEDULER_KINDS: tuple[SchedulerKind, ...] = tuple(STEP_KINDS)
 
@@ -150,11 +239,14 @@ def _shown(value: object) -> str:
     return str(value)
 
 
-def knobs_read(kind: SchedulerKind, knobs: Knobs) -> Knobs | V0Knobs | SGLangKnobs:
+def knobs_read(kind: SchedulerKind, knobs: Knobs
+               ) -> Knobs | V0Knobs | SGLangKnobs | LMDeployKnobs:
     """The knobs step kind `kind` reads out of `knobs`: Knobs' own fields (vLLM v1's, so
-    `knobs` itself), knobs.v0 (vLLM V0's) or knobs.sglang (SGLang's)."""
+    `knobs` itself), knobs.v0 (vLLM V0's), knobs.sglang (SGLang's) or knobs.lmdeploy
+    (LMDeploy's)."""
     where = STEP_KINDS[kind].knobs_field
-    read: Knobs | V0Knobs | SGLangKnobs = getattr(knobs, where) if where else knobs
+    read: Knobs | V0Knobs | SGLangKnobs | LMDeployKnobs = (getattr(knobs, where) if where
+                                                           else knobs)
     return read
 
 

@@ -269,7 +269,8 @@ def section(page: str, title: str) -> str:
 
 
 # A profile's name in backquotes, or after --profile in a command.
-NAME = re.compile(r"`(vllm-v[01](?:-[a-z-]+)?(?:@[\d.]*\d)?|sglang(?:@[\d.]*\d)?|sarathi)`")
+NAME = re.compile(r"`(vllm-v[01](?:-[a-z-]+)?(?:@[\d.]*\d)?|sglang(?:@[\d.]*\d)?"
+                  r"|lmdeploy(?:@[\d.]*\d)?|sarathi)`")
 PROFILE_OPTION = re.compile(r"--profile\s+([\w.@-]*\w)")
 
 

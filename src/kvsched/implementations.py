@@ -20,7 +20,12 @@ import sys
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
-from kvsched.reference import ReferenceScheduler, SGLangScheduler, scheduler_for
+from kvsched.reference import (
+    LMDeployScheduler,
+    ReferenceScheduler,
+    SGLangScheduler,
+    scheduler_for,
+)
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import SCHEDULER_ENGINES, Profile, SchedulerKind, get_profile
@@ -59,7 +64,7 @@ def note(message: str) -> None:
 # -- schedulers ----------------------------------------------------------------------
 
 def profile_scheduler(profile: Profile | str, config: Config
-                      ) -> ReferenceScheduler | SGLangScheduler:
+                      ) -> ReferenceScheduler | SGLangScheduler | LMDeployScheduler:
     """The scheduler that replays `profile` (a Profile or its name) on `config` as given:
     the reference of the profile's step, with its knobs."""
     chosen = get_profile(profile) if isinstance(profile, str) else profile
