@@ -34,7 +34,7 @@ def scheduler_for(config: Config, knobs: Knobs | None = None, kind: SchedulerKin
     (knob_refusal)."""
     if kind not in STEP_KINDS:
         raise ValueError(f"scheduler must be one of {', '.join(STEP_KINDS)}, got {kind!r}")
-    why = refusal(kind, config) or knob_refusal(kind, knobs or Knobs())
+    why = refusal(kind, config, knobs=knobs) or knob_refusal(kind, knobs or Knobs())
     if why is not None:
         raise ValueError(why)
     if kind == "sglang":

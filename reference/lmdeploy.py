@@ -43,6 +43,11 @@ after its finish (the step's `released`), or an allocation reclaims them.
    goes on. A preempted request's token of the step before is dropped with it (the
    output is applied after the decision, and only to running requests).
 
+An arrival whose prompt fills max_model_len (LMDeploy's session length) or is longer
+than config max_prompt_len is rejected in its arrival step (AsyncEngine.preprocess); a
+served one's max_tokens is capped so that prompt and outputs fit the session, at most
+the pool less one block.
+
 Block ids are handed out from the head of LMDeploy's free list, and freed blocks go
 back to its head in table order (paging/block_manager/base_block_manager.py:38-60).
 Prefix caching (its block trie) is not modelled: the step refuses it.
@@ -129,8 +134,9 @@ class LMDeployScheduler:
         self.block_size = config.block_size
         self.budget = config.max_num_batched_tokens  # max_prefill_token_num
         self.prealloc = self.rules.prefill_interval
-        # Engine._get_max_session_len (engine.py:328-341): the pool less one block.
-        self.session_len = min(config.max_prompt_len or config.max_model_len,
+        # Engine._get_max_session_len (engine.py:328-341): the session length
+        # (max_model_len), at most the pool less one block.
+        self.session_len = min(config.max_model_len,
                                (config.num_gpu_blocks - 1) * config.block_size)
         self.free_list = FreeList(config.first_block_id, config.num_gpu_blocks)
         self.live: dict[str, LMRequest] = {}
@@ -276,6 +282,10 @@ class LMDeployScheduler:
         for r in self.arrived:
             p = r.request.prompt_len
             why = prompt_over_limit(self.config, p) or prompt_too_long(self.config, p)
+            if why is None and p >= self.config.max_model_len:
+                # AsyncEngine.preprocess (serve/core/async_engine.py:549)
+                why = (f"Input length ({p}) must be smaller than the model context length "
+                       f"({self.config.max_model_len}).")
             if why is not None:
                 rejected.append(Rejection(r.id, why))
                 r.status = Status.REJECTED
