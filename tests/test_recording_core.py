@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ADAPTERS = ROOT / "src" / "kvsched" / "adapters"
 # Each engine's host-side modules: its adapter and what only it uses.
 ENGINE_MODULES = {"vllm": ("vllm", "vllm_releases"), "vllm-v0": ("vllm_v0",),
-                  "sglang": ("sglang",)}
+                  "sglang": ("sglang",), "lmdeploy": ("lmdeploy",)}
 STORES = {"sglang": ROOT / "tests" / "data" / "sglang",
           "vllm-v0": ROOT / "tests" / "data" / "vllm-v0"}
 

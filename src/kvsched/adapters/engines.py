@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvsched.adapters import sglang, vllm, vllm_v0
+from kvsched.adapters import lmdeploy, sglang, vllm, vllm_v0
 from kvsched.adapters.recording import Engine
 
-ENGINES: tuple[Engine[Any], ...] = (vllm.ENGINE, vllm_v0.ENGINE, sglang.ENGINE)
+ENGINES: tuple[Engine[Any], ...] = (vllm.ENGINE, vllm_v0.ENGINE, sglang.ENGINE,
+                                     lmdeploy.ENGINE)
 
 
 def engine_named(name: str) -> Engine[Any]:

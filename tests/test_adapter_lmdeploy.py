@@ -1,0 +1,199 @@
+"""The LMDeploy adapter without LMDeploy: the config it built mapped both ways, what it
+refuses, hand-written driver events to trace v1 step lines (lazy victims, reclaims,
+releases, void and unsampled entries, free blocks counting the trie's evictable ones,
+prefix hits and content keys) and the record command's refusals, one line, exit 2. The
+live engine is the conformance suite's (`make conformance-lmdeploy`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvsched.adapters.lmdeploy import (
+    ENGINE,
+    config_from_lmdeploy,
+    header_extra,
+    job_settings,
+    lmdeploy_settings,
+    max_session_len,
+    settings_from_lmdeploy,
+    step_line,
+    step_record,
+)
+from kvsched.adapters.recording import AdapterError, Job
+from kvsched.spec.model import Config
+from kvsched.spec.profiles import get_profile
+from kvsched.workload import WorkItem, validate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cfg(**changes: Any) -> Config:
+    """LMDeploy's config under profile lmdeploy@0.18.0 (its front-end limit included)."""
+    base = replace(Config(block_size=16, num_gpu_blocks=20, max_num_batched_tokens=256,
+                          max_num_seqs=4, max_model_len=304, prefix_caching=False),
+                   **changes)
+    return get_profile("lmdeploy@0.18.0").configure(
+        base, frozenset({"prefix_caching", "max_model_len", *changes}))
+
+
+CONFIG = cfg()
+
+
+def effective(config: Config, **changes: Any) -> dict[str, Any]:
+    """What the driver reads back from a scheduler LMDeploy built as asked."""
+    s = lmdeploy_settings(config)
+    return {**s, "num_cpu_blocks": 0, "free_gpu_blocks": s["num_gpu_blocks"],
+            "max_session_len": min(s["session_len"], max_session_len(config)),
+            "prealloc_size": s["prefill_interval"], "eviction_type": "recompute",
+            **changes}
+
+
+@pytest.mark.parametrize("changes", [{}, {"prefix_caching": True},
+                                     {"block_size": 64, "num_gpu_blocks": 50,
+                                      "max_model_len": 3136}])
+def test_settings_read_back_the_same_config(changes: dict[str, Any]) -> None:
+    config = cfg(**changes)
+    settings = lmdeploy_settings(config)
+    assert settings["session_len"] == config.max_model_len
+    assert settings["max_batches"] == config.max_num_seqs
+    assert settings["max_prefill_token_num"] == config.max_num_batched_tokens
+    built = config_from_lmdeploy(effective(config))
+    assert built == config
+    assert (built.preemption, built.pipelined, built.first_block_id,
+            built.prealloc_tokens, built.max_prompt_len) == ("lazy", True, 0, 16,
+                                                              config.max_model_len)
+
+
+def test_the_header_declares_lmdeploys_settings_as_it_read_them() -> None:
+    read = effective(CONFIG, short_turns=1, ttft_policy="fifo", aging_seconds=0.5)
+    extra = header_extra(CONFIG, read)
+    assert extra["settings"] == settings_from_lmdeploy(read)
+    assert extra["settings"]["ttft_policy"] == "fifo"
+    assert extra["settings"]["short_turns"] == 1
+    assert extra["preempted_order"] is True
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"max_model_len": 400}, "caps a session at its pool less one block, 304 tokens"),
+    ({"max_num_seqs": 300}, "max_num_seqs"),
+    ({"preemption": "recompute"}, "preemption"),
+    ({"first_block_id": 1}, "first_block_id"),
+])
+def test_settings_refuse_what_lmdeploy_cannot_do(changes: dict[str, Any], words: str) -> None:
+    with pytest.raises(AdapterError, match=words):
+        lmdeploy_settings(replace(CONFIG, **changes))
+
+
+def test_a_built_cache_other_than_asked_is_refused() -> None:
+    with pytest.raises(AdapterError, match="free blocks"):
+        config_from_lmdeploy(effective(CONFIG, free_gpu_blocks=19))
+
+
+def test_a_workload_with_an_abort_is_refused_naming_the_request(tmp_path: Path) -> None:
+    items = validate([WorkItem("a", 0, 10, 2, 2), WorkItem("b", 1, 10, 2, 2, abort=3)])
+    with pytest.raises(AdapterError, match="request 'b': an abort at step 3"):
+        job_settings(Job("j", CONFIG, items, tmp_path / "t.jsonl"))
+
+
+def event(**fields: Any) -> dict[str, Any]:
+    """A driver step event: nothing happened but what `fields` say."""
+    return {"step": 0, "arrivals": [], "refused": [], "aborted": [], "released": [],
+            "preempted": [], "reclaimed": [], "kind": None, "scheduled": [], "void": [],
+            "unsampled": [], "new_block_ids": {}, "prefix_hits": {}, "finished": [],
+            "free_blocks": 0, "evictable_blocks": 0, "cache_evicted": 0, **fields}
+
+
+def test_lazy_victims_reclaims_and_releases_become_the_steps() -> None:
+    items = {w.id: w for w in validate([WorkItem(i, 0, 40, 5, 5) for i in "abcd"])}
+    rec = step_record(event(step=7, released=["a"], preempted=["b"], reclaimed=["c"],
+                            kind="decode",
+                            scheduled=[["d", 1], ["b", 1]], void=["d"],
+                            new_block_ids={"d": [5], "b": []}, free_blocks=3),
+                      items, CONFIG)
+    assert rec.released == ("a",) and rec.reclaimed == ("c",)
+    assert [(p.id, p.mode) for p in rec.preempted] == [("b", "lazy")]
+    assert rec.scheduled == (("d", 1), ("b", 1))
+    assert rec.new_blocks == {"d": (5,)}  # an entry without new blocks is left out
+    assert rec.free_blocks == 3
+
+
+def test_the_step_line_carries_lmdeploys_own_keys_only_when_they_say_something() -> None:
+    items = {w.id: w for w in validate([WorkItem("a", 0, 40, 5, 5)])}
+    quiet = event(kind="decode", scheduled=[["a", 1]], free_blocks=4)
+    line = step_line(step_record(quiet, items, CONFIG), quiet)
+    assert (line["kind"], line["engine_free"], line["evictable"]) == ("decode", 4, 0)
+    assert not {"void", "unsampled", "cache_evicted"} & set(line)
+    busy = event(kind="decode", scheduled=[["a", 1]], void=["a"], unsampled=["a"],
+                 cache_evicted=2)
+    line = step_line(step_record(busy, items, CONFIG), busy)
+    assert (line["void"], line["unsampled"], line["cache_evicted"]) == (["a"], ["a"], 2)
+
+
+def test_free_blocks_count_the_tries_evictable_blocks_and_arrivals_get_content_keys() -> None:
+    config = replace(CONFIG, prefix_caching=True)
+    items = {w.id: w for w in validate([WorkItem("a", 0, 40, 5, 5),
+                                        WorkItem("b", 0, 50, 5, 5, prefix=("a", 32)),
+                                        WorkItem("long", 0, 400, 1, 1)])}
+    ev = event(step=2, arrivals=["a", "b", "long"],
+               refused=[{"id": "long", "reason": "The request exceeds the model context "
+                                                 "length."}],
+               kind="prefill", scheduled=[["a", 40], ["b", 18]],
+               new_block_ids={"a": [0, 1, 2], "b": [3, 4]}, prefix_hits={"b": [0, 1]},
+               free_blocks=10, evictable_blocks=5)
+    rec = step_record(ev, items, config)
+    assert rec.free_blocks == 15  # free and evictable: what the step invariant frees
+    assert rec.prefix_hits == {"b": (0, 1)}
+    assert rec.block_keys == {"a": ("a/0", "a/1"), "b": ("a/0", "a/1", "b/2")}
+    assert [r.id for r in rec.rejected] == ["long"]  # refused: never holds content
+
+
+def kvsched(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvsched", *args], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+
+
+def workload_file(tmp_path: Path, items: list[dict[str, Any]], name: str) -> Path:
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(w) + "\n" for w in items))
+    return path
+
+
+WORKLOAD = [{"id": "a", "arrival": 0, "prompt_len": 40, "output_len": 5, "max_tokens": 10},
+            {"id": "b", "arrival": 1, "prompt_len": 30, "output_len": 8, "max_tokens": 8}]
+
+
+def test_cli_record_lmdeploy_refusals_are_one_line_exit_2(tmp_path: Path) -> None:
+    base = ["record", "lmdeploy", "--out", str(tmp_path / "t.jsonl"),
+            "--num-gpu-blocks", "20", "--max-num-batched-tokens", "256",
+            "--max-num-seqs", "4"]
+    plain = ["--workload", str(workload_file(tmp_path, WORKLOAD, "plain"))]
+    aborted = ["--workload", str(workload_file(tmp_path, [
+        *WORKLOAD, {"id": "c", "arrival": 0, "prompt_len": 9, "output_len": 2,
+                    "max_tokens": 2, "abort": 1}], "aborted"))]
+    missing = kvsched(*base, *plain, "--max-model-len", "304",
+                      "--lmdeploy-python", str(tmp_path / "none" / "python"))
+    too_long = kvsched(*base, *plain, "--max-model-len", "400")
+    abort = kvsched(*base, *aborted, "--max-model-len", "304")
+    for result, words in ((missing, "make lmdeploy-env"),
+                          (too_long, "--max-model-len 304 or less"),
+                          (abort, "request 'c': an abort at step 1")):
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("kvsched: error: ") and words in result.stderr
+        assert result.stderr.count("\n") == 1
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_record_lmdeploy_is_in_the_table_with_its_own_options() -> None:
+    assert ENGINE.name == "lmdeploy" and ENGINE.profile == "lmdeploy@0.18.0"
+    help_text = kvsched("record", "lmdeploy", "--help").stdout
+    for flag in ("--prefill-interval", "--step-seconds", "--ttft-policy",
+                 "--ttft-short-turns", "--ttft-aging-sec", "--enable-chunked-prefill",
+                 "--prefix-caching", "--lmdeploy-python"):
+        assert flag in help_text
