@@ -211,8 +211,8 @@ class LMDeployKnobs:
         preempted (lazily: it keeps its blocks) and the decode goes on without it
         (LMDeploy); off, it sits the forward out, running, holding its blocks.
     decode_reverse_order: the decode visits running requests from the last admitted
-        to the first (Scheduler.schedule_running), so earlier ones are the ones that
-        cannot grow; off, from the first.
+        to the first (Scheduler.schedule_running): later ones take their next block
+        first, and one that finds none is the one preempted; off, from the first.
     reclaim_finished_first: the requests an allocation reclaims blocks from are the
         finished ones whose session has not ended before the waiting ones (LMDeploy);
         off, the waiting ones first.
