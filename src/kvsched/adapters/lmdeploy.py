@@ -11,7 +11,8 @@ Mapping (LMDeploy source lines in docs/conformance/lmdeploy.md):
 - the token budget is max_prefill_token_num (a prefill forward's; a decode forward runs
   every running request), max_num_seqs is max_batches, max_model_len is max_session_len
   as the engine computes it (min(session_len, pool less a block), engine.py:328), and
-  the front end refuses prompts longer than it (max_prompt_len, engine_instance.py:196);
+  the serving front end refuses prompts of that length or longer (AsyncEngine.preprocess,
+  serve/core/async_engine.py:549: max_prompt_len, and a prompt that fills max_model_len);
   a prompt over the budget is chunked (chunked_prefill);
 - a forward prefills or decodes (step_mix prefill_or_decode), and every allocation
   reserves prefill_interval tokens beyond the tokens the scheduler knows
@@ -134,7 +135,8 @@ def config_from_lmdeploy(effective: Mapping[str, Any]) -> Config:
         first_block_id=0,
         prefix_caching=bool(effective["enable_prefix_caching"]),
         step_mix="prefill_or_decode",
-        # EngineInstance.async_stream_infer refuses a prompt longer than max_session_len
+        # AsyncEngine.preprocess refuses a prompt of session_len tokens or more
+        # (async_engine.py:549), session_len being max_session_len here
         max_prompt_len=effective["max_session_len"],
         prealloc_tokens=effective["prealloc_size"],
         pipelined=True,

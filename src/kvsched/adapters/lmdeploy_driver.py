@@ -581,7 +581,10 @@ class Job:
         # a running request the next forward's schedule preempted is no longer RUNNING
         # when this forward's output is applied: ARSequenceStrategy.update_running drops
         # its token (strategies/ar/sequence.py:145), and it recomputes it when resumed
-        following = self.records.get(step + 1, {}).get("preempted", [])
+        # (its victims are the next forward's, or, when the prefetch dispatched nothing,
+        # still pending for the forward scheduled next)
+        following = self.records[step + 1]["preempted"] if step + 1 in self.records \
+            else [self.rid[s] for s in WATCH.preempted]
         record["unsampled"] = [rid for rid, _ in record["scheduled"] if rid in following]
         # a request that finished in an earlier forward sits in this one's batch when
         # it was dispatched before that forward's output was applied

@@ -1,0 +1,372 @@
+"""`make conformance-lmdeploy`: record LMDeploy 0.18.0's real PyTorch-engine scheduler on a
+suite of workloads and check every trace at the MUST level (and say where it diverges
+from profile lmdeploy@0.18.0).
+
+    python -m conformance.lmdeploy [--out DIR] [--lmdeploy-python PATH]
+        [--random N] [--seed S] [--keep] [--list] [NAME...]
+
+Named cases first, then N small random ones (seeds S..S+N-1; none when names are given),
+all recorded in one LMDeploy process. Each case's line says its first divergence from
+profile lmdeploy@0.18.0, which the exit status does not require yet. Exit 0 when every
+trace is complete and MUST-clean,
+and when every trace that the store (tests/data/lmdeploy/) keeps for its case has the
+kept step lines, byte for byte (the store is what LMDeploy really does, and its
+decisions are the same in every run: the driver's clock is logical). Exit 1 otherwise, 2
+on bad input or a missing LMDeploy environment. `--keep` writes the traces into the
+store instead of comparing them. The counts line says what the traces reached: steps,
+lazy preemptions, reclaims, void entries (a finished request's prefetched slot),
+unsampled entries (a token LMDeploy dropped for a lazy victim), releases, rejections and
+prefix hits.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from conformance.common import (
+    Verdict,
+    check_stream,
+    line,
+    list_cases,
+    parsed,
+    suite_parser,
+)
+from kvsched.adapters.lmdeploy import DEFAULT_LMDEPLOY_PYTHON, max_session_len
+from kvsched.adapters.lmdeploy import ENGINE as LMDEPLOY
+from kvsched.adapters.recording import AdapterError, Job
+from kvsched.spec.model import Config
+from kvsched.spec.profiles import get_profile
+from kvsched.spec.trace import TraceError
+from kvsched.workload import WorkItem, validate
+
+PROFILE = "lmdeploy@0.18.0"
+ROOT = Path(__file__).resolve().parent.parent
+STORE = ROOT / "tests" / "data" / "lmdeploy"
+DEFAULT_OUT = Path("build/conformance-lmdeploy")
+DEFAULT_RANDOM = 200
+MAX_STEPS = 20_000  # every case ends well before this; one that does not is not live
+PARSER = suite_parser("conformance.lmdeploy", __doc__, "--lmdeploy-python",
+                      DEFAULT_LMDEPLOY_PYTHON, DEFAULT_OUT, DEFAULT_RANDOM, "",
+                      {"--keep": "write the traces into the store (tests/data/lmdeploy/)"})
+
+
+@dataclass(frozen=True)
+class Case:
+    """One workload of the suite: what it exercises, its config, its requests."""
+
+    name: str
+    what: str
+    config: Config
+    workload: Callable[[Config], list[WorkItem]]  # the requests, given the config
+    # LMDeploy's options that are profile knobs (StepKind.settings), as the header declares
+    settings: Mapping[str, object] = field(default_factory=dict)
+
+
+def cfg(**fields: object) -> Config:
+    """LMDeploy's config as profile lmdeploy@0.18.0 sets it (blocks of 16 tokens), with
+    `fields`; max_model_len, unless given, the longest session the pool takes."""
+    base = replace(Config(block_size=16, prefix_caching=False),
+                   **fields)  # type: ignore[arg-type]
+    if "max_model_len" not in fields:
+        base = replace(base, max_model_len=max_session_len(base))
+    return get_profile(PROFILE).configure(
+        base, frozenset({"prefix_caching", "max_model_len", *fields}))
+
+
+def requests(seed: int, n: int, config: Config, *, prompt: tuple[int, int] = (8, 120),
+             output: tuple[int, int] = (1, 120), arrive_by: int = 20, eos: float = 0.5,
+             prefixes: Sequence[tuple[str, int]] = (), share: float = 0.0
+             ) -> list[WorkItem]:
+    """`n` seeded requests whose prompts LMDeploy's front end takes (at most
+    max_model_len): prompts and max_tokens drawn from the ranges, half of them ending
+    early (end-of-sequence), a `share` of them starting with one of the shared
+    `prefixes` (content id, tokens)."""
+    rng = random.Random(f"kvsched/lmdeploy/{seed}")
+    items: list[WorkItem] = []
+    while len(items) < n:
+        plen = rng.randint(*prompt)
+        max_tokens = rng.randint(*output)
+        out = rng.randint(1, max_tokens) if rng.random() < eos else max_tokens
+        prefix = None
+        if prefixes and rng.random() < share:
+            content, length = rng.choice(prefixes)
+            prefix = (content, length)
+            plen += length
+        if plen > config.max_model_len:
+            continue
+        items.append(WorkItem(f"r{len(items)}", rng.randint(0, arrive_by), plen, out,
+                              max_tokens, prefix=prefix))
+    return validate(items)
+
+
+def head_of_line(config: Config) -> list[WorkItem]:
+    """A prompt whose blocks (and 16 preallocated tokens) do not fit while two requests
+    decode stops the prefill pass: the small ones behind it wait."""
+    return validate([WorkItem("a", 0, 60, 80, 80), WorkItem("b", 0, 70, 80, 80),
+                     WorkItem("big", 2, 200, 10, 10), WorkItem("s1", 3, 10, 5, 5),
+                     WorkItem("s2", 3, 12, 5, 5), WorkItem("s3", 4, 8, 5, 5)])
+
+
+def lazy(reclaimed: bool) -> Callable[[Config], list[WorkItem]]:
+    """Two requests outgrow the cache: the later one's decode cannot get a block and
+    preempts itself, keeping its blocks. Without `reclaimed` nothing asks for blocks
+    until the other finishes and the victim resumes with a 1-token prefill; with it a
+    request arrives that reclaims the victim's blocks, so it recomputes later."""
+    items = [WorkItem("a", 0, 60, 90, 90), WorkItem("b", 1, 50, 90, 90)]
+    if reclaimed:
+        items.append(WorkItem("c", 40, 40, 10, 10))
+    return lambda config: validate(items)
+
+
+def held(config: Config) -> list[WorkItem]:
+    """Requests finishing while others run, in a roomy cache: each finished one sits in
+    the next forward (its prefetched, void slot) and holds its blocks until its session
+    ends (released); a last burst of arrivals needs blocks and reclaims held ones."""
+    return validate([*(WorkItem(f"r{i}", i, 20 + 5 * i, 3 + 4 * i, 3 + 4 * i)
+                       for i in range(8)),
+                     *(WorkItem(f"late{i}", 14, 120, 20, 20) for i in range(3))])
+
+
+def turns(config: Config) -> list[WorkItem]:
+    """Long prompts (above the token budget) and a stream of short ones: short prompts
+    go first, sorted by length, for short_turns prefills, then a long prompt's chunk;
+    the long ones in order of estimated chunks less their aging."""
+    longs = [WorkItem(f"long{i}", i * 3, 300 + 150 * i, 8, 8) for i in range(3)]
+    shorts = [WorkItem(f"s{i}", 1 + i, 20 + (37 * i) % 90, 6, 6) for i in range(14)]
+    return validate(longs + shorts)
+
+
+def front_end(config: Config) -> list[WorkItem]:
+    """Prompts at LMDeploy's front-end limit (session_len): the longest it takes, one that
+    fills it and ones past it (refused), and a prompt whose max_tokens runs past the
+    session (capped)."""
+    limit = config.max_model_len
+    return validate([WorkItem("a", 0, 40, 20, 20), WorkItem("edge", 1, limit - 1, 5, 5),
+                     WorkItem("fill", 2, limit, 1, 5), WorkItem("past", 2, limit + 1, 1, 1),
+                     WorkItem("far", 3, limit + 50, 1, 1),
+                     WorkItem("capped", 4, limit - 30, 60, 60),
+                     WorkItem("b", 5, 30, 10, 10)])
+
+
+SYSTEM = (("sys-a", 48), ("sys-b", 96))
+
+CASES: tuple[Case, ...] = (
+    Case("head-of-line", "a prompt that does not fit stops the prefill pass: smaller ones "
+         "behind it wait (head-of-line blocking)",
+         cfg(num_gpu_blocks=20, max_num_batched_tokens=256, max_num_seqs=4), head_of_line),
+    Case("lazy-resumed", "a decode that cannot grow preempts itself, keeping its blocks; "
+         "nothing reclaims them and it resumes with a 1-token prefill, no recompute",
+         cfg(num_gpu_blocks=16, max_num_batched_tokens=256, max_num_seqs=4), lazy(False)),
+    Case("lazy-reclaimed", "a lazy victim's blocks reclaimed by a later admission: it "
+         "recomputes its prompt and outputs",
+         cfg(num_gpu_blocks=16, max_num_batched_tokens=256, max_num_seqs=4), lazy(True)),
+    Case("self-preemption", "many requests outgrowing the cache: the request that cannot "
+         "grow preempts itself, decodes visited from the last admitted",
+         cfg(num_gpu_blocks=24, max_num_batched_tokens=256, max_num_seqs=8),
+         lambda c: requests(1, 24, c, prompt=(20, 100), output=(60, 150), eos=0.2)),
+    Case("held-and-released", "finished requests sit in the prefetched forward (void) and "
+         "hold their blocks until their sessions end, or a later admission reclaims them",
+         cfg(num_gpu_blocks=40, max_num_batched_tokens=256, max_num_seqs=8), held),
+    Case("prefill-interval", "seats more than half full and few tokens waiting: decodes "
+         "until 16 in a row, then a prefill",
+         cfg(num_gpu_blocks=200, max_num_batched_tokens=512, max_num_seqs=6),
+         lambda c: requests(2, 30, c, prompt=(8, 40), output=(30, 90), arrive_by=120)),
+    Case("prefill-interval-4", "--prefill-interval 4: a prefill after 4 decodes in a row, "
+         "4 tokens preallocated",
+         cfg(num_gpu_blocks=200, max_num_batched_tokens=512, max_num_seqs=6,
+             prealloc_tokens=4),
+         lambda c: requests(2, 30, c, prompt=(8, 40), output=(30, 90), arrive_by=120),
+         {"prefill_interval": 4}),
+    Case("long-prompt-chunks", "prompts above max_prefill_token_num are computed in chunks "
+         "of the budget, alone in their forward, decodes between them",
+         cfg(num_gpu_blocks=120, max_num_batched_tokens=128, max_num_seqs=8),
+         lambda c: requests(3, 16, c, prompt=(20, 600), output=(5, 60))),
+    Case("short-long-turns", "long prompts wait while short ones take short_turns prefills "
+         "(shortest first), then a long one's turn (fewest chunks after aging)",
+         cfg(num_gpu_blocks=200, max_num_batched_tokens=128, max_num_seqs=8), turns),
+    Case("short-long-turns-fifo", "LMDEPLOY_PT_TTFT_POLICY fifo and 1 short turn: long "
+         "prompts in arrival order, a long turn after every short prefill",
+         cfg(num_gpu_blocks=200, max_num_batched_tokens=128, max_num_seqs=8), turns,
+         {"ttft_policy": "fifo", "short_turns": 1}),
+    Case("aging", "LMDEPLOY_PT_TTFT_AGING_SEC 0.05 on a clock of 0.025 s a step: a long "
+         "prompt's estimate drops a chunk every 2 steps waited",
+         cfg(num_gpu_blocks=300, max_num_batched_tokens=128, max_num_seqs=8),
+         lambda c: requests(4, 20, c, prompt=(100, 700), output=(1, 20), arrive_by=40),
+         {"aging_seconds": 0.05}),
+    Case("chunked-prefill-option", "enable_chunked_prefill: a forward tries a prefill "
+         "whenever nothing is ready",
+         cfg(num_gpu_blocks=120, max_num_batched_tokens=128, max_num_seqs=8),
+         lambda c: requests(5, 20, c, prompt=(20, 300), output=(5, 60)),
+         {"enable_chunked_prefill": True}),
+    Case("prefix-hits", "the block trie: prompts sharing a system prompt hit its full "
+         "blocks",
+         cfg(num_gpu_blocks=120, max_num_batched_tokens=256, max_num_seqs=8,
+             prefix_caching=True),
+         lambda c: requests(6, 24, c, prefixes=SYSTEM, share=0.7, output=(1, 60))),
+    Case("prefix-eviction", "the block trie under pressure: unheld cached blocks count as "
+         "free and are evicted least recently used first (ties by insertion); lazy "
+         "victims' failed readmissions give their blocks back to the trie",
+         cfg(num_gpu_blocks=24, max_num_batched_tokens=256, max_num_seqs=4,
+             prefix_caching=True),
+         lambda c: requests(7, 30, c, prefixes=(*SYSTEM, ("sys-c", 64)), share=0.8,
+                            output=(10, 120), arrive_by=80)),
+    Case("front-end-limit", "prompts of max_session_len tokens or more are refused on "
+         "arrival; the longest one taken is served, a max_tokens past the session capped",
+         cfg(num_gpu_blocks=20, max_num_batched_tokens=512, max_num_seqs=4), front_end),
+)
+
+
+def random_case(seed: int) -> Case:
+    """A small random config and workload: block size, pool, seats, budget, prefix
+    caching, the prefill interval and the long-prompt policy drawn from `seed`."""
+    rng = random.Random(f"kvsched/lmdeploy-random/{seed}")
+    block = rng.choice((16, 16, 32, 64))
+    seats = rng.choice((1, 2, 4, 8))
+    budget = max(seats, rng.choice((64, 128, 256, 512)))
+    pool = max(4, rng.choice((400, 800, 1600, 3200)) // block)
+    interval = rng.choice((16, 16, 16, 4))
+    caching = rng.random() < 0.4
+    c = cfg(block_size=block, num_gpu_blocks=pool, max_num_batched_tokens=budget,
+            max_num_seqs=seats, prefix_caching=caching, prealloc_tokens=interval)
+    settings: dict[str, object] = {}
+    if interval != 16:
+        settings["prefill_interval"] = interval
+    if rng.random() < 0.2:
+        settings["ttft_policy"] = "fifo"
+    n = rng.randint(3, 30)
+    prefixes = (("sys-a", rng.randint(8, 100)), ("sys-b", rng.randint(8, 200)))
+    longest = min(c.max_model_len, 700)
+    return Case(f"random-{seed}", "random", c,
+                lambda c: requests(10_000 + seed, n, c, prompt=(1, longest),
+                                   output=(1, 150), arrive_by=30,
+                                   prefixes=prefixes if caching else (),
+                                   share=0.6 if caching else 0.0), settings)
+
+
+def case_named(name: str) -> Case:
+    """The case of this name: a named one or random-N."""
+    for c in CASES:
+        if c.name == name:
+            return c
+    if name.startswith("random-") and name[len("random-"):].isdigit():
+        return random_case(int(name[len("random-"):]))
+    raise KeyError(f"no case {name!r}")
+
+
+def stored_trace(case: str, store: Path = STORE) -> Path:
+    return store / f"{case}.jsonl.gz"
+
+
+def stored() -> Iterator[tuple[str, bytes]]:
+    """The kept traces: (case, trace bytes)."""
+    for path in sorted(STORE.glob("*.jsonl.gz")):
+        yield path.name.removesuffix(".jsonl.gz"), gzip.decompress(path.read_bytes())
+
+
+def check(case: str, data: bytes) -> Verdict:
+    """A trace's checks, and its first divergence from profile lmdeploy@0.18.0 (which the
+    suite reports, not yet requires)."""
+    return check_stream(case, io.BytesIO(data), PROFILE)
+
+
+def steps_of(data: bytes) -> bytes:
+    """A trace's step lines and end line (its header names the recording's settings)."""
+    return data.split(b"\n", 1)[1]
+
+
+def reached(data: bytes) -> Counter[str]:
+    """What a trace's step lines reached: steps, lazy preemptions, reclaims, releases,
+    void and unsampled entries, rejections and prefix hits."""
+    out: Counter[str] = Counter()
+    for raw in steps_of(data).splitlines():
+        rec = json.loads(raw)
+        if "step" not in rec:
+            continue
+        out["steps"] += 1
+        for key in ("preempted", "reclaimed", "released", "void", "unsampled", "rejected",
+                    "prefix_hits"):
+            out[key] += len(rec.get(key, ()))
+    return out
+
+
+def run(cases: Sequence[Case], out: Path, python: Path) -> dict[str, bytes]:
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [Job(c.name, c.config, c.workload(c.config), out / f"{c.name}.jsonl", MAX_STEPS,
+                settings=c.settings) for c in cases]
+    for r in LMDEPLOY.record_jobs(jobs, python):
+        if r.stopped is not None:
+            print(f"STOP {r.job.name}: LMDeploy did something in step {r.steps} that "
+                  f"trace v1 cannot say: {r.stopped}")
+    return {c.name: (out / f"{c.name}.jsonl").read_bytes() for c in cases}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parsed(PARSER, argv)
+    if args is None:
+        return 2
+    if args.list:
+        return list_cases(CASES)
+    try:
+        named = [case_named(n) for n in args.names] if args.names else list(CASES)
+    except KeyError as e:
+        print(f"conformance.lmdeploy: error: {e.args[0]}; see --list", file=sys.stderr)
+        return 2
+    randoms = [] if args.names else [random_case(args.seed + i) for i in range(args.random)]
+    started = time.monotonic()
+    try:
+        traces = run(named + randoms, args.out, args.lmdeploy_python)
+    except AdapterError as e:
+        print(f"conformance.lmdeploy: error: {e}", file=sys.stderr)
+        return 2
+    verdicts = []
+    failed = 0
+    for i, (name, data) in enumerate(traces.items()):
+        try:
+            v = check(name, data)
+        except TraceError as e:
+            print(f"FAIL {name}: its trace cannot be read: {e}")
+            failed += 1
+            continue
+        verdicts.append(v)
+        bad = bool(v.must) or not v.complete
+        if i < len(named) or bad:
+            print(line(v))
+        failed += bad
+    total = sum((reached(data) for data in traces.values()), Counter())
+    print(f"{len(traces)} cases ({len(named)} named, {len(randoms)} random): "
+          + ", ".join(f"{total[k]} {k}" for k in (
+              "steps", "preempted", "reclaimed", "released", "void", "unsampled",
+              "rejected", "prefix_hits")))
+    print(f"{len(traces) - failed} of {len(traces)} LMDeploy traces complete and MUST "
+          f"clean, {sum(v.divergence is None for v in verdicts)} equal to {PROFILE} step "
+          f"for step; traces in {args.out}")
+    changed = []
+    if args.keep:
+        STORE.mkdir(parents=True, exist_ok=True)
+        for name, data in traces.items():
+            stored_trace(name).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+        print(f"kept {len(traces)} traces in {STORE}")
+    else:
+        for name, data in traces.items():
+            kept = stored_trace(name)
+            if kept.exists() and steps_of(gzip.decompress(kept.read_bytes())) != steps_of(data):
+                changed.append(name)
+                print(f"FAIL {name}: its step lines differ from the kept trace {kept}")
+        compared = sum(stored_trace(n).exists() for n in traces)
+        print(f"{compared - len(changed)} of {compared} traces with a kept one equal it, "
+              "step line for step line")
+    print(f"{time.monotonic() - started:.0f} s")
+    return 1 if failed or changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
