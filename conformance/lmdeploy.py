@@ -117,13 +117,13 @@ def head_of_line(config: Config) -> list[WorkItem]:
 
 
 def lazy(reclaimed: bool) -> Callable[[Config], list[WorkItem]]:
-    """Two requests outgrow the cache: the later one's decode cannot get a block and
-    preempts itself, keeping its blocks. Without `reclaimed` nothing asks for blocks
-    until the other finishes and the victim resumes with a 1-token prefill; with it a
-    request arrives that reclaims the victim's blocks, so it recomputes later."""
-    items = [WorkItem("a", 0, 60, 90, 90), WorkItem("b", 1, 50, 90, 90)]
-    if reclaimed:
-        items.append(WorkItem("c", 40, 40, 10, 10))
+    """Two requests outgrow the cache: the earlier one's decode cannot get a block (the
+    later one, visited first, took the last) and preempts itself, keeping its blocks.
+    Without `reclaimed` the other finishes before it needs another block and the victim
+    resumes with a 1-token prefill on its own blocks; with it the other keeps growing
+    and reclaims the victim's blocks, so it recomputes later."""
+    items = [WorkItem("a", 0, 60, 90, 90), WorkItem("b", 1, 50, 90 if reclaimed else 70,
+                                                    90 if reclaimed else 70)]
     return lambda config: validate(items)
 
 
@@ -166,8 +166,8 @@ CASES: tuple[Case, ...] = (
     Case("lazy-resumed", "a decode that cannot grow preempts itself, keeping its blocks; "
          "nothing reclaims them and it resumes with a 1-token prefill, no recompute",
          cfg(num_gpu_blocks=16, max_num_batched_tokens=256, max_num_seqs=4), lazy(False)),
-    Case("lazy-reclaimed", "a lazy victim's blocks reclaimed by a later admission: it "
-         "recomputes its prompt and outputs",
+    Case("lazy-reclaimed", "a lazy victim's blocks reclaimed by the other request's "
+         "growth: it recomputes its prompt and outputs",
          cfg(num_gpu_blocks=16, max_num_batched_tokens=256, max_num_seqs=4), lazy(True)),
     Case("self-preemption", "many requests outgrowing the cache: the request that cannot "
          "grow preempts itself, decodes visited from the last admitted",
