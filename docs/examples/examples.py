@@ -43,6 +43,19 @@ SWAP_WITH_IDS: tuple[Line, Line] = (
 
 SWAP = {"num_gpu_blocks": 4, "num_cpu_blocks": 4, "preemption": "swap"}
 
+# LMDeploy's rules on a 4-block cache: r0 (7 tokens, finishing after 2 outputs) and r1
+# (8 tokens) fill it at step 0.
+LMDEPLOY = {"num_gpu_blocks": 4, "preemption": "lazy", "pipelined": True}
+LAZY_START: tuple[Line] = (
+    {"step": 0, "arrivals": [arrival("r0", 7, 2), arrival("r1", 8)],
+     "scheduled": [["r0", 7], ["r1", 8]], "new_blocks": {"r0": [0, 1], "r1": [2, 3]},
+     "free_blocks": 0},
+)
+
+
+def lazy(rid: str) -> Line:
+    return {"id": rid, "mode": "lazy"}
+
 # Prefix caching: r0 computes a 9-token prompt (blocks 0 and 1 full and cached, block 2
 # partly), decodes one token and finishes, leaving 0 and 1 cached and free (evictable).
 CACHING = {"prefix_caching": True}
@@ -273,6 +286,38 @@ EXAMPLES: dict[str, Example] = {
         {"step": 2, "arrivals": [arrival("r1", 10, 2)], "prefix_hits": {"r1": [0, 1]},
          "scheduled": [["r1", 2]], "new_blocks": {"r1": [3]}, "free_blocks": 7},
     ], config=CACHING),
+    # -- section 2: lazy preemption, reclaims, held requests --
+    "lazy-resume": Example([
+        *LAZY_START,
+        {"step": 1, "preempted": [lazy("r1")], "scheduled": [["r0", 1]],
+         "finished": ["r0"], "new_blocks": {}, "free_blocks": 0},
+        {"step": 2, "released": ["r0"], "scheduled": [["r1", 1]], "new_blocks": {"r1": [0]},
+         "free_blocks": 1},
+    ], config=LMDEPLOY),
+    "lazy-reclaim": Example([
+        *LAZY_START,
+        {"step": 1, "preempted": [lazy("r1")], "reclaimed": ["r1"], "scheduled": [["r0", 1]],
+         "finished": ["r0"], "new_blocks": {}, "free_blocks": 2},
+        {"step": 2, "released": ["r0"], "scheduled": [["r1", 9]],
+         "new_blocks": {"r1": [2, 3, 0]}, "free_blocks": 1},
+    ], config=LMDEPLOY),
+    "lazy-no-reclaim": Example([
+        {"step": 0, "arrivals": [arrival("r0", 8), arrival("r1", 8)],
+         "scheduled": [["r0", 8], ["r1", 8]]},
+        {"step": 1, "preempted": [lazy("r1")], "scheduled": [["r0", 1]]},
+    ], config=LMDEPLOY),
+    "void-late": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4, 1)], "scheduled": [["r0", 4]],
+         "finished": ["r0"]},
+        {"step": 1},
+        {"step": 2, "scheduled": [["r0", 1]]},
+        {"step": 3, "released": ["r0"]},
+    ], config={"pipelined": True}),
+    "held-leak": Example([
+        {"step": 0, "arrivals": [arrival("r0", 4, 1)], "scheduled": [["r0", 4]],
+         "finished": ["r0"], "free_blocks": 7},
+        {"step": 1, "free_blocks": 7},
+    ], config={"pipelined": True}, end=True),
     # -- section 8: PROFILE --
     "profile": Example([
         {"step": 0, "arrivals": [arrival("r0", 8), arrival("r1", 8)],
