@@ -181,13 +181,29 @@ def test_cli_record_lmdeploy_refusals_are_one_line_exit_2(tmp_path: Path) -> Non
                       "--lmdeploy-python", str(tmp_path / "none" / "python"))
     too_long = kvsched(*base, *plain, "--max-model-len", "400")
     abort = kvsched(*base, *aborted, "--max-model-len", "304")
+    interval = kvsched(*base, *plain, "--max-model-len", "304", "--prefill-interval", "8")
     for result, words in ((missing, "make lmdeploy-env"),
+                          (interval, "prealloc_tokens is 16: they must agree"),
                           (too_long, "--max-model-len 304 or less"),
                           (abort, "request 'c': an abort at step 1")):
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith("kvsched: error: ") and words in result.stderr
         assert result.stderr.count("\n") == 1
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_record_checks_the_config_with_lmdeploys_settings(tmp_path: Path) -> None:
+    """--prefill-interval 8 with --prealloc-tokens 8 is a config LMDeploy runs: it gets
+    past every check to the environment (missing here)."""
+    result = kvsched("record", "lmdeploy", "--out", str(tmp_path / "t.jsonl"),
+                     "--workload", str(workload_file(tmp_path, WORKLOAD, "w")),
+                     "--num-gpu-blocks", "20", "--max-model-len", "304",
+                     "--max-num-batched-tokens", "256", "--max-num-seqs", "4",
+                     "--prefill-interval", "8", "--prealloc-tokens", "8",
+                     "--step-seconds", "0.5", "--lmdeploy-python",
+                     str(tmp_path / "none" / "python"))
+    assert result.returncode == 2
+    assert "LMDeploy's Python environment is missing" in result.stderr, result.stderr
 
 
 def test_record_lmdeploy_is_in_the_table_with_its_own_options() -> None:

@@ -254,7 +254,7 @@ OPTIONS = (
     recording.EngineOption(
         "--prefill-interval", "After this many decode forwards in a row while requests "
         "wait, a forward tries a prefill; also the tokens every allocation reserves "
-        "beyond a request's known ones (config prealloc_tokens follows it).",
+        "beyond a request's known ones, which --prealloc-tokens must give alike.",
         knob="prefill_interval", default="16, LMDeploy's"),
     recording.EngineOption(
         "--enable-chunked-prefill", "LMDeploy's enable_chunked_prefill: every forward "

@@ -56,6 +56,7 @@ from kvsched.spec.model import (
 )
 from kvsched.spec.profiles import (
     PROFILES,
+    SettingsError,
     UnknownProfile,
     get_profile,
     profile_names,
@@ -405,13 +406,21 @@ def profile_note(name: str | None) -> None:
         err.print(Text(f"kvsched: note: {PROFILES[name].deprecated}"))
 
 
-def build_config(profile: str, given: dict[str, Any]) -> Config:
+def build_config(profile: str, given: dict[str, Any],
+                 settings: Mapping[str, object] | None = None) -> Config:
+    """The config the options give under `profile`, checked as its step takes it with the
+    engine `settings` a recording asks for (its refusals read the profile's knobs)."""
     chosen = {k: v for k, v in given.items() if v is not None}
     for name, value in chosen.items():
         if isinstance(value, int) and not isinstance(value, bool) and value < 0:
             fail(f"--{name.replace('_', '-')} must not be negative, got {value}")
     config = replace(DEFAULT_CONFIG, **chosen)
     named = get_profile(profile)
+    if settings:
+        try:
+            named = named.for_trace(settings)
+        except SettingsError as e:
+            fail(str(e))
     config = named.configure(config, frozenset(chosen))
     denied = named.disagreement(config, "the options ask for")
     if denied is not None:  # a run under the profile's name is what the name says

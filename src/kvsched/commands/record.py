@@ -105,14 +105,16 @@ def engine_settings(engine: Engine[Any], given: dict[str, Any]
 
 
 def recording(profile: str, workload_path: Path, out_path: Path, max_steps: int | None,
-              config_given: dict[str, Any], defaults: Mapping[str, object] | None = None
+              config_given: dict[str, Any], defaults: Mapping[str, object] | None = None,
+              settings: Mapping[str, object] | None = None
               ) -> tuple[Config, list[WorkItem]]:
-    """The config (the engine's own `defaults`, then the profile's, under the options)
-    and the workload of a recording, its arguments checked."""
+    """The config (the engine's own `defaults`, then the profile's, under the options,
+    checked with the engine's `settings`) and the workload of a recording, its arguments
+    checked."""
     if max_steps is not None and max_steps < 1:
         fail(f"--max-steps must be at least 1, got {max_steps}")
     given = {k: v for k, v in config_given.items() if v is not None}
-    config = build_config(profile, {**(defaults or {}), **given})
+    config = build_config(profile, {**(defaults or {}), **given}, settings)
     check_writable(out_path)  # before the workload is read and the engine driven
     workload = read_workload(workload_path)
     return config, workload
@@ -131,7 +133,7 @@ def record_with(engine: Engine[Any], workload_path: Path, out_path: Path,
     given = dict(config_given)
     settings, switched = engine_settings(engine, given)
     config, workload = recording(engine.profile, workload_path, out_path, max_steps,
-                                 given, engine.defaults)
+                                 given, engine.defaults, settings)
     # What the engine's own options turn on is beyond its profile's step (vLLM's async
     # scheduling): the trace says it, and it is checked at the MUST level.
     config = replace(config, **switched)  # type: ignore[arg-type]
