@@ -1,8 +1,9 @@
 """The LMDeploy adapter without LMDeploy: the config it built mapped both ways, what it
 refuses, hand-written driver events to trace v1 step lines (lazy victims, reclaims,
 releases, void and unsampled entries, free blocks counting the trie's evictable ones,
-prefix hits and content keys) and the record command's refusals, one line, exit 2. The
-live engine is the conformance suite's (`make conformance-lmdeploy`)."""
+prefix hits and content keys) and the record command's refusals, one line, exit 2; and
+the store of LMDeploy's kept traces, complete and reaching what each named case is
+about. The live engine is the conformance suite's (`make conformance-lmdeploy`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conformance.lmdeploy import CASES, reached, stored
 from kvsched.adapters.lmdeploy import (
     ENGINE,
     config_from_lmdeploy,
@@ -213,3 +216,75 @@ def test_record_lmdeploy_is_in_the_table_with_its_own_options() -> None:
                  "--ttft-short-turns", "--ttft-aging-sec", "--enable-chunked-prefill",
                  "--prefix-caching", "--lmdeploy-python"):
         assert flag in help_text
+
+
+# The store: LMDeploy's kept traces (tests/data/lmdeploy/, `make conformance-lmdeploy
+# ARGS=--keep`), read as JSON lines.
+
+@cache
+def kept() -> dict[str, bytes]:
+    return dict(stored())
+
+
+def lines(name: str) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in kept()[name].splitlines()[1:]]
+
+
+def steps(name: str) -> list[dict[str, Any]]:
+    return [rec for rec in lines(name) if "step" in rec]
+
+
+def test_every_named_case_and_200_random_ones_are_kept_complete() -> None:
+    names = set(kept())
+    assert {c.name for c in CASES} <= names
+    assert sum(n.startswith("random-") for n in names) >= 200
+    for name, data in kept().items():
+        header = json.loads(data.split(b"\n", 1)[0])
+        assert header["engine"] == {"name": "lmdeploy", "version": "0.18.0"}, name
+        assert header["config"]["pipelined"] and header["config"]["preemption"] == "lazy"
+        assert lines(name)[-1] == {"end": True}, name
+
+
+def test_the_lazy_cases_resume_on_their_blocks_or_recompute() -> None:
+    def of(name: str, rid: str) -> list[tuple[int, int | None, bool, bool]]:
+        """(step, tokens, preempted, reclaimed) of each step that prefills, preempts or
+        reclaims `rid`."""
+        out = []
+        for rec in steps(name):
+            n = dict(map(tuple, rec.get("scheduled", []))).get(rid)
+            pre = any(p["id"] == rid for p in rec.get("preempted", []))
+            rec_ = rid in rec.get("reclaimed", [])
+            if pre or rec_ or (n is not None and rec.get("kind") != "decode"):
+                out.append((rec["step"], n, pre, rec_))
+        return out
+
+    resumed = of("lazy-resumed", "a")
+    assert [(p, r) for _, _, p, r in resumed] == [(False, False), (True, False),
+                                                  (False, False)]
+    assert resumed[-1][1] == 1  # the 1-token prefill on its own blocks
+    recomputed = of("lazy-reclaimed", "a")
+    assert [(p, r) for _, _, p, r in recomputed][:3] == [(False, False), (True, False),
+                                                          (False, True)]
+    assert recomputed[3][1] is not None and recomputed[3][1] > 60  # prompt and outputs
+
+
+def test_the_named_cases_reach_their_rules() -> None:
+    counts = {name: reached(data) for name, data in kept().items()}
+    firsts: dict[str, int] = {}
+    for rec in steps("head-of-line"):
+        for rid, _ in rec.get("scheduled", []):
+            firsts.setdefault(rid, rec["step"])
+    assert firsts["s1"] >= firsts["big"] > 10  # the small ones waited behind it
+    rejected = {r["id"] for rec in steps("front-end-limit") for r in rec.get("rejected", [])}
+    assert rejected == {"fill", "past", "far"}
+    assert counts["held-and-released"]["released"] and counts["held-and-released"]["void"]
+    assert counts["prefix-hits"]["prefix_hits"] >= 10
+    assert counts["prefix-eviction"]["unsampled"] and any(
+        rec.get("cache_evicted") for rec in steps("prefix-eviction"))
+    assert counts["self-preemption"]["preempted"] >= 5
+    kinds = {rec.get("kind") for rec in steps("long-prompt-chunks")}
+    assert {"chunk", "last_chunk", "prefill", "decode"} <= kinds
+    short = [rec["scheduled"] for rec in steps("short-long-turns")
+             if rec.get("kind") in ("prefill", "chunk", "last_chunk")]
+    assert short[0] == [["long0", 128]] and all(len(s) == 1 and s[0][0].startswith("s")
+                                                 for s in short[1:4])
