@@ -122,7 +122,8 @@ def test_the_profile_picks_v0s_scheduler() -> None:
         assert type(reference_scheduler(name, V0)) is ReferenceScheduler
     assert type(scheduler_for(V0, VLLM_V0, "v0")) is V0Scheduler
     assert type(scheduler_for(V0, VLLM_V0)) is ReferenceScheduler
-    with pytest.raises(ValueError, match="scheduler must be one of v1, v0, sglang, got 'v2'"):
+    with pytest.raises(ValueError,
+                       match="scheduler must be one of v1, v0, sglang, lmdeploy, got 'v2'"):
         scheduler_for(V0, VLLM_V0, "v2")  # type: ignore[arg-type]
 
 

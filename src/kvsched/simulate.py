@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 
 from kvsched.spec.interface import Deduplicating, Scheduler, abort, not_aborting
-from kvsched.spec.model import Config, StepRecord
+from kvsched.spec.model import Config, Status, StepRecord
 from kvsched.spec.prefix import Prefix, block_key
 from kvsched.spec.should import DEFAULT_STALL_STEPS, Stall, moves, stalled_run
 from kvsched.spec.violation import Violation
@@ -50,6 +50,12 @@ def aborts_refusal(scheduler: object, workload: Iterable[WorkItem]) -> str | Non
         return None
     first = next((w for w in workload if w.abort is not None), None)
     return None if first is None else not_aborting(scheduler, first.id)
+
+
+def _holding(scheduler: Scheduler) -> bool:
+    """Whether finished requests still hold their blocks (config pipelined): the run
+    goes on until their release, so that a complete trace leaves none held."""
+    return any(v.status is Status.HELD for v in scheduler.states().values())
 
 
 def unending(checked: Sequence[Violation], stalled: Violation | None, steps: int,
@@ -100,7 +106,7 @@ def run(scheduler: Scheduler, workload: Iterable[WorkItem], *, block_ids: bool =
 
     stall = Stall(stall_steps)
     step = 0
-    while upcoming is not None or outputs:
+    while upcoming is not None or outputs or _holding(scheduler):
         if max_steps is not None and step >= max_steps:
             return
         arrivals = []
