@@ -4,7 +4,11 @@ which changes some decision when flipped, and its step kind's refusals."""
 
 from __future__ import annotations
 
+import gzip
+import io
+import json
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +18,9 @@ from kvsched.reference.lmdeploy import LMDeployScheduler
 from kvsched.spec.knobs import Knobs, LMDeployKnobs
 from kvsched.spec.model import Config, Decision, Request, Status
 from kvsched.spec.profiles import SettingsError, get_profile, resolve_profile
+from kvsched.spec.replay import ProfileReplay
 from kvsched.spec.step_kinds import STEP_KINDS, knob_refusal, refusal
+from kvsched.spec.trace import TraceReader
 
 PROFILE = get_profile("lmdeploy@0.18.0")
 
@@ -328,3 +334,41 @@ def test_the_profile_answers_to_its_release_names_and_takes_the_headers_settings
         PROFILE.for_trace({"step_seconds": "fast"})
     with pytest.raises(SettingsError, match="not a setting"):
         PROFILE.for_trace({"release_delay": 2})
+
+
+# -- LMDeploy's own decisions ---------------------------------------------------------------
+
+STORE = Path(__file__).parent / "data" / "lmdeploy"
+
+
+def kept(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """A kept trace's header and its other lines."""
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+    return json.loads(lines[0]), lines[1:]
+
+
+# The suite's named cases; those with prefix caching are left out, as the reference
+# does not model LMDeploy's block trie (it refuses prefix caching on).
+NAMED = sorted(p for p in STORE.glob("*.jsonl.gz") if not p.name.startswith("random-")
+               and not kept(p)[0]["config"].get("prefix_caching"))
+
+
+def test_the_suites_named_cases_without_prefix_caching_are_kept() -> None:
+    assert len(NAMED) >= 13
+
+
+@pytest.mark.parametrize("path", NAMED, ids=lambda p: p.name.removesuffix(".jsonl.gz"))
+def test_the_profile_replays_lmdeploys_named_cases_exactly(path: Path) -> None:
+    # the header's settings through Profile.for_trace, as check --profile replays
+    header, lines = kept(path)
+    settings = header.pop("settings", {})
+    reader = TraceReader(io.BytesIO("\n".join([json.dumps(header), *lines]).encode()))
+    profile = PROFILE.for_trace(settings)
+    replaying = ProfileReplay(profile.name, scheduler_for(reader.header.config,
+                                                          profile.knobs, "lmdeploy"))
+    steps = 0
+    for rec in reader:
+        steps += 1
+        divergence = replaying.step(rec)
+        assert divergence is None, divergence.message
+    assert steps > 40
