@@ -595,7 +595,9 @@ class State:
                 f.restarted.append(rid)
                 if rec.new_blocks is not None:
                     restart = len(rec.new_blocks.get(rid, ()))
-                    if restart != db:
+                    if prealloc > 0 and restart > db:
+                        restart = None  # beyond the bound: block-ids says it, with both
+                    elif restart != db:
                         handouts.told.add(rid)
             t.num_computed = min(computed + n, known)
             self._hand_out(handouts, rid)

@@ -249,6 +249,21 @@ def test_without_ids_prealloc_takes_the_least() -> None:
     assert verdicts(more) == [("accounting", 0, "a")]
 
 
+def test_a_restart_beyond_the_prealloc_bound_is_block_ids_not_preempt() -> None:
+    steps = [
+        {"step": 0, "arrivals": [arrive("a", 7, 2), arrive("b", 8)],
+         "scheduled": [["a", 7], ["b", 8]], "new_blocks": {"a": [0, 1], "b": [2, 3]}},
+        {"step": 1, "preempted": [{"id": "b", "mode": "lazy"}], "reclaimed": ["b"],
+         "scheduled": [["a", 1]], "new_blocks": {}, "finished": ["a"]},
+    ]
+    # b recomputes 4 tokens from nothing: 1 block, up to ceil(8 / 4) = 2 with R = 4
+    report = check(*steps, {"step": 2, "released": ["a"], "scheduled": [["b", 4]],
+                            "new_blocks": {"b": [0, 1, 2]}},
+                   end=False, num_gpu_blocks=4, prealloc_tokens=4)
+    assert verdicts(report) == [("block-ids", 2, "b")]
+    assert "needs 1 to 2 (prealloc_tokens 4)" in report.violations[0].message
+
+
 # -- kv-budget with reclaims ----------------------------------------------------------
 
 
@@ -300,6 +315,11 @@ def test_the_compiled_state_refuses_lmdeploys_rules_in_one_line() -> None:
     why = unsupported_state(Config(**CONFIG, prealloc_tokens=16))
     assert why is not None and "\n" not in why
     assert "pipelined" in why and "lazy" in why and "prealloc_tokens 16" in why
+    # the vectorized checker then moves the spec's state through every step
+    stats: dict[str, int] = {}
+    data = trace(FINISH, {"step": 1, "released": ["a"], "free_blocks": 8})
+    assert check_trace_vectorized(io.BytesIO(data), stats=stats).counts == {}
+    assert (stats["fast"], stats["exact"]) == (0, 2)
 
 
 @pytest.mark.parametrize(("where", "value", "expected"), [
