@@ -330,7 +330,8 @@ def stalled_run(scheduler: Scheduler, request_of: Callable[[str], Request], step
     views = scheduler.states()
     running = sum(v.status == Status.RUNNING for v in views.values())
     return Stalled(progress(step, limit, scheduler.config,
-                            [(request_of(rid), v) for rid, v in views.items()],
+                            [(request_of(rid), v) for rid, v in views.items()
+                             if v.status != Status.HELD],
                             scheduler.free_blocks(), running))
 
 
