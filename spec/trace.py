@@ -38,11 +38,15 @@ HEADER_KEYS = frozenset({"kvsched", "version", "engine", "config", "preempted_or
 # The step keys each engine's adapter (kvsched.adapters) adds to trace v1's, by the
 # header's engine name: known, so that kvsched's own traces get no "ignored unknown
 # keys" note (vLLM V0's free swap blocks; SGLang's step mode, its free and evictable
-# page counts, the new-token ratio its admission used, the finishes that were aborts).
+# page counts, the new-token ratio its admission used, the finishes that were aborts;
+# LMDeploy's forward kind, its block manager's free and its trie's evictable counts, its
+# void and dropped-token entries, the trie blocks an allocation evicted).
 ENGINE_STEP_KEYS: dict[str, frozenset[str]] = {
     "vllm": frozenset({"free_host_blocks"}),
     "sglang": frozenset({"mode", "free_pages", "evictable_pages", "new_token_ratio",
                          "abort_finished"}),
+    "lmdeploy": frozenset({"kind", "engine_free", "evictable", "void", "unsampled",
+                           "cache_evicted"}),
 }
 
 
@@ -204,8 +208,8 @@ def parse_header(obj: Any, line: int = 1) -> Header:
         raise TraceError(line, f'"preempted_order" must be true or false, got {ordered!r}')
     settings = obj.get("settings", {})
     if not isinstance(settings, dict) or any(
-            not isinstance(v, bool | int | str) for v in settings.values()):
-        raise TraceError(line, '"settings" must be an object of knob names to integers, '
+            not isinstance(v, bool | int | float | str) for v in settings.values()):
+        raise TraceError(line, '"settings" must be an object of knob names to numbers, '
                                'strings or true or false')
     extra = {k: v for k, v in obj.items() if k not in HEADER_KEYS}
     return Header(parse_config(obj.get("config"), line),

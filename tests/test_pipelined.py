@@ -343,3 +343,15 @@ def test_bad_new_fields_are_one_line_errors(tmp_path: Path, where: str, value: d
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
     assert expected in result.stderr
+
+
+def test_lmdeploys_settings_in_seconds_and_own_step_keys_are_read() -> None:
+    header = {"kvsched": "trace", "version": 1, "engine": {"name": "lmdeploy"},
+              "config": CONFIG, "settings": {"step_seconds": 0.025, "prefill_interval": 16}}
+    step = {"step": 0, "kind": None, "engine_free": 8, "evictable": 0, "void": ["x"],
+            "unsampled": ["x"], "cache_evicted": 1}
+    data = "".join(json.dumps(x) + "\n" for x in (header, step)).encode()
+    reader = TraceReader(io.BytesIO(data))
+    assert reader.header.settings == {"step_seconds": 0.025, "prefill_interval": 16}
+    assert check_trace(reader).unknown_keys == {}
+    assert check_trace_vectorized(io.BytesIO(data)).unknown_keys == {}
