@@ -49,16 +49,29 @@ served one's max_tokens is capped so that prompt and outputs fit the session, at
 the pool less one block.
 
 Block ids are handed out from the head of LMDeploy's free list, and freed blocks go
-back to its head in table order (paging/block_manager/base_block_manager.py:38-60).
-Prefix caching (its block trie) is not modelled: the step refuses it.
+back to its head in table order (paging/block_manager/base_block_manager.py:38-60);
+sessions ending in one step end in the order their requests finished.
+
+Prefix caching (config prefix_caching; paging/block_trie/): a request's full blocks of
+known tokens join the block trie when blocks are allocated for it (a block whose content
+the trie has already is swapped for the trie's), and stay cached, held by the trie, when
+it releases them. An admission first matches the request's blocks against the trie
+(leaving it a token to compute), and its gates count what is left; a failed admission
+gives back what it matched, and a lazy victim its own blocks too. Short of blocks, after
+each reclaimed request it evicts trie leaves no request holds, least recently used
+first; LMDeploy keeps access times in whole seconds of its clock, so ties are many, and
+they go to the older node. The trace's free_blocks count the trie's unheld blocks as
+free.
 
 The rules are kvsched.spec.knobs.LMDeployKnobs, so that each can be flipped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+import heapq
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import count
 
 from kvsched.reference.allocator import FreeList
 from kvsched.spec.blocks import cdiv, prompt_over_limit, prompt_too_long
@@ -72,10 +85,28 @@ from kvsched.spec.model import (
     RequestView,
     Status,
 )
+from kvsched.spec.prefix import KeyBook
 from kvsched.spec.step_kinds import knob_refusal, refusal
 
 # The engine's states of a sequence (paging/seq_states/states.py).
 WAITING, RUNNING, STOPPED, ENDED = "waiting", "running", "stopped", "ended"
+
+
+@dataclass(eq=False)
+class _Node:
+    """One full block of LMDeploy's block trie (paging/block_trie/node.py): its content
+    key, the block that holds it, how many blocks deep it is, and when it was made (the
+    tie-break of equal access times)."""
+
+    key: str
+    block: int
+    depth: int
+    order: int
+    parent: _Node | None = None
+    children: dict[str, _Node] = field(default_factory=dict)
+
+    def attached(self) -> bool:
+        return self.parent is not None and self.parent.children.get(self.key) is self
 
 
 @dataclass(eq=False)
@@ -97,7 +128,12 @@ class LMRequest:
     computed: int = 0
     status: Status = Status.WAITING
     finished_at: int = -1
+    finish_rank: int = 0  # its place in its finishing batch
     preemptions: int = 0
+    cursor: _Node | None = None  # its trie path's end (prefix_cache.trie_cursor)
+    # its table and its computed tokens as the trace last showed them
+    seen: list[int] = field(default_factory=list)
+    shown: int = 0
 
     @property
     def id(self) -> str:
@@ -126,9 +162,6 @@ class LMDeployScheduler:
                                                                       knobs or Knobs())
         if why is not None:
             raise ValueError(why)
-        if config.prefix_caching:
-            raise ValueError("LMDeploy's step is modelled without prefix caching: use "
-                             "prefix_caching off")
         self.config = config
         self.rules: LMDeployKnobs = (knobs or Knobs()).lmdeploy
         self.block_size = config.block_size
@@ -157,6 +190,16 @@ class LMDeployScheduler:
         self.new_blocks: dict[str, tuple[int, ...]] = {}
         self.reclaimed: list[str] = []
         self.preempted: list[Preemption] = []
+        # prefix caching: the block trie, its blocks' references and access times
+        self.caching = config.prefix_caching
+        self.book = KeyBook(config.block_size)
+        self.refs: dict[int, int] = {}
+        self.stamps: dict[int, int] = {}
+        self.nodes = count()
+        self.root = _Node("", -1, 0, -1)
+        self.leaves: set[_Node] = set()
+        self.cached: dict[int, _Node] = {}
+        self.hits: dict[str, tuple[int, ...]] = {}
 
     # -- the Scheduler interface --------------------------------------------------------
 
@@ -170,11 +213,18 @@ class LMDeployScheduler:
         self.live[request.id] = r
         self.arrived.append(r)
 
+    def add_block_keys(self, request_id: str, keys: Sequence[str],
+                       start: int | None = None) -> None:
+        """The content keys of a request's blocks, as a trace gives them
+        (kvsched.spec.interface.ContentKeys)."""
+        self.book.add(request_id, keys, start)
+
     def abort_request(self, request_id: str) -> None:
         raise ValueError("LMDeploy's step does not model aborts")
 
     def free_blocks(self) -> int:
-        return len(self.free_list)
+        """Free blocks and the trie's blocks no request holds (evictable)."""
+        return len(self.free_list) + sum(1 for b in self.cached if self.refs[b] == 1)
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
         r = self.live.get(request_id)
@@ -199,7 +249,7 @@ class LMDeployScheduler:
 
     def schedule(self) -> Decision:
         s = self.step
-        self.new_blocks, self.reclaimed, self.preempted = {}, [], []
+        self.new_blocks, self.reclaimed, self.preempted, self.hits = {}, [], [], {}
         released = self._release(s - self.rules.release_delay)
         rejected = self._admit_arrivals()
         self.batch, self.chunk_step = [], False
@@ -211,9 +261,10 @@ class LMDeployScheduler:
             # decides again (EngineLoop.main_loop, engine_loop.py:535-548).
             released += self._release(s - 1)
             self._forward()
-        for r, _ in self.batch:
+        for r, n in self.batch:
             if r.status is Status.RUNNING or r.status is Status.WAITING:
                 r.status = Status.RUNNING
+            self._dispatch(r, n)
         # every entry samples but a long prompt's non-final chunk and a void entry
         self.sampled = [] if self.chunk_step else [
             r for r, n in self.batch if r.status is Status.RUNNING]
@@ -221,8 +272,8 @@ class LMDeployScheduler:
         return Decision(rejected=rejected, preempted=tuple(self.preempted),
                         scheduled=tuple((r.id, n) for r, n in self.batch),
                         sampled=tuple(r.id for r in self.sampled),
-                        new_blocks=dict(self.new_blocks), released=released,
-                        reclaimed=tuple(self.reclaimed))
+                        new_blocks=dict(self.new_blocks), prefix_hits=dict(self.hits),
+                        released=released, reclaimed=tuple(self.reclaimed))
 
     def update(self, stopped: Collection[str]) -> tuple[str, ...]:
         """kvsched's counts now; the engine's at the next decision (pipelining). A
@@ -239,6 +290,7 @@ class LMDeployScheduler:
                 stops.add(r.id)
                 r.status = Status.HELD
                 r.finished_at = self.step - 1
+                r.finish_rank = len(done)
                 done.append(r.id)
         batch = [r for r, _ in self.batch]
         if self.chunk_step:
@@ -260,11 +312,11 @@ class LMDeployScheduler:
 
     def _release(self, upto: int) -> tuple[str, ...]:
         """The sessions of requests that finished by step `upto` end
-        (Scheduler.end_session), those of each step's finishes in arrival order: their
+        (Scheduler.end_session), those of each step's finishes in batch order: their
         blocks return."""
         ending = sorted((r for r in self.live.values()
                          if 0 <= r.finished_at <= upto and r.state != ENDED),
-                        key=lambda r: (r.finished_at, r.order))
+                        key=lambda r: (r.finished_at, r.finish_rank))
         released = []
         for r in ending:
             if r.status is Status.HELD:
@@ -297,10 +349,54 @@ class LMDeployScheduler:
 
     # -- blocks ---------------------------------------------------------------------------
 
+    def _dispatch(self, r: LMRequest, n: int) -> None:
+        """What the trace shows of a scheduled entry: the blocks its table gained since
+        it last showed it, and a prefix hit, the computed blocks a request that had
+        computed nothing is dispatched with."""
+        known = r.seen
+        if r.shown == 0 and self.last_kind != "decode":
+            hit = r.history // self.block_size
+            if hit:
+                self.hits[r.id] = tuple(r.blocks[:hit])
+            known = r.blocks[:hit]
+            r.shown = r.history
+        if len(r.blocks) > len(known):
+            self.new_blocks[r.id] = tuple(r.blocks[len(known):])
+        r.seen = list(r.blocks)
+        r.shown += n
+
+    def _touch(self, blocks: Iterable[int]) -> None:
+        """update_access_time: the clock's reading, which LMDeploy keeps in an integer
+        array (LogicalMemory.access_time, int64): whole seconds, so that the blocks
+        touched within one second are equally old to the trie's eviction."""
+        now = int(self.step * self.rules.step_seconds + 1e-6)
+        for b in blocks:
+            self.stamps[b] = now
+
+    def _take(self, n: int) -> list[int]:
+        taken = self.free_list.take(n)
+        for b in taken:
+            self.refs[b] = 1
+        self._touch(taken)
+        return taken
+
+    def _give(self, blocks: list[int]) -> None:
+        """LogicalAllocator.free: one reference less each; those left with none go back
+        to the head of the free list, in the order given."""
+        for b in blocks:
+            self.refs[b] -= 1
+        self._touch(blocks)
+        freed = [b for b in blocks if self.refs[b] == 0]
+        for b in freed:
+            del self.refs[b]
+        self.free_list.extendleft(reversed(freed))
+
     def _free(self, r: LMRequest) -> None:
-        """Its blocks back to the head of the free list, in table order."""
-        self.free_list.extendleft(reversed(r.blocks))
+        """Its blocks back (release_paging_resources): those the trie holds stay
+        cached; it computes from scratch."""
+        self._give(r.blocks)
         r.blocks = []
+        r.cursor = None
 
     def _required(self, r: LMRequest, extra: int) -> int:
         """DefaultBlockManager.num_required_blocks (default_block_manager.py:26-34)."""
@@ -310,9 +406,120 @@ class LMDeployScheduler:
     def _allocate(self, r: LMRequest, extra: int) -> None:
         need = self._required(r, extra)
         if need:
-            taken = self.free_list.take(need)
-            r.blocks += taken
-            self.new_blocks[r.id] = self.new_blocks.get(r.id, ()) + tuple(taken)
+            r.blocks += self._take(need)
+        if self.caching:
+            self._insert(r)
+
+    # -- the block trie (paging/block_trie/trie.py, kv_lifecycle.py) ----------------------
+
+    def _key(self, r: LMRequest, index: int) -> str:
+        return self.book.key(r.id, r.request.prefix, index)
+
+    def _insert(self, r: LMRequest) -> None:
+        """BlockTrie.allocate: its full blocks join the trie from its cursor on; a block
+        whose content the trie has already is swapped for the trie's."""
+        node = r.cursor if r.cursor is not None and (r.cursor is self.root
+                                                     or r.cursor.attached()) else self.root
+        limit = r.all_ids if r.kv_limit is None else min(r.all_ids, r.kv_limit)
+        full = limit // self.block_size
+        r.cursor = node
+        if node.depth >= full:
+            return
+        if node is not self.root and not node.children:
+            self.leaves.discard(node)
+        held: list[int] = []
+        dropped: list[int] = []
+        for index in range(node.depth, full):
+            key = self._key(r, index)
+            child = node.children.get(key)
+            if child is None:
+                child = _Node(key, r.blocks[index], index + 1, next(self.nodes), node)
+                node.children[key] = child
+                self.cached[child.block] = child
+                held.append(child.block)
+            elif r.blocks[index] != child.block:
+                dropped.append(r.blocks[index])
+                r.blocks[index] = child.block
+                held.append(child.block)
+            node = child
+        r.cursor = node
+        if not node.children:
+            self.leaves.add(node)
+        for b in held:
+            self.refs[b] += 1
+        if dropped:
+            self._give(dropped)
+
+    def _match(self, r: LMRequest) -> None:
+        """BlockTrie.match: the trie's blocks that continue its table, leaving it a
+        token to compute."""
+        node = r.cursor or self.root
+        matched: list[_Node] = []
+        while node.depth * self.block_size + self.block_size < r.all_ids:
+            child = node.children.get(self._key(r, node.depth))
+            if child is None:
+                break
+            matched.append(child)
+            node = child
+        if matched:
+            blocks = [c.block for c in matched]
+            self._touch(blocks)
+            for b in blocks:
+                self.refs[b] += 1
+            r.blocks += blocks
+            total = r.all_ids
+            r.history = node.depth * self.block_size
+            r.pending = total - r.history
+        r.cursor = node
+
+    def _rollback(self, r: LMRequest) -> None:
+        """_TentativePrefixMatch.rollback: a failed admission gives back what it holds,
+        matched or its own (a lazy victim recomputes)."""
+        if r.blocks:
+            self._lose(r)
+        elif r.history:
+            r.pending += r.history
+            r.history = 0
+        r.cursor = None
+
+    def _evict(self, n: int) -> None:
+        """KVBlockLifecycle.evict: up to `n` trie leaves no request holds, least
+        recently used first (ties: the older node), a parent left bare joining them."""
+        candidates = [leaf for leaf in self.leaves if not leaf.children and leaf.attached()]
+        self.leaves.intersection_update(candidates)
+        heap = [(self.stamps[leaf.block], leaf.order, leaf) for leaf in candidates
+                if self.refs[leaf.block] == 1]
+        heapq.heapify(heap)
+        evicted: list[int] = []
+        while heap and len(evicted) < n:
+            _, _, leaf = heapq.heappop(heap)
+            if (leaf not in self.leaves or leaf.children or not leaf.attached()
+                    or self.refs[leaf.block] != 1):
+                if leaf in self.leaves and (leaf.children or not leaf.attached()):
+                    self.leaves.discard(leaf)
+                continue
+            evicted.append(leaf.block)
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[leaf.key]
+            leaf.parent = None
+            self.leaves.discard(leaf)
+            del self.cached[leaf.block]
+            if parent is self.root or parent.children:
+                continue
+            if parent.attached() and parent not in self.leaves:
+                self.leaves.add(parent)
+                if self.refs[parent.block] == 1:
+                    heapq.heappush(heap, (self.stamps[parent.block], parent.order, parent))
+        if evicted:
+            self._give(evicted)
+
+    def _room(self, need: int) -> bool:
+        """_try_make_block_capacity: evict cached blocks for what is missing."""
+        missing = need - len(self.free_list)
+        if missing > 0 and self.caching:
+            self._evict(missing)
+        return len(self.free_list) >= need
 
     def _make_capacity(self, r: LMRequest, candidates: Iterable[LMRequest],
                        extra: int) -> bool:
@@ -324,19 +531,24 @@ class LMDeployScheduler:
         for c in candidates:
             if not c.blocks:
                 continue
-            self._reclaim(c)
-            if len(self.free_list) >= need:
+            self._lose(c)
+            if self._room(need):
                 return True
-        return len(self.free_list) >= need
+        return self._room(need)
 
-    def _reclaim(self, c: LMRequest) -> None:
-        """release_paging_resources: all its blocks, and it computes from scratch."""
+    def _lose(self, c: LMRequest) -> None:
+        """release_paging_resources of a request not running: all its blocks, and it
+        computes from scratch; the trace shows it reclaimed once if it showed it with
+        blocks."""
         self._free(c)
         c.pending += c.history
         c.history = 0
         c.kv_limit = None
         c.computed = 0
-        self.reclaimed.append(c.id)
+        if c.seen and c.id not in self.reclaimed:
+            self.reclaimed.append(c.id)
+        c.seen = []
+        c.shown = 0
         if c.status is Status.HELD:
             c.status = Status.FINISHED
 
@@ -522,33 +734,68 @@ class LMDeployScheduler:
         tokens = 0
         while queue and len(admitted) < seats:
             r = queue.pop(0)
-            long = self._is_long(r)
-            if long and not allow_long:
-                skipped.append(r)
-                continue
-            count = self.budget if long else r.pending
-            if admitted and tokens + count > self.budget:
-                if allow_long:
-                    break
-                skipped.append(r)
-                continue
-            r.kv_limit = r.history + self.budget if long else None
-            extra = 0 if long else self.prealloc
             candidates = self._candidates(stopped[::-1], (skipped + queue)[::-1])
-            if not self._make_capacity(r, candidates, extra):
-                r.kv_limit = None
-                if self.rules.head_of_line_blocking:
-                    break
+            verdict = self._attempt(r, candidates, allow_long, bool(admitted), tokens)
+            if verdict == "stop":
+                break
+            if verdict == "skip":
                 skipped.append(r)
                 continue
-            self._allocate(r, extra)
             self.waiting.remove(r)
             r.state = RUNNING
             admitted.append(r)
-            tokens += count
+            tokens += self.budget if self._is_long(r) else r.pending
             if r.kv_limit is not None:
                 break
         return admitted
+
+    def _attempt(self, r: LMRequest, candidates: list[LMRequest], allow_long: bool,
+                 batched: bool, tokens: int) -> str:
+        """_PrefillAdmissionAttempt.run (prefill_scheduler.py:398-760): the long-prompt
+        and token-budget gates (with prefix caching, rechecked after a tentative
+        match), the blocks, and "admit", "skip" or "stop"."""
+        matched = False
+        deferred = ""  # a gate's verdict, should the blocks then fail
+
+        def count() -> int:
+            return self.budget if self._is_long(r) else r.pending
+
+        if not allow_long and self._is_long(r):
+            if not self.caching:
+                return "skip"
+            self._match(r)
+            matched = True
+            if self._is_long(r):
+                self._rollback(r)
+                return "skip"
+            deferred = "skip"
+        if batched and tokens + count() > self.budget:
+            rejection = "stop" if allow_long else "skip"
+            if matched or not self.caching:
+                if matched:
+                    self._rollback(r)
+                return rejection
+            self._match(r)
+            matched = True
+            if tokens + count() > self.budget:
+                self._rollback(r)
+                return rejection
+            deferred = rejection
+        if self.caching and not matched:
+            self._match(r)
+            matched = True
+        long = self._is_long(r)
+        r.kv_limit = r.history + self.budget if long else None
+        extra = 0 if long else self.prealloc
+        if not self._make_capacity(r, candidates, extra):
+            r.kv_limit = None
+            if matched:
+                self._rollback(r)
+            if deferred:
+                return deferred
+            return "stop" if self.rules.head_of_line_blocking else "skip"
+        self._allocate(r, extra)
+        return "admit"
 
     def _decode(self) -> bool:
         """Scheduler.schedule_running (scheduler.py:337-363): one token each."""

@@ -483,7 +483,8 @@ PROFILES: dict[str, Profile] = {
             "before long ones for 3 turns, long prompts chunked at the token budget; 16 "
             "tokens preallocated; a decode that cannot grow preempts itself, lazily (it "
             "keeps its blocks until reclaimed); one forward decided ahead of its output, so "
-            "a finished request runs once more and holds its blocks until its session ends",
+            "a finished request runs once more and holds its blocks until its session ends; "
+            "its block trie with prefix caching (off, as LMDeploy serves by default)",
             Knobs(),
             # Its front end refuses prompts above max_session_len = min(session_len,
             # pool tokens - a block) (engine/engine.py:328-341, engine_instance.py:196).

@@ -29,7 +29,7 @@ def config(**given: Any) -> Config:
     base: dict[str, Any] = dict(block_size=16, num_gpu_blocks=40,
                                 max_num_batched_tokens=256, max_num_seqs=4, max_model_len=600)
     base.update(given)
-    return PROFILE.configure(Config(**base), frozenset(given) & {"prealloc_tokens"})
+    return PROFILE.configure(Config(**base), frozenset(given))
 
 
 def rules(**given: Any) -> Knobs:
@@ -301,8 +301,6 @@ def test_the_step_kind_refuses_what_lmdeploy_cannot_run_as_the_spec_says() -> No
                    knobs=rules(prefill_interval=8)) is None
     assert refusal("lmdeploy", config(), knobs=rules(release_delay=0)) is not None
     assert refusal("lmdeploy", config()) is None
-    with pytest.raises(ValueError, match="prefix caching"):
-        LMDeployScheduler(replace(config(), prefix_caching=True))
 
 
 def test_the_other_kinds_refuse_lmdeploys_config_words() -> None:
@@ -347,14 +345,12 @@ def kept(path: Path) -> tuple[dict[str, Any], list[str]]:
     return json.loads(lines[0]), lines[1:]
 
 
-# The suite's named cases; those with prefix caching are left out, as the reference
-# does not model LMDeploy's block trie (it refuses prefix caching on).
-NAMED = sorted(p for p in STORE.glob("*.jsonl.gz") if not p.name.startswith("random-")
-               and not kept(p)[0]["config"].get("prefix_caching"))
+NAMED = sorted(p for p in STORE.glob("*.jsonl.gz") if not p.name.startswith("random-"))
 
 
-def test_the_suites_named_cases_without_prefix_caching_are_kept() -> None:
-    assert len(NAMED) >= 13
+def test_the_suites_named_cases_are_kept_with_and_without_prefix_caching() -> None:
+    caching = [kept(p)[0]["config"].get("prefix_caching", False) for p in NAMED]
+    assert len(NAMED) >= 15 and caching.count(True) >= 2
 
 
 @pytest.mark.parametrize("path", NAMED, ids=lambda p: p.name.removesuffix(".jsonl.gz"))
@@ -372,3 +368,28 @@ def test_the_profile_replays_lmdeploys_named_cases_exactly(path: Path) -> None:
         divergence = replaying.step(rec)
         assert divergence is None, divergence.message
     assert steps > 40
+
+
+SHARED: Arrivals = [(0, Request("a", 70, 30, prefix=(("sys", 48),))),
+                    (2, Request("b", 60, 5, prefix=(("sys", 48),)))]
+
+
+def test_a_prompt_hits_the_blocks_an_earlier_one_put_in_the_trie() -> None:
+    decisions, _, _ = run(SHARED, prefix_caching=True)
+    step = first_step(decisions, "b")
+    assert decisions[step].prefix_hits == {"b": (0, 1, 2)}
+    assert dict(decisions[step].scheduled)["b"] == 60 - 48
+    cold, _, _ = run(SHARED)
+    assert dict(cold[first_step(cold, "b")].scheduled)["b"] == 60 and not any(
+        d.prefix_hits for d in cold)
+
+
+def test_cached_blocks_count_as_free_and_are_evicted_least_recently_used_first() -> None:
+    # 16 blocks: a's 4 full blocks stay cached after its session ends (second 0 of the
+    # clock), d's 2 (second 1); c needs 11 with 10 free: the older leaf goes, a's block 3
+    work: Arrivals = [(0, req("a", 70, 2)), (45, req("d", 40, 2)), (90, req("c", 150, 3))]
+    decisions, _, sched = run(work, steps=90, prefix_caching=True, num_gpu_blocks=16)
+    assert sched.free_blocks() == 16 and len(sched.free_gpu_ids()) == 10
+    decisions, _, sched = run(work, steps=91, prefix_caching=True, num_gpu_blocks=16)
+    assert decisions[90].new_blocks == {"c": (3, *range(6, 16))}
+    assert sched.free_blocks() == 5 and not sched.free_gpu_ids()

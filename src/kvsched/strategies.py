@@ -168,8 +168,8 @@ def knobs(torch: bool = False) -> st.SearchStrategy[Knobs]:
 
 
 # The step kinds drawn when every kind is asked for: LMDeploy's is left out, as its
-# reference models neither a client's abort nor prefix caching, which the drawn
-# workloads and configs may have (tests/test_lmdeploy_profile.py tests it).
+# reference does not model a client's abort, which the drawn workloads may have
+# (tests/test_lmdeploy_profile.py tests it).
 DRAWN_KINDS: tuple[SchedulerKind, ...] = tuple(k for k in SCHEDULER_KINDS if k != "lmdeploy")
 
 
