@@ -23,9 +23,11 @@ live, neither waiting nor running) until a step's `released` (phase 1, after the
 aborts) or `reclaimed` names it, and it ends then; in the step right after its finish
 it may be scheduled once more, a void entry: counted in the step's seats and tokens, it
 takes blocks as any chunk and computes its tokens (C = min(C + Dn, N)) but samples
-nothing. With prealloc_tokens R > 0 a chunk's Db is the count of ids `new_blocks` gives
-it when that lies between blocks_needed(C, Dn, G) and blocks_needed(C, Dn, G, reserve =
-C + Dn + R), else (and without ids) the lower bound.
+nothing; in that step it may also be a victim (the scheduler decided before it applied
+the output that finished it: vLLM's async scheduling), which a recompute victim's blocks
+leave at once, and it stays held. With prealloc_tokens R > 0 a chunk's Db is the count
+of ids `new_blocks` gives it when that lies between blocks_needed(C, Dn, G) and
+blocks_needed(C, Dn, G, reserve = C + Dn + R), else (and without ids) the lower bound.
 
 With prefix caching (config prefix_caching) a block may have several holders. A block
 becomes cached, with its table index and (when the trace gives one) its content key,
@@ -68,7 +70,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     # A held request's blocks are freed when its session ends (config pipelined).
     "released": frozenset({"held"}),
     "rejected": frozenset({"waiting"}),
-    "preempted": frozenset({"running"}),
+    # A held request in the step right after its finish still runs for a pipelined
+    # scheduler, which decided the step before it applied the output that finished it.
+    "preempted": frozenset({"running", "held"}),
     # Every block of a request that does not run and holds some: a lazy victim (of this
     # step or before: waiting), or a held one.
     "reclaimed": frozenset({"waiting", "held", "just preempted"}),
@@ -457,7 +461,7 @@ class State:
         and C (it releases nothing until a reclaim)."""
         f = st.f
         for p in st.rec.preempted:
-            a = Action(p.id, "preempted", st.state(p.id))
+            a = Action(p.id, "preempted", self._held_state(st, p.id))
             t = self.live.get(p.id)
             if not a.applied or t is None:
                 f.victims.append(Victim(a, p.mode, 0, 0, 0, self.free_host, 0, 0))
@@ -465,7 +469,12 @@ class State:
             t.preemptions += 1
             known, computed, held, free_host = (t.num_tokens, t.num_computed, t.gpu_blocks,
                                                 self.free_host)
-            if p.mode == "swap":
+            if t.status == Status.HELD:
+                # Finished already: it gives back its blocks (recompute) or keeps them
+                # (lazy), and stays held until its release.
+                released = self._release_gpu(t) if p.mode == "recompute" else 0
+                st.tags[p.id] = "just preempted"
+            elif p.mode == "swap":
                 self.free_host -= t.gpu_blocks
                 t.host_blocks = t.gpu_blocks
                 released = self._release_gpu(t)
@@ -484,6 +493,16 @@ class State:
             f.victims.append(Victim(a, p.mode, known, computed, held, free_host,
                                     t.preemptions, released))
             f.reclaim += released
+
+    def _held_state(self, st: _Step, rid: str) -> str:
+        """The state `rid` is in at this point of the step, a held request past the step
+        right after its finish told as "held since step K": only in that step may a
+        pipelined scheduler still schedule it, or preempt it."""
+        state = st.state(rid)
+        held = self.live.get(rid)
+        if state == "held" and held is not None and held.finished_at != st.rec.step - 1:
+            return f"held since step {held.finished_at}"
+        return state
 
     def _reclaims(self, st: _Step) -> None:
         """Phase 3, after the victims: each reclaimed request, in the order the engine
@@ -546,11 +565,7 @@ class State:
         prealloc = self.config.prealloc_tokens
         voids = 0
         for rid, n in rec.scheduled:
-            state = st.state(rid)
-            held = self.live.get(rid)
-            if state == "held" and held is not None and held.finished_at != rec.step - 1:
-                state = f"held since step {held.finished_at}"
-            a = Action(rid, "scheduled", state)
+            a = Action(rid, "scheduled", self._held_state(st, rid))
             t = self.live.get(rid) if a.applied else None
             if t is None:
                 st.tags[rid] = "already scheduled this step"

@@ -211,6 +211,33 @@ def test_a_void_entry_that_finishes_again_is_one_state() -> None:
     assert "finished while held" in report.violations[0].message
 
 
+def test_a_held_request_may_be_preempted_in_the_step_after_its_finish() -> None:
+    # vLLM's async scheduling decides step 1 before it applies the output that finished
+    # a at step 0, so a still runs for it and may be its victim: a gives its block back
+    # at once (recompute), b takes all eight, and a stays held until its release.
+    report = check(FINISH,
+                   {"step": 1, "arrivals": [arrive("b", 29, 1)],
+                    "preempted": [{"id": "a", "mode": "recompute"}],
+                    "scheduled": [["b", 29]], "new_blocks": {"b": list(range(8))},
+                    "finished": ["b"], "free_blocks": 0},
+                   {"step": 2, "released": ["a", "b"], "free_blocks": 8},
+                   preemption="recompute")
+    assert report.counts == {}
+    state = State(Config(**{**CONFIG, "preemption": "recompute"}))
+    state.apply(parse_step(FINISH, 2))
+    state.apply(parse_step({"step": 1, "preempted": [{"id": "a", "mode": "recompute"}]}, 3))
+    assert (state.live["a"].status, state.live["a"].gpu_blocks, state.free) == (
+        Status.HELD, 0, 8)
+
+
+def test_a_held_request_preempted_two_steps_after_its_finish_is_preempt() -> None:
+    report = check(FINISH, {"step": 1},
+                   {"step": 2, "preempted": [{"id": "a", "mode": "lazy"}]},
+                   {"step": 3, "released": ["a"]})
+    assert verdicts(report) == [("preempt", 2, "a")]
+    assert "held since step 0" in report.violations[0].message
+
+
 def test_without_pipelined_a_finish_releases_at_once() -> None:
     report = check({**FINISH, "free_blocks": 8}, {"step": 1, "released": ["a"]},
                    pipelined=False)
