@@ -225,8 +225,9 @@ def test_assembled_trace_reads_back_and_checks_clean(tmp_path: Path) -> None:
 # step 2, as a request that stopped at end-of-sequence does (the engine core had queued
 # it); a finishes at step 2 with no slot after it.
 PIPELINED = replace(CONFIG, pipelined=True)
-ASYNC_HEADER = {**HEADER, "config": effective(vllm_settings(PIPELINED), async_scheduling=True,
-                                              scheduler_class="AsyncScheduler")}
+ASYNC_HEADER: dict[str, Any] = {
+    **HEADER, "config": effective(vllm_settings(PIPELINED), async_scheduling=True,
+                                  scheduler_class="AsyncScheduler")}
 ASYNC_EVENTS: list[dict[str, Any]] = [
     ASYNC_HEADER,
     step_event(0, arrivals=["a"], scheduled=[["a", 6]], new_block_ids={"a": [1, 2]},
