@@ -137,7 +137,7 @@ def test_profile_defaults_apply_to_fields_not_given() -> None:
         "unknown profile 'nope'; known: vllm-v1, vllm-v1@0.11.1, vllm-v1@0.12, "
         "vllm-v1@0.19, vllm-v1@0.24, vllm-v1@0.31, vllm-v1@0.32, vllm-v1@0.33, "
         "vllm-v1@0.34, vllm-v1-no-prefix-caching, vllm-v0, vllm-v0-swap, sglang@0.5.23, "
-        "sarathi")
+        "lmdeploy@0.18.0, sarathi")
     # Releases: 0.32 and 0.33 differ in one knob, and vllm-v1 names the newest.
     old, new = get_profile("vllm-v1@0.32"), get_profile("vllm-v1@0.33")
     assert replace(old.knobs, continue_after_self_preemption=True) == new.knobs
