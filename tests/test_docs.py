@@ -255,6 +255,8 @@ CUDA = "needs a CUDA GPU (make gpu-check runs the CUDA tests on one)"
 # runs in a gap's place and writes what the page's later commands read.
 SGLANG_ENV = ("SGLang's environment .venv-sglang (make sglang-env; 2.4 GB), which "
               "make test does not build")
+LMDEPLOY_ENV = ("LMDeploy's environment .venv-lmdeploy (make lmdeploy-env), which make "
+                "test does not build")
 
 GAPS: dict[str, dict[str, Gap]] = {
     "README.md": {
@@ -326,6 +328,18 @@ GAPS: dict[str, dict[str, Gap]] = {
         'make conformance-sglang ARGS="radix-page1 radix-eviction"': Gap(SGLANG_ENV),
         "make conformance-sglang ARGS=--keep": Gap(SGLANG_ENV + "; it rewrites "
                                                    "tests/data/sglang"),
+    },
+    "docs/conformance/lmdeploy.md": {
+        "make lmdeploy-env": Gap("LMDeploy's environment: a few minutes once"),
+        "kvsched record lmdeploy --workload w.jsonl --out t.jsonl --num-gpu-blocks 64 "
+        "--max-model-len 1008 --max-num-batched-tokens 256 --max-num-seqs 8": Gap(
+            LMDEPLOY_ENV,
+            # A real recording of LMDeploy's scheduler by `kvsched record lmdeploy`.
+            stand_in="gzip -dc tests/data/lmdeploy/head-of-line.jsonl.gz > t.jsonl"),
+        "make conformance-lmdeploy": Gap(LMDEPLOY_ENV),
+        'make conformance-lmdeploy ARGS="head-of-line lazy-resumed"': Gap(LMDEPLOY_ENV),
+        "make conformance-lmdeploy ARGS=--keep": Gap(LMDEPLOY_ENV + "; it rewrites "
+                                                     "tests/data/lmdeploy"),
     },
     "docs/conformance/vllm-live.md": {
         "make vllm-plugin": Gap(VLLM_ENV),
