@@ -130,15 +130,18 @@ def check_case(case: str, path: Path, profile: str) -> Verdict:
         return check_stream(case, stream, profile)
 
 
-def check_stream(case: str, stream: BinaryIO, profile: str) -> Verdict:
+def check_stream(case: str, stream: BinaryIO, profile: str | None) -> Verdict:
     """check_case on a trace read from `stream`, by the vectorized checker (the spec's
     report, kvsched.optimized.checker) where the compiled scheduler replays the profile,
     else by the spec's; the counts of preemptions, rejections and hits from its step
-    lines."""
+    lines. With `profile` None, the MUST and SHOULD levels only (a trace no profile
+    models: vLLM's async scheduling)."""
     data = stream.read()
     reader = TraceReader(io.BytesIO(data))
     header = reader.header
-    if replay_refused(profile) is None:
+    if profile is None:
+        report = check_trace_vectorized(io.BytesIO(data))
+    elif replay_refused(profile) is None:
         report = check_trace_vectorized(io.BytesIO(data), profile=profile)
     else:  # a step the compiled scheduler does not take (V0's): the reference replays it
         report = new_checker(header.config, profile=profile,
@@ -157,7 +160,7 @@ def check_stream(case: str, stream: BinaryIO, profile: str) -> Verdict:
     should = Counter({k: n for k, n in report.counts.items() if INVARIANTS[k] == SHOULD})
     return Verdict(case, report.steps, report.requests, preemptions, rejected,
                    report.complete, must, should, divergence, header.config.prefix_caching,
-                   hits, hit_blocks, profile)
+                   hits, hit_blocks, profile or "")
 
 
 def first_divergence(path: Path, knobs: Knobs, profile: str,

@@ -249,6 +249,17 @@ CASES: tuple[Case, ...] = (
 )
 
 
+# vLLM's async scheduling (its AsyncScheduler, as its engine core runs it on a GPU: step
+# k+1 decided before step k's output is applied) on named cases of the suite: pipelined
+# traces, checked at the MUST and SHOULD levels (profile vllm-v1 does not model async
+# scheduling; docs/conformance/vllm.md, "Async scheduling").
+ASYNC_CASES: tuple[Case, ...] = tuple(
+    Case(f"async-{c.name}", f"async scheduling: {c.what}", replace(c.config, pipelined=True),
+         c.workload)
+    for c in CASES if c.name in ("fcfs-tight", "priority-tight", "aborts",
+                                 "block-size-1-bursty", "prefix-tight-readmit"))
+
+
 def random_case(seed: int) -> Case:
     """A small seeded config and workload that vLLM accepts: corner values on purpose
     (block size 1, a cache of exactly one max_model_len sequence, a budget of
@@ -355,10 +366,14 @@ def check_case(case: str, path: Path, profile: str | None = None) -> Verdict:
 
 
 def check_stream(case: str, stream: BinaryIO, profile: str | None = None) -> Verdict:
-    """check_case on a trace read from `stream`."""
+    """check_case on a trace read from `stream`; a pipelined trace (vLLM's async
+    scheduling, which no profile models) at the MUST and SHOULD levels only."""
     data = stream.read()
+    header = TraceReader(io.BytesIO(data)).header
+    if header.config.pipelined:
+        return check_stream_under(case, io.BytesIO(data), None)
     if profile is None:
-        profile = release_profile(TraceReader(io.BytesIO(data)).header.engine)
+        profile = release_profile(header.engine)
     return check_stream_under(case, io.BytesIO(data), profile)
 
 
@@ -415,14 +430,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args is None:
         return 2
     if args.list:
-        return list_cases(CASES)
-    known = {c.name for c in CASES}
+        return list_cases(CASES + ASYNC_CASES)
+    known = {c.name for c in CASES + ASYNC_CASES}
     unknown = [n for n in args.names if n not in known]
     if unknown:
         print(f"conformance.vllm: error: unknown case {unknown[0]!r}; see --list",
               file=sys.stderr)
         return 2
-    cases = [c for c in CASES if not args.names or c.name in args.names]
+    cases = [c for c in CASES + ASYNC_CASES if not args.names or c.name in args.names]
     randoms = [] if args.names else [random_case(args.seed + i) for i in range(args.random)]
     prefixed = [] if args.names else [random_prefix_case(args.seed + i)
                                       for i in range(args.random_prefix)]
@@ -458,7 +473,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.names:  # the whole suite must tell each flipped knob from vLLM
         # (the cases without prefix caching first: the replays of those are the
         # quickest; the free list's order is told only with it on)
-        named = sorted(cases, key=lambda c: c.config.prefix_caching)
+        named = sorted((c for c in cases if not c.config.pipelined),
+                       key=lambda c: c.config.prefix_caching)
         blind = print_sensitivity([args.out / f"{c.name}.jsonl" for c in named], profile,
                                   "vLLM", v1_variants(profile))
     print(f"{time.monotonic() - started:.0f} s")

@@ -6,10 +6,13 @@ real scheduler on a few workloads."""
 from __future__ import annotations
 
 import ast
+import gzip
+import io
 import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.vllm import (
+    ASYNC_CASES,
     CASES,
     FLIPPABLE,
     NoProfile,
@@ -45,6 +49,7 @@ from kvsched.spec.blocks import blocks_for
 from kvsched.spec.checker import Report, check_steps, check_trace
 from kvsched.spec.model import Config, Preemption, Rejection
 from kvsched.spec.trace import TraceReader
+from kvsched.spec.violation import INVARIANTS, MUST
 from kvsched.workload import WorkItem, item_dict, validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -767,3 +772,31 @@ def test_vllm_block_keys_are_equal_exactly_where_the_tokens_are(
             for i in range(min(len(keys[a]), len(keys[b]))):
                 same = seq_a[:(i + 1) * bs] == seq_b[:(i + 1) * bs]
                 assert (keys[a][i] == keys[b][i]) == same, (a, b, i)
+
+
+# vLLM's async scheduling recorded live (conformance.vllm's async-* cases, kept in
+# tests/data/vllm-async/ by the same driver): pipelined traces, MUST-clean under the
+# spec's pipelined rules, which they reach: void slots, held requests preempted in the
+# step after their finish, and releases.
+ASYNC_KEPT = sorted((ROOT / "tests" / "data" / "vllm-async").glob("*.jsonl.gz"))
+
+
+def test_the_kept_async_traces_are_pipelined_and_must_clean() -> None:
+    assert [p.name for p in ASYNC_KEPT] == [f"{c.name}.jsonl.gz" for c in sorted(
+        ASYNC_CASES, key=lambda c: c.name)]
+    reached: Counter[str] = Counter()
+    for path in ASYNC_KEPT:
+        data = gzip.decompress(path.read_bytes())
+        reader = TraceReader(io.BytesIO(data))
+        assert reader.header.config.pipelined
+        assert reader.header.extra["adapter"]["async_scheduling"] is True
+        report = check_trace(TraceReader(io.BytesIO(data)))
+        assert report.complete and not any(
+            INVARIANTS[k] == MUST for k in report.counts), (path.name, report.counts)
+        before: set[str] = set()
+        for rec in TraceReader(io.BytesIO(data)):
+            reached["void"] += sum(rid in before for rid, _ in rec.scheduled)
+            reached["held victim"] += sum(p.id in before for p in rec.preempted)
+            reached["released"] += len(rec.released)
+            before = set(rec.finished)
+    assert all(reached[k] for k in ("void", "held victim", "released")), reached
