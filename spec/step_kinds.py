@@ -115,12 +115,14 @@ _NOT_PIPELINED: dict[str, tuple[object, ...]] = {
     "preemption": ("recompute", "swap", "auto")}
 
 
-def _not_pipelined(engine: str) -> dict[str, str]:
+def _not_pipelined(engine: str, pipelined: str | None = None) -> dict[str, str]:
     """Why vLLM's steps (`engine`) take only those values (SGLang's says its own
-    preemption)."""
+    preemption); `pipelined`, why not pipelined where the engine can be."""
     return {"prealloc_tokens": f"{engine} hands out no blocks beyond a chunk's own tokens",
-            "pipelined": f"{engine} applies a step's output before deciding the next step",
+            "pipelined": pipelined or f"{engine} applies a step's output before deciding "
+                                      "the next step",
             "preemption": f"{engine}'s victims release their blocks at once"}
+
 
 def _lmdeploy_starts(config: Config, knobs: Knobs) -> str | None:
     """What LMDeploy 0.18.0 cannot run as the spec says it: a decode forward runs every
@@ -177,7 +179,10 @@ STEP_KINDS: dict[SchedulerKind, StepKind] = {
         "v1", "vLLM v1", _all_but("step_mix", "max_prompt_len", *_NOT_PIPELINED),
         {"step_mix": ("any",), "max_prompt_len": (0,), **_NOT_PIPELINED},
         {"step_mix": _VLLM_STEPS, "max_prompt_len": _VLLM_PROMPTS,
-         **_not_pipelined("vLLM")},
+         **_not_pipelined("vLLM", "the profile models vLLM without async scheduling, "
+                                  "which decides a step before it applies the last one's "
+                                  "output; a trace of it is checked at the MUST level "
+                                  "only")},
         Knobs, _all_fields(Knobs) - {"v0", "sglang", "lmdeploy"}, _vllm_starts, {}),
     # V0's step fixes the victim and when swapped and waiting requests are admitted, and
     # caps no chunk (its cap needs max_num_partial_prefills > 1): kvsched.reference.v0.
