@@ -139,10 +139,12 @@ class Victim:
 
 @dataclass(frozen=True, slots=True)
 class Reclaim:
-    """A `released` or `reclaimed` entry: the GPU blocks it freed."""
+    """A `released` or `reclaimed` entry: the GPU blocks it freed, and the tokens a
+    waiting request had computed in them (its recompute's work; 0 for a held one)."""
 
     action: Action
     released: int
+    computed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,13 +520,14 @@ class State:
             if not a.applied or t is None:
                 f.reclaims.append(Reclaim(a, 0))
                 continue
+            computed = 0
             if t.status == Status.HELD:
                 released = self._end(t, Status.FINISHED)
             else:
                 released = self._release_gpu(t)
-                t.num_computed = 0
+                computed, t.num_computed = t.num_computed, 0
                 t.recomputing = True
-            f.reclaims.append(Reclaim(a, released))
+            f.reclaims.append(Reclaim(a, released, computed))
             f.reclaim += released
             f.released_by_reclaims += released
 

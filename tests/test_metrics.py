@@ -441,3 +441,29 @@ def test_simulated_shared_prompts_hit_and_every_token_is_computed_or_hit() -> No
         w.prompt_len + w.output_len - 1 for w in served) + m.recomputed_tokens
     off_cfg, off = simulate(workload, "vllm-v1-no-prefix-caching")
     assert metrics_of(off_cfg, off).computed_tokens > m.computed_tokens
+
+
+def test_a_lazy_victim_counts_as_recomputed_only_what_a_reclaim_takes() -> None:
+    """LMDeploy's lazy preemption: b (8 tokens computed) gives itself up keeping its
+    blocks, which nothing is recomputed for; c (C 4 after its prompt) is preempted too
+    and its blocks are reclaimed: its 4 tokens are recomputed work."""
+    config = {"block_size": 4, "num_gpu_blocks": 6, "num_cpu_blocks": 0,
+              "max_num_batched_tokens": 32, "max_num_seqs": 4, "max_model_len": 32,
+              "chunked_prefill": True, "long_prefill_token_threshold": 0, "policy": "fcfs",
+              "preemption": "lazy", "watermark_blocks": 0, "pipelined": True}
+
+    def arrive(rid: str, prompt: int) -> dict[str, object]:
+        return {"id": rid, "prompt_len": prompt, "max_tokens": 8, "priority": 0}
+
+    lines = [
+        {"kvsched": "trace", "version": 1, "config": config},
+        {"step": 0, "arrivals": [arrive("b", 8), arrive("c", 4)],
+         "scheduled": [["b", 8], ["c", 4]], "new_blocks": {"b": [0, 1], "c": [2]},
+         "free_blocks": 3},
+        {"step": 1, "preempted": [{"id": "b", "mode": "lazy"}, {"id": "c", "mode": "lazy"}],
+         "reclaimed": ["c"], "new_blocks": {}, "free_blocks": 4},
+    ]
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    m = metrics_of_trace(io.BytesIO(data))
+    assert m.preemptions["lazy"] == 2
+    assert m.recomputed_tokens == 4

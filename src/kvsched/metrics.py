@@ -27,8 +27,10 @@ Units and definitions:
   derived from the arithmetic above, or from the engine's `free_blocks` (after the step)
   plus the finished requests' blocks when the trace reports it;
 - queue lengths = waiting, running and swapped requests after the step;
-- recomputed tokens = the C each recompute victim had when preempted (with prefix
-  caching it may hit some of them again when it comes back: those are hit tokens);
+- recomputed tokens = the C each recompute victim had when preempted, and the C each
+  waiting request had when a `reclaimed` took its blocks (a lazy victim recomputes only
+  then; with prefix caching it may hit some of them again when it comes back: those
+  are hit tokens);
 - prefix cache (only for a trace whose config has prefix_caching; vLLM's counters):
   an admission is a scheduled request that was waiting (new, or resumed after a
   recompute preemption) and so could take a hit; its query is the N tokens it knows
@@ -380,6 +382,8 @@ class MetricsCollector:
                 self._arrive(a.request, s, start)
         for victim in f.valid_victims:
             self._victims(victim.mode, 1, victim.computed)
+        # A lazy victim recomputes only what a reclaim takes from it.
+        self.recomputed += sum(r.computed for r in f.reclaims if r.action.applied)
         self.swap_ins += sum(1 for a, _ in f.swap_ins if a.applied)
         if self.config.prefix_caching:
             self._cache(f)
