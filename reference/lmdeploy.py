@@ -41,7 +41,10 @@ after its finish (the step's `released`), or an allocation reclaims them.
    preallocated) reclaims finished then waiting requests in the order they entered
    those states; failing that it is preempted lazily, keeping its blocks, and the decode
    goes on. A preempted request's token of the step before is dropped with it (the
-   output is applied after the decision, and only to running requests).
+   output is applied after the decision, and only to running requests): the decision
+   names that entry (Decision.unsampled), and a finish the step before reported for
+   it did not happen (its request waits, and finishes when it samples that token
+   again).
 
 An arrival whose prompt fills max_model_len (LMDeploy's session length) or is longer
 than config max_prompt_len is rejected in its arrival step (AsyncEngine.preprocess); a
@@ -254,7 +257,8 @@ class LMDeployScheduler:
         rejected = self._admit_arrivals()
         self.batch, self.chunk_step = [], False
         self._forward()
-        drained = self._apply_output() and not self.batch
+        dropped = self._apply_output()
+        drained = dropped is not None and not self.batch
         if drained:
             # Nothing to dispatch: the engine's loop takes the last output, delivers
             # what waited (the sessions of every request finished by now end), and
@@ -273,7 +277,8 @@ class LMDeployScheduler:
                         scheduled=tuple((r.id, n) for r, n in self.batch),
                         sampled=tuple(r.id for r in self.sampled),
                         new_blocks=dict(self.new_blocks), prefix_hits=dict(self.hits),
-                        released=released, reclaimed=tuple(self.reclaimed))
+                        released=released, reclaimed=tuple(self.reclaimed),
+                        unsampled=dropped or ())
 
     def update(self, stopped: Collection[str]) -> tuple[str, ...]:
         """kvsched's counts now; the engine's at the next decision (pipelining). A
@@ -831,22 +836,27 @@ class LMDeployScheduler:
         r.preemptions += 1
         self.preempted.append(Preemption(r.id, "lazy"))
 
-    def _apply_output(self) -> bool:
+    def _apply_output(self) -> tuple[str, ...] | None:
         """The last forward's output, once this forward is decided
         (ARSequenceStrategy.update_running, strategies/ar/sequence.py:121-157): only
-        running sequences take their token; a stop finishes it. Whether there was one."""
+        running sequences take their token; a stop finishes it. The entries whose output
+        it dropped (requests this decision preempted); None when there was no output."""
         out, self.output = self.output, None
         if out is None:
-            return False
+            return None
         if out.chunk:
-            return True
+            return ()
+        dropped = []
         for r, n, sampled in out.batch:
             if r.state != RUNNING:
                 if r.state == WAITING and sampled:
                     # preempted in this decision: its token is dropped, and the
-                    # tokens computed for it (kvsched's N and C step back)
+                    # tokens computed for it (kvsched's N and C step back); a finish
+                    # the last update reported for it did not happen
                     r.known -= 1
                     r.computed -= n
+                    r.finished_at = -1
+                    dropped.append(r.id)
                 continue
             r.history += r.pending
             r.pending = 1
@@ -854,4 +864,4 @@ class LMDeployScheduler:
             if r.id in out.stops:
                 r.state = STOPPED
                 self.stopped.append(r)
-        return True
+        return tuple(dropped)

@@ -223,6 +223,16 @@ class Decision:
     lists held finished requests whose blocks are freed (phase 1, config pipelined);
     `reclaimed` the requests that lose all their blocks (phase 3, after the victims), in
     the order the engine took them.
+
+    `unsampled` (config pipelined) looks one step back: the entries of the PREVIOUS
+    step whose output this decision dropped. A pipelined scheduler decides step k+1
+    before it applies step k's output; a request of step k's batch that this decision
+    preempts does not take that output (LMDeploy applies it only to running requests),
+    so its step-k entry computed and sampled nothing, and a finish that step k's update
+    reported for it did not happen. The decision is the first to know it, so it carries
+    it; the trace writes it on step k's line (`StepRecord.unsampled`), which a
+    simulation therefore writes only once step k+1 is decided
+    (kvsched.spec.trace.HeldLine).
     """
 
     rejected: tuple[Rejection, ...] = ()
@@ -234,6 +244,7 @@ class Decision:
     prefix_hits: dict[str, tuple[int, ...]] = field(default_factory=dict)
     released: tuple[str, ...] = ()
     reclaimed: tuple[str, ...] = ()
+    unsampled: tuple[str, ...] = ()
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -288,6 +299,10 @@ class StepRecord:
     # (phase 3, after the victims), in the order the engine took them.
     released: tuple[str, ...] = ()
     reclaimed: tuple[str, ...] = ()
+    # Config pipelined: entries of THIS step whose output the engine dropped (the next
+    # step, decided before this step's output was applied, preempted them): each counts
+    # in the step's seats, tokens and blocks, but computes and samples nothing.
+    unsampled: tuple[str, ...] = ()
     line: int = field(default=0, compare=False)
 
     @property

@@ -128,6 +128,8 @@ def token_range(f: StepFacts, config: Config) -> list[Violation]:
 
 def _misplaced(a: Action) -> str:
     """An action in a state that does not allow it, in words."""
+    if a.action == "unsampled":
+        return f"{a.request} is in unsampled (its output dropped) but {a.state}"
     if a.state == NEVER_ARRIVED:
         return f"{a.request} is {a.action} but never arrived"
     if a.action == "arrives":

@@ -43,8 +43,8 @@ class ConfigDefaults:
         config cannot say: the field is left as it is, and the command line refuses such
         a config (kvsched.commands.options.build_config).
     session_margin_blocks: instead, max_prompt_len = min(max_model_len, (num_gpu_blocks
-        - session_margin_blocks) * block_size) (LMDeploy's max_session_len, one block
-        short of the pool: 1).
+        - session_margin_blocks) * block_size) - 1 (LMDeploy's max_session_len, one block
+        short of the pool: 1; its front end refuses a prompt that fills the session).
     prealloc_tokens, pipelined: the config fields of the same names.
     """
 
@@ -95,7 +95,7 @@ class ConfigDefaults:
         if self.session_margin_blocks is not None:
             return min(config.max_model_len, (config.num_gpu_blocks
                                               - self.session_margin_blocks)
-                       * config.block_size)
+                       * config.block_size) - 1
         if self.prompt_margin is None:
             return None
         return min(config.max_model_len,

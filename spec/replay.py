@@ -17,11 +17,18 @@ to it; after it the replay stops, since every later step would differ too. A tra
 `aborted` is input too, and the profile must end each at the abort, as the trace did
 (kvsched.spec.interface.abort); an abort whose request ran on to a finish (SGLang's running
 requests) is in the trace as that finish, which update() is told as a stop.
+
+A pipelined trace (config pipelined) gives on step k's line the entries whose output
+step k+1's decision dropped (`unsampled`); the profile's scheduler gives them with that
+decision (Decision.unsampled): they must be the same set. A finish the profile reports
+at step k for such an entry did not happen (it is out of the trace's `finished`), so
+the finishes compare without them; step k+1's decision must then drop it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from kvsched.spec.interface import ContentKeys, Scheduler, abort
 from kvsched.spec.model import Decision, RequestView, StepRecord
@@ -30,9 +37,11 @@ from kvsched.spec.violation import Violation
 
 
 def describe(decision: Decision, finished: Iterable[str] = ()) -> str:
-    """A decision in one line: rejected, preempted (mode), swapped in, scheduled id:n
-    (with the length of a prefix hit)."""
+    """A decision in one line: the last step's entries it dropped, rejected, preempted
+    (mode), swapped in, scheduled id:n (with the length of a prefix hit)."""
     parts = []
+    if decision.unsampled:
+        parts.append("drops the last step's output of " + ", ".join(decision.unsampled))
     if decision.rejected:
         parts.append("rejected " + ", ".join(r.id for r in decision.rejected))
     if decision.preempted:
@@ -84,6 +93,7 @@ class ProfileReplay:
         config = scheduler.config
         self.state = State(config) if config.prefix_caching else None
         self.keyed: set[str] = set()  # requests whose keys the trace gives
+        self.unsampled: tuple[str, ...] = ()  # the last step's line's dropped entries
 
     def step(self, rec: StepRecord) -> Violation | None:
         """The divergence at this step, if it is the first; nothing after that."""
@@ -127,15 +137,18 @@ class ProfileReplay:
         before = scheduler.states()
         free = scheduler.free_blocks()
         mine = scheduler.schedule()
-        theirs = rec.decision
+        theirs = replace(rec.decision, unsampled=self.unsampled)
+        self.unsampled = rec.unsampled
         ordered = self.preempted_order
-        if mine.comparable(ordered) != theirs.comparable(ordered):
+        if (mine.comparable(ordered) != theirs.comparable(ordered)
+                or set(mine.unsampled) != set(theirs.unsampled)):
             state = describe_state(before, free, involved(mine, theirs))
             return Violation(
                 "profile", rec.step,
                 f"first divergence from {profile}: the profile {describe(mine)} | the trace "
                 f"{describe(theirs)} | state before: {state}")
-        done = scheduler.update(set(rec.finished))
+        done = [rid for rid in scheduler.update(set(rec.finished))
+                if rid not in rec.unsampled]
         if set(done) != set(rec.finished):
             return Violation(
                 "profile", rec.step,

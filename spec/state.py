@@ -25,7 +25,15 @@ it may be scheduled once more, a void entry: counted in the step's seats and tok
 takes blocks as any chunk and computes its tokens (C = min(C + Dn, N)) but samples
 nothing; in that step it may also be a victim (the scheduler decided before it applied
 the output that finished it: vLLM's async scheduling), which a recompute victim's blocks
-leave at once, and it stays held. With prealloc_tokens R > 0 a chunk's Db is the count
+leave at once, and it stays held. Under pipelined, too, a step's `unsampled` names
+entries of that step whose output the engine dropped: the next step, decided before
+this step's output was applied, preempted them (LMDeploy applies an output only to
+requests still running). Such an entry counts in the step's seats and tokens and takes
+its blocks as any chunk (Db by C + Dn, within the prealloc bounds), but C and N do not
+change: it computes and samples nothing, so it is not due and does not finish (when
+its request runs again it computes those tokens anew). An id in `unsampled` that is
+not scheduled in the step, or any on a trace without pipelined, is recorded, not
+applied (one-state). With prealloc_tokens R > 0 a chunk's Db is the count
 of ids `new_blocks` gives it when that lies between blocks_needed(C, Dn, G) and
 blocks_needed(C, Dn, G, reserve = C + Dn + R), else (and without ids) the lower bound.
 
@@ -79,6 +87,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "swapped in": frozenset({"swapped"}),
     # A held request only in the step right after its finish: a void entry.
     "scheduled": frozenset({"waiting", "running", "swapped in", "held"}),
+    # An entry of this step whose output the engine dropped (config pipelined).
+    "unsampled": frozenset({"scheduled in this step"}),
     # A live request always finishes (whether it had sampled is the finish invariant's
     # question); an ended one cannot.
     "finished": frozenset({"waiting", "running", "swapped"}),
@@ -162,6 +172,7 @@ class Chunk:
     restart_ids: int | None  # a recompute victim's first chunk: the ids the trace gives
     after: int  # C after the entry: min(C + Dn, N); C when it did not apply or Dn < 1
     void: bool = False  # a held request's entry right after its finish (config pipelined)
+    unsampled: bool = False  # its output dropped (config pipelined): C and N stay
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +264,7 @@ class StepFacts:
     # each swap-in with the GPU blocks it took: its H, plus what its allocation reserves
     swap_ins: list[tuple[Action, int]] = field(default_factory=list)
     chunks: list[Chunk] = field(default_factory=list)
+    unsampled: list[Action] = field(default_factory=list)  # `unsampled`, as named
     handouts: list[Handout] | None = None  # None while block ids are not tracked
     hits: list[Hit] = field(default_factory=list)
     evicted: int = 0  # cached blocks handed out again, which drops their content
@@ -279,7 +291,8 @@ class StepFacts:
         return [*self.arrivals, *self.aborts, *(r.action for r in self.releases),
                 *(a for a, _ in self.rejections), *(v.action for v in self.victims),
                 *(r.action for r in self.reclaims), *(a for a, _ in self.swap_ins),
-                *(c.action for c in self.chunks), *(f.action for f in self.finishes),
+                *(c.action for c in self.chunks), *self.unsampled,
+                *(f.action for f in self.finishes),
                 *(d.action for d in self.dedups)]
 
     @property
@@ -561,12 +574,15 @@ class State:
     def _schedule(self, st: _Step) -> None:
         """Phase 5: the scheduled set, in batch order: each entry's hit, its new blocks
         (Db = blocks_needed(C, Dn, G, R)), then the blocks it fills are cached (so a
-        later entry may hit them); a request whose C reaches N samples (N += 1)."""
+        later entry may hit them); a request whose C reaches N samples (N += 1). An entry
+        whose output was dropped (`unsampled`) takes its blocks, but C and N stay."""
         rec, f, handouts = st.rec, st.f, st.handouts
         bs = self.config.block_size
         hits = rec.prefix_hits
         prealloc = self.config.prealloc_tokens
         voids = 0
+        f.unsampled = self._unsampled(st)
+        dropped = {a.request for a in f.unsampled if a.applied}
         for rid, n in rec.scheduled:
             a = Action(rid, "scheduled", self._held_state(st, rid))
             t = self.live.get(rid) if a.applied else None
@@ -617,16 +633,17 @@ class State:
                         restart = None  # beyond the bound: block-ids says it, with both
                     elif restart != db:
                         handouts.told.add(rid)
-            t.num_computed = min(computed + n, known)
+            drop = rid in dropped
+            t.num_computed = computed if drop else min(computed + n, known)
             self._hand_out(handouts, rid)
             # A swap-in's table is all new: its restored blocks are cached again too.
             self._cache_full(t, 0 if a.state == "swapped in" else computed)
-            done = t.num_computed == known and not void
+            done = t.num_computed == known and not void and not drop
             if done:
                 t.num_tokens += 1
                 st.sampled.append(t)
             f.chunks.append(Chunk(a, n, known, computed, t.request.prompt_len, db, done,
-                                  restart, t.num_computed, void))
+                                  restart, t.num_computed, void, drop))
         for rid in hits:
             if rid not in st.scheduled:
                 f.hits.append(Hit(Action(rid, "prefix hit", st.state(rid)), 0, 0, (), 0,
@@ -642,6 +659,25 @@ class State:
         else:
             self.ids_seen = True
         f.free_at_batch = self.free
+
+    def _unsampled(self, st: _Step) -> list[Action]:
+        """The step's `unsampled` ids, each in its state: scheduled in this step (the
+        entry's output is dropped) or not; on a trace without config pipelined none
+        applies."""
+        out, seen = [], set()
+        for rid in st.rec.unsampled:
+            if not self.config.pipelined:
+                state = ("on a trace without config pipelined (only an engine that decides "
+                         "a step before it applies the last one's output drops an output)")
+            elif rid in seen:
+                state = "already named in unsampled"
+            elif rid in st.scheduled:
+                state = "scheduled in this step"
+            else:
+                state = "not scheduled in this step"
+            seen.add(rid)
+            out.append(Action(rid, "unsampled", state))
+        return out
 
     def _finishes(self, st: _Step) -> None:
         """Phase 6: a finished request releases everything; under config pipelined it
@@ -811,6 +847,8 @@ class State:
         blocks = []
         for b in given:
             before = self.holder(b)
+            if before is not None and before != rid and self._copy_gone(rec, before, b):
+                before = None
             blocks.append((b, before))
             if t is not None and before is None and first <= b < last:
                 self._hold(b, rid)
@@ -820,6 +858,24 @@ class State:
                 t.block_ids.append(b)
         h.done.append(Handout(rid, self.status_of(rid), len(given), h.expected.get(rid, 0),
                               rid not in h.told, tuple(blocks), h.most.get(rid, -1)))
+
+
+    def _copy_gone(self, rec: StepRecord, rid: str, block: int) -> bool:
+        """Whether `block` is a copy that this step's `dedup` of `rid` replaces: an
+        engine that deduplicates as it allocates (LMDeploy's block trie) frees the copy
+        at once, so a later allocation of the step may take it. It is released here,
+        and phase 7 finds it no longer `rid`'s."""
+        t = self.live.get(rid)
+        table = rec.dedup.get(rid, ())
+        if t is None or not any(j < len(t.block_ids) and t.block_ids[j] == block != b
+                                for j, b in enumerate(table)):
+            return False
+        held = self.holders[block]
+        held.remove(rid)
+        if not held:
+            del self.holders[block]
+            self.free += 1
+        return self.holder(block) is None
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from kvsched.spec.model import (
@@ -32,7 +32,8 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 UTF8_BOM = b"\xef\xbb\xbf"
 STEP_KEYS = frozenset({"step", "arrivals", "aborted", "rejected", "preempted", "swapped_in",
                        "scheduled", "finished", "free_blocks", "new_blocks", "time_ms",
-                       "prefix_hits", "block_keys", "dedup", "released", "reclaimed"})
+                       "prefix_hits", "block_keys", "dedup", "released", "reclaimed",
+                       "unsampled"})
 HEADER_KEYS = frozenset({"kvsched", "version", "engine", "config", "preempted_order",
                          "settings"})
 # The step keys each engine's adapter (kvsched.adapters) adds to trace v1's, by the
@@ -40,13 +41,12 @@ HEADER_KEYS = frozenset({"kvsched", "version", "engine", "config", "preempted_or
 # keys" note (vLLM V0's free swap blocks; SGLang's step mode, its free and evictable
 # page counts, the new-token ratio its admission used, the finishes that were aborts;
 # LMDeploy's forward kind, its block manager's free and its trie's evictable counts, its
-# void and dropped-token entries, the trie blocks an allocation evicted).
+# void entries, the trie blocks an allocation evicted).
 ENGINE_STEP_KEYS: dict[str, frozenset[str]] = {
     "vllm": frozenset({"free_host_blocks"}),
     "sglang": frozenset({"mode", "free_pages", "evictable_pages", "new_token_ratio",
                          "abort_finished"}),
-    "lmdeploy": frozenset({"kind", "engine_free", "evictable", "void", "unsampled",
-                           "cache_evicted"}),
+    "lmdeploy": frozenset({"kind", "engine_free", "evictable", "void", "cache_evicted"}),
 }
 
 
@@ -288,7 +288,8 @@ def parse_step(obj: Any, line: int) -> StepRecord:
                       tuple(preempted), _ids(obj, "swapped_in", line), tuple(scheduled),
                       _ids(obj, "finished", line), free_blocks, new_blocks,
                       None if time_ms is None else float(time_ms), hits, keys, dedup,
-                      _ids(obj, "released", line), _ids(obj, "reclaimed", line), line=line)
+                      _ids(obj, "released", line), _ids(obj, "reclaimed", line),
+                      _ids(obj, "unsampled", line), line=line)
 
 
 def _block_map(obj: dict[str, Any], key: str, line: int) -> dict[str, tuple[int, ...]]:
@@ -387,7 +388,8 @@ def step_dict(rec: StepRecord) -> dict[str, Any]:
                        finished=rec.finished, free_blocks=rec.free_blocks,
                        new_blocks=rec.new_blocks, time_ms=rec.time_ms,
                        prefix_hits=rec.prefix_hits, block_keys=rec.block_keys,
-                       dedup=rec.dedup, released=rec.released, reclaimed=rec.reclaimed)
+                       dedup=rec.dedup, released=rec.released, reclaimed=rec.reclaimed,
+                       unsampled=rec.unsampled)
 
 
 def step_fields(step: int, *, arrivals: Sequence[Request] = (), aborted: Sequence[str] = (),
@@ -401,6 +403,7 @@ def step_fields(step: int, *, arrivals: Sequence[Request] = (), aborted: Sequenc
                 block_keys: Mapping[str, Sequence[str] | Sequence[bytes]] | None = None,
                 dedup: Mapping[str, Sequence[int]] | None = None,
                 released: Sequence[str] = (), reclaimed: Sequence[str] = (),
+                unsampled: Sequence[str] = (),
                 ) -> dict[str, Any]:
     """The JSON object of one step from its parts (StepRecord's fields): the one place
     the step line's shape is written. The parts go in as they are (JSON writes a tuple
@@ -426,6 +429,8 @@ def step_fields(step: int, *, arrivals: Sequence[Request] = (), aborted: Sequenc
         out["swapped_in"] = swapped_in
     if scheduled:
         out["scheduled"] = scheduled
+    if unsampled:
+        out["unsampled"] = unsampled
     if finished:
         out["finished"] = finished
     if free_blocks is not None:
@@ -441,6 +446,39 @@ def step_fields(step: int, *, arrivals: Sequence[Request] = (), aborted: Sequenc
     if time_ms is not None:
         out["time_ms"] = time_ms
     return out
+
+
+class HeldLine:
+    """A pipelined engine's step line (config pipelined) while it waits for the next
+    step: the engine decides step k+1 before it applies step k's output, so what that
+    output did (the finishes it made) and what the decision undid (the entries of step
+    k whose output it dropped, preempting them: `unsampled`) are known only once step
+    k+1 is decided. `hold` keeps step k's line; `settle` gives it back with what step
+    k+1 told of it. A dropped entry samples nothing, so it finishes nothing: it leaves
+    the line's finishes."""
+
+    def __init__(self) -> None:
+        self.line: StepRecord | None = None
+
+    def hold(self, rec: StepRecord) -> None:
+        """Keep `rec` until the next step settles it; a line held before must have been
+        settled."""
+        if self.line is not None:
+            raise ValueError(f"step {self.line.step}'s line is still held")
+        self.line = rec
+
+    def settle(self, finished: Sequence[str] = (),
+               unsampled: Sequence[str] = ()) -> StepRecord | None:
+        """The held line, None when none is held, with `finished` added to its finishes
+        and `unsampled` as its dropped entries (out of its finishes); nothing is held
+        after."""
+        rec, self.line = self.line, None
+        if rec is None or not (finished or unsampled):
+            return rec
+        dropped = set(unsampled)
+        return replace(rec, finished=tuple(r for r in (*rec.finished, *finished)
+                                           if r not in dropped),
+                       unsampled=rec.unsampled + tuple(unsampled))
 
 
 def json_line(obj: Any) -> bytes:

@@ -32,6 +32,7 @@ from kvsched.adapters.lmdeploy import (
 from kvsched.adapters.recording import AdapterError, Job
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile
+from kvsched.spec.trace import parse_step
 from kvsched.workload import WorkItem, validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +72,7 @@ def test_settings_read_back_the_same_config(changes: dict[str, Any]) -> None:
     assert built == config
     assert (built.preemption, built.pipelined, built.first_block_id,
             built.prealloc_tokens, built.max_prompt_len) == ("lazy", True, 0, 16,
-                                                              config.max_model_len)
+                                                              config.max_model_len - 1)
 
 
 def test_the_header_declares_lmdeploys_settings_as_it_read_them() -> None:
@@ -135,8 +136,12 @@ def test_the_step_line_carries_lmdeploys_own_keys_only_when_they_say_something()
     assert not {"void", "unsampled", "cache_evicted"} & set(line)
     busy = event(kind="decode", scheduled=[["a", 1]], void=["a"], unsampled=["a"],
                  cache_evicted=2)
-    line = step_line(step_record(busy, items, CONFIG), busy)
-    assert (line["void"], line["unsampled"], line["cache_evicted"]) == (["a"], ["a"], 2)
+    rec = step_record(busy, items, CONFIG)
+    line = step_line(rec, busy)
+    assert (line["void"], line["cache_evicted"]) == (["a"], 2)
+    # the dropped entries are trace v1's own step key, which the spec's state reads
+    assert rec.unsampled == ("a",)
+    assert parse_step(json.loads(json.dumps(line)), 2).unsampled == ("a",)
 
 
 def test_free_blocks_count_the_tries_evictable_blocks_and_arrivals_get_content_keys() -> None:

@@ -21,7 +21,7 @@ from kvsched.spec import Config, StepRecord
 from kvsched.spec.checker import Report, check_trace
 from kvsched.spec.model import Status
 from kvsched.spec.state import State
-from kvsched.spec.trace import TraceReader, TraceWriter, parse_step
+from kvsched.spec.trace import HeldLine, TraceReader, TraceWriter, parse_step
 
 # 4-token blocks, 8 of them; LMDeploy's three fields on.
 CONFIG: dict[str, Any] = {
@@ -382,3 +382,89 @@ def test_lmdeploys_settings_in_seconds_and_own_step_keys_are_read() -> None:
     assert reader.header.settings == {"step_seconds": 0.025, "prefill_interval": 16}
     assert check_trace(reader).unknown_keys == {}
     assert check_trace_vectorized(io.BytesIO(data)).unknown_keys == {}
+
+
+# -- unsampled: entries whose output the engine dropped -------------------------------
+
+
+def test_an_unsampled_entry_takes_its_blocks_but_computes_and_samples_nothing() -> None:
+    # b's decode in step 1 is dropped (step 2 preempts it): it counts in the step's
+    # tokens and takes blocks by C + Dn (prealloc 4 tokens: up to 3 blocks, given 1),
+    # but b stays at C 6, N 7, and in step 3 it computes that token again
+    steps = [START,
+             {"step": 1, "scheduled": [["a", 1], ["b", 1]], "unsampled": ["b"],
+              "new_blocks": {"b": [4]}, "free_blocks": 3},
+             {"step": 2, "preempted": [{"id": "b", "mode": "lazy"}], "scheduled": [["a", 1]],
+              "new_blocks": {}, "free_blocks": 3},
+             {"step": 3, "scheduled": [["b", 1]], "new_blocks": {}, "free_blocks": 3}]
+
+    def after_step_1(*lines: dict[str, Any]) -> tuple[list[bool], int, tuple[int, ...]]:
+        state = State(Config(**{**CONFIG, "prealloc_tokens": 4}))
+        facts = [state.apply(parse_step(s, i + 2)) for i, s in enumerate(lines)]
+        b = state.views()["b"]
+        return ([c.sampled for c in facts[1].chunks], facts[1].tokens,
+                (b.num_tokens, b.num_computed, b.gpu_blocks))
+
+    assert after_step_1(*steps[:2]) == ([True, False], 2, (7, 6, 3))
+    assert check(*steps, end=False, prealloc_tokens=4).errors() == 0
+    # without `unsampled` b's token counts: N 8, C 7
+    sampled = {k: v for k, v in steps[1].items() if k != "unsampled"}
+    assert after_step_1(START, sampled) == ([True, True], 2, (8, 7, 3))
+
+
+def test_an_unsampled_last_token_does_not_finish() -> None:
+    # a's second output would reach max_tokens 2; the next step preempts a, so it is
+    # dropped, and a finishes only when it samples it again
+    steps = [{"step": 0, "arrivals": [arrive("a", 6, 2)], "scheduled": [["a", 6]],
+              "new_blocks": {"a": [0, 1]}, "free_blocks": 6},
+             {"step": 1, "scheduled": [["a", 1]], "unsampled": ["a"], "new_blocks": {},
+              "free_blocks": 6},
+             {"step": 2, "preempted": [{"id": "a", "mode": "lazy"}], "free_blocks": 6},
+             {"step": 3, "scheduled": [["a", 1]], "finished": ["a"], "new_blocks": {},
+              "free_blocks": 6},
+             {"step": 4, "released": ["a"], "free_blocks": 8}]
+    assert check(*steps).errors() == 0
+    steps[1] = {k: v for k, v in steps[1].items() if k != "unsampled"}
+    assert ("finish", 1, "a") in verdicts(check(*steps))
+
+
+def test_unsampled_not_scheduled_is_one_state() -> None:
+    report = check(START, {"step": 1, "scheduled": [["a", 1]], "unsampled": ["b"],
+                           "new_blocks": {}, "free_blocks": 4}, end=False)
+    assert verdicts(report) == [("one-state", 1, "b")]
+    assert "b is in unsampled (its output dropped) but not scheduled in this step" in \
+        report.violations[0].message
+
+
+def test_unsampled_on_a_trace_without_pipelined_is_one_state() -> None:
+    data = trace(START, {"step": 1, "scheduled": [["a", 1], ["b", 1]], "unsampled": ["b"],
+                         "new_blocks": {}, "free_blocks": 4},
+                 end=False, pipelined=False, preemption="recompute")
+    report = check_trace(TraceReader(io.BytesIO(data)))
+    assert verdicts(report) == [("one-state", 1, "b")]
+    assert "without config pipelined" in report.violations[0].message
+
+
+def test_a_held_line_settles_with_the_next_steps_finishes_and_dropped_entries() -> None:
+    held = HeldLine()
+    assert held.settle(["x"]) is None
+    held.hold(StepRecord(4, scheduled=(("a", 1), ("b", 1)), finished=("a",)))
+    with pytest.raises(ValueError, match="step 4's line is still held"):
+        held.hold(StepRecord(5))
+    rec = held.settle(["c"], unsampled=["a"])
+    assert rec is not None and (rec.finished, rec.unsampled) == (("c",), ("a",))
+    assert held.settle() is None
+
+
+def test_a_simulated_lmdeploy_run_writes_its_dropped_entries_and_checks_clean(
+        tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    kvsched = Path(sys.executable).with_name("kvsched")
+    made = subprocess.run([str(kvsched), "simulate", "--profile", "lmdeploy@0.18.0",
+                           "--requests", "300", "--out", str(out)],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    assert any("unsampled" in json.loads(x) for x in out.read_text().splitlines()[1:])
+    with out.open("rb") as f:
+        report = check_trace(TraceReader(f))
+    assert report.errors() == 0, report.violations[:3]

@@ -15,6 +15,13 @@ change nothing while work waits) can never go on, since nothing outside the sche
 is left to change its state: the loop yields that K-th step, then raises Stalled, whose
 `progress` violation names the waiting requests and why each waits.
 
+A pipelined scheduler (config pipelined) decides step k+1 before it applies step k's
+output, and that decision may drop the output of step k's entries it preempts
+(Decision.unsampled): their tokens were not sampled, and a finish step k reported for
+one did not happen. So the loop writes step k's line only once step k+1 is decided
+(kvsched.spec.trace.HeldLine), with those entries as its `unsampled`, and forgets a
+finished request only then.
+
 With prefix caching the trace also carries each request's content keys (`block_keys`,
 from its shared prefix: kvsched.spec.prefix), its prompt's at arrival and each later
 block's once its tokens are known, as an engine writes its block hashes.
@@ -28,6 +35,7 @@ from kvsched.spec.interface import Deduplicating, Scheduler, abort, not_aborting
 from kvsched.spec.model import Config, Status, StepRecord
 from kvsched.spec.prefix import Prefix, block_key
 from kvsched.spec.should import DEFAULT_STALL_STEPS, Stall, moves, stalled_run
+from kvsched.spec.trace import HeldLine
 from kvsched.spec.violation import Violation
 from kvsched.workload import WorkItem
 
@@ -104,11 +112,27 @@ def run(scheduler: Scheduler, workload: Iterable[WorkItem], *, block_ids: bool =
         keyed[rid] = full
         return tuple(block_key(rid, shared[rid], i, bs) for i in range(done, full))
 
+    def forget(ended: Iterable[str]) -> None:
+        for rid in ended:
+            outputs.pop(rid, None)
+            keyed.pop(rid, None)
+            live.pop(rid, None)
+            shared.pop(rid, None)
+
+    pipelined = scheduler.config.pipelined
+    held = HeldLine()  # pipelined: the last step's line, until this step is decided
     stall = Stall(stall_steps)
+
+    def emit(rec: StepRecord) -> Iterator[StepRecord]:
+        yield rec
+        if stall.observe(moves(rec), bool(outputs)):
+            raise stalled_run(scheduler, lambda rid: live[rid].request(live[rid].arrival),
+                              rec.step, stall.limit)
+
     step = 0
     while upcoming is not None or outputs or _holding(scheduler):
         if max_steps is not None and step >= max_steps:
-            return
+            break
         arrivals = []
         while upcoming is not None and upcoming.arrival <= step:
             w = upcoming
@@ -130,6 +154,14 @@ def run(scheduler: Scheduler, workload: Iterable[WorkItem], *, block_ids: bool =
         decision = scheduler.schedule()
         for rej in decision.rejected:
             outputs.pop(rej.id, None)
+        if pipelined:
+            for rid in decision.unsampled:  # the last step's token it dropped
+                if rid in outputs:
+                    outputs[rid] -= 1
+            settled = held.settle(unsampled=decision.unsampled)
+            if settled is not None:
+                forget(settled.finished)
+                yield from emit(settled)
         stopped = []
         for rid in decision.sampled:
             outputs[rid] += 1
@@ -143,12 +175,9 @@ def run(scheduler: Scheduler, workload: Iterable[WorkItem], *, block_ids: bool =
                     got = new_keys(rid)
                     if got:
                         keys[rid] = got
-        for rid in finished:
-            del outputs[rid]
-            keyed.pop(rid, None)
-        for rid in [*finished, *aborted, *(r.id for r in decision.rejected)]:
-            live.pop(rid, None)
-            shared.pop(rid, None)
+        forget([*aborted, *(r.id for r in decision.rejected)])
+        if not pipelined:
+            forget(finished)
         dedup = scheduler.dedups() if isinstance(scheduler, Deduplicating) else {}
         rec = StepRecord(step, tuple(arrivals), tuple(aborted), decision.rejected,
                          decision.preempted, decision.swapped_in, decision.scheduled,
@@ -157,8 +186,11 @@ def run(scheduler: Scheduler, workload: Iterable[WorkItem], *, block_ids: bool =
                          prefix_hits=decision.prefix_hits, block_keys=keys,
                          dedup=dedup if block_ids else {}, released=decision.released,
                          reclaimed=decision.reclaimed)
-        yield rec
-        if stall.observe(moves(rec), bool(outputs)):
-            raise stalled_run(scheduler, lambda rid: live[rid].request(live[rid].arrival),
-                              step, stall.limit)
+        if pipelined:
+            held.hold(rec)
+        else:
+            yield from emit(rec)
         step += 1
+    last = held.settle()
+    if last is not None:
+        yield last

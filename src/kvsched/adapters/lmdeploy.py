@@ -136,8 +136,9 @@ def config_from_lmdeploy(effective: Mapping[str, Any]) -> Config:
         prefix_caching=bool(effective["enable_prefix_caching"]),
         step_mix="prefill_or_decode",
         # AsyncEngine.preprocess refuses a prompt of session_len tokens or more
-        # (async_engine.py:549), session_len being max_session_len here
-        max_prompt_len=effective["max_session_len"],
+        # (async_engine.py:549), session_len being max_session_len here: the longest
+        # prompt it takes is one token shorter
+        max_prompt_len=effective["max_session_len"] - 1,
         prealloc_tokens=effective["prealloc_size"],
         pipelined=True,
     )
@@ -166,21 +167,20 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem],
         block_keys={rid: ks for rid, ks in block_keys.items() if ks},
         released=tuple(event["released"]),
         reclaimed=tuple(event["reclaimed"]),
+        unsampled=tuple(event.get("unsampled") or ()),
     )
 
 
 def step_line(rec: StepRecord, event: Mapping[str, Any]) -> dict[str, Any]:
-    """The trace line of a step: trace v1's keys, then LMDeploy's own (readers ignore
-    them): the forward's kind, its void entries (requests that had finished), the
-    entries whose token LMDeploy dropped (the next forward preempted them), the block
-    manager's free count and the trie's evictable blocks, and the trie blocks an
-    allocation evicted."""
+    """The trace line of a step: trace v1's keys (`unsampled` among them: the entries
+    whose token LMDeploy dropped, the next forward having preempted them), then
+    LMDeploy's own (readers ignore them): the forward's kind, its void entries (requests
+    that had finished), the block manager's free count and the trie's evictable blocks,
+    and the trie blocks an allocation evicted."""
     own: dict[str, Any] = {"kind": event["kind"], "engine_free": event["free_blocks"],
                            "evictable": event["evictable_blocks"]}
     if event["void"]:
         own["void"] = list(event["void"])
-    if event.get("unsampled"):
-        own["unsampled"] = list(event["unsampled"])
     if event["cache_evicted"]:
         own["cache_evicted"] = event["cache_evicted"]
     return {**step_dict(rec), **own}

@@ -16,7 +16,6 @@ of jobs or a workload with any Engine of the table (kvsched.adapters.engines).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -30,7 +29,7 @@ from kvsched.outputs import Output, OutputError
 from kvsched.spec.blocks import blocks_for
 from kvsched.spec.model import Config, Rejection, Request, StepRecord
 from kvsched.spec.step_kinds import STEP_KINDS, SchedulerKind, StepKind
-from kvsched.spec.trace import TraceWriter, json_line, step_dict
+from kvsched.spec.trace import HeldLine, TraceWriter, json_line, step_dict
 from kvsched.workload import WorkItem, item_dict
 
 R = TypeVar("R")  # what a driver's events come to, per job
@@ -108,7 +107,7 @@ class TraceFile:
         # A pipelined engine (config pipelined) decides step k+1 before it applies step
         # k's output, so step k's finishes come in step k+1's event, as its
         # "finished_before": each step line waits here for the next event.
-        self.held: StepRecord | None = None
+        self.held = HeldLine()
 
     def take(self, event: Mapping[str, Any]) -> StepRecord:
         """One step event: the line held before it gets the event's "finished_before"
@@ -116,9 +115,9 @@ class TraceFile:
         the event's own line (`step`)."""
         before = tuple(f["id"] if isinstance(f, Mapping) else str(f)
                        for f in event.get("finished_before") or ())
-        if self.held is not None:
-            held, self.held = self.held, None
-            self._put(dataclasses.replace(held, finished=held.finished + before))
+        held = self.held.settle(before)
+        if held is not None:
+            self._put(held)
         elif before:
             raise AdapterError(f"step {event.get('step')}: the driver gave finishes of an "
                                "earlier step, and there is none")
@@ -132,7 +131,7 @@ class TraceFile:
         trace v1's own; a pipelined engine's trace v1 line waits for the next event
         (`take`)."""
         if line is None and self.result.config.pipelined:
-            self.held = rec
+            self.held.hold(rec)
             return rec
         self._put(rec, line)
         return rec
@@ -144,8 +143,8 @@ class TraceFile:
         self.result.rejected += len(rec.rejected)
 
     def done(self, event: Mapping[str, Any]) -> Recorded:
-        if self.held is not None:
-            held, self.held = self.held, None
+        held = self.held.settle()
+        if held is not None:
             self._put(held)
         complete = bool(event["complete"])
         if complete:
