@@ -313,6 +313,15 @@ EXAMPLES: dict[str, Example] = {
         {"step": 2, "scheduled": [["r0", 1]]},
         {"step": 3, "released": ["r0"]},
     ], config={"pipelined": True}),
+    "unsampled": Example([
+        {"step": 0, "arrivals": [arrival("r0", 3, 2), arrival("r1", 3, 3)],
+         "scheduled": [["r0", 3], ["r1", 3]]},
+        {"step": 1, "scheduled": [["r0", 1], ["r1", 1]], "unsampled": ["r0"]},
+        {"step": 2, "preempted": [lazy("r0")], "reclaimed": ["r0"],
+         "scheduled": [["r1", 1]], "finished": ["r1"]},
+        {"step": 3, "released": ["r1"], "scheduled": [["r0", 4]], "finished": ["r0"]},
+        {"step": 4, "released": ["r0"]},
+    ], config={"num_gpu_blocks": 2, "preemption": "lazy", "pipelined": True}),
     "held-leak": Example([
         {"step": 0, "arrivals": [arrival("r0", 4, 1)], "scheduled": [["r0", 4]],
          "finished": ["r0"], "free_blocks": 7},
