@@ -92,6 +92,7 @@ KEYS = {"step": K_STEP, "arrivals": K_ARRIVALS, "aborted": K_ABORTED,
         "scheduled": K_SCHEDULED, "finished": K_FINISHED, "free_blocks": K_FREE,
         "new_blocks": K_NEW, "time_ms": K_TIME, "prefix_hits": K_HITS,
         "block_keys": K_KEYS}
+SPEC_ONLY = frozenset({"released", "reclaimed", "unsampled"})
 STATUS = (Status.WAITING, Status.RUNNING, Status.SWAPPED)
 CODE = {Status.WAITING: WAITING, Status.RUNNING: RUNNING, Status.SWAPPED: SWAPPED}
 
@@ -855,8 +856,12 @@ cdef class FastState:
         for key, v in d.items():
             code = KEYS.get(key)
             if code is None:
-                if key == "dedup":
-                    return 0  # deduplication: the spec's state moves it (State._dedups)
+                if key == "dedup" or key in SPEC_ONLY:
+                    # deduplication (State._dedups), and the keys of the rules this
+                    # state does not model (lazy preemption, pipelined steps), which on
+                    # a config it takes name what no state allows: the spec's state
+                    # moves and judges them
+                    return 0
                 if key not in self.unknown:
                     self.unknown[key] = line
                 continue

@@ -436,13 +436,15 @@ def test_unsampled_not_scheduled_is_one_state() -> None:
         report.violations[0].message
 
 
-def test_unsampled_on_a_trace_without_pipelined_is_one_state() -> None:
-    data = trace(START, {"step": 1, "scheduled": [["a", 1], ["b", 1]], "unsampled": ["b"],
-                         "new_blocks": {}, "free_blocks": 4},
-                 end=False, pipelined=False, preemption="recompute")
-    report = check_trace(TraceReader(io.BytesIO(data)))
+@pytest.mark.parametrize("key", ["unsampled", "released", "reclaimed"])
+def test_lmdeploys_step_keys_on_a_trace_without_its_rules_are_one_state(key: str) -> None:
+    # a config the compiled state takes: the vectorized checker hands the line over
+    report = check(START, {"step": 1, "scheduled": [["a", 1], ["b", 1]], key: ["b"],
+                           "new_blocks": {}, "free_blocks": 4},
+                   end=False, pipelined=False, preemption="recompute")
     assert verdicts(report) == [("one-state", 1, "b")]
-    assert "without config pipelined" in report.violations[0].message
+    if key == "unsampled":
+        assert "without config pipelined" in report.violations[0].message
 
 
 def test_a_held_line_settles_with_the_next_steps_finishes_and_dropped_entries() -> None:
