@@ -15,8 +15,8 @@ decisions are the same in every run: the driver's clock is logical). Exit 1 othe
 on bad input or a missing LMDeploy environment. `--keep` writes the traces into the
 store instead of comparing them. The counts line says what the traces reached: steps,
 lazy preemptions, reclaims, void entries (a finished request's prefetched slot),
-unsampled entries (a token LMDeploy dropped for a lazy victim), releases, rejections and
-prefix hits.
+unsampled entries (a token LMDeploy dropped for a lazy victim), releases, rejections,
+prefix hits and deduplications (the block trie's copies swapped for its own).
 """
 
 from __future__ import annotations
@@ -157,6 +157,23 @@ def front_end(config: Config) -> list[WorkItem]:
                      WorkItem("b", 5, 30, 10, 10)])
 
 
+def conversations(config: Config) -> list[WorkItem]:
+    """Six conversations of three turns, each next turn (its prompt the whole previous
+    turn, outputs included) arriving while the previous one still decodes: the next
+    turn's prefill puts those blocks in the trie first, so the previous turn's own
+    copies give way to the trie's as it allocates (a deduplication)."""
+    items = []
+    for c in range(6):
+        arrival, plen, prev = c % 2, 40, None
+        for t in range(3):
+            out = 70 - 15 * t
+            rid = f"c{c}-t{t}"
+            items.append(WorkItem(rid, arrival, plen, out, out, prefix=prev))
+            prev = (rid, plen + out)
+            arrival, plen = arrival + 12, plen + out + 10
+    return validate(items)
+
+
 SYSTEM = (("sys-a", 48), ("sys-b", 96))
 
 CASES: tuple[Case, ...] = (
@@ -219,6 +236,12 @@ CASES: tuple[Case, ...] = (
              prefix_caching=True),
          lambda c: requests(7, 30, c, prefixes=(*SYSTEM, ("sys-c", 64)), share=0.8,
                             output=(10, 120), arrive_by=80)),
+    Case("conversation-dedup", "the block trie and conversations: a turn still decoding "
+         "has its full blocks swapped for the trie's, which the next turn's prefill put "
+         "there first (dedup); the copies are freed at once, and in this tight cache "
+         "another request's allocation takes one in the same forward",
+         cfg(num_gpu_blocks=40, max_num_batched_tokens=512, max_num_seqs=8,
+             prefix_caching=True), conversations),
     Case("front-end-limit", "prompts of max_session_len tokens or more are refused on "
          "arrival; the longest one taken is served, a max_tokens past the session capped",
          cfg(num_gpu_blocks=20, max_num_batched_tokens=512, max_num_seqs=4), front_end),
@@ -285,7 +308,7 @@ def steps_of(data: bytes) -> bytes:
 
 def reached(data: bytes) -> Counter[str]:
     """What a trace's step lines reached: steps, lazy preemptions, reclaims, releases,
-    void and unsampled entries, rejections and prefix hits."""
+    void and unsampled entries, rejections, prefix hits and deduplications."""
     out: Counter[str] = Counter()
     for raw in steps_of(data).splitlines():
         rec = json.loads(raw)
@@ -293,7 +316,7 @@ def reached(data: bytes) -> Counter[str]:
             continue
         out["steps"] += 1
         for key in ("preempted", "reclaimed", "released", "void", "unsampled", "rejected",
-                    "prefix_hits"):
+                    "prefix_hits", "dedup"):
             out[key] += len(rec.get(key, ()))
     return out
 
@@ -345,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{len(traces)} cases ({len(named)} named, {len(randoms)} random): "
           + ", ".join(f"{total[k]} {k}" for k in (
               "steps", "preempted", "reclaimed", "released", "void", "unsampled",
-              "rejected", "prefix_hits")))
+              "rejected", "prefix_hits", "dedup")))
     print(f"{len(traces) - failed} of {len(traces)} LMDeploy traces complete and MUST "
           f"clean, {sum(v.divergence is None for v in verdicts)} equal to {PROFILE} step "
           f"for step; traces in {args.out}")

@@ -203,6 +203,8 @@ class LMDeployScheduler:
         self.leaves: set[_Node] = set()
         self.cached: dict[int, _Node] = {}
         self.hits: dict[str, tuple[int, ...]] = {}
+        self.deduplicated: dict[str, tuple[int, ...]] = {}  # the last decision's
+        self.swaps: dict[str, dict[int, int]] = {}  # this decision's: {index: copy}
 
     # -- the Scheduler interface --------------------------------------------------------
 
@@ -221,6 +223,13 @@ class LMDeployScheduler:
         """The content keys of a request's blocks, as a trace gives them
         (kvsched.spec.interface.ContentKeys)."""
         self.book.add(request_id, keys, start)
+
+    def dedups(self) -> dict[str, tuple[int, ...]]:
+        """The requests whose tables the last decision deduplicated (the trie swapped
+        copies of its full blocks for its own as it allocated), each with the blocks
+        its table now starts with (trace v1's `dedup`;
+        kvsched.spec.interface.Deduplicating)."""
+        return dict(self.deduplicated)
 
     def abort_request(self, request_id: str) -> None:
         raise ValueError("LMDeploy's step does not model aborts")
@@ -253,6 +262,7 @@ class LMDeployScheduler:
     def schedule(self) -> Decision:
         s = self.step
         self.new_blocks, self.reclaimed, self.preempted, self.hits = {}, [], [], {}
+        self.deduplicated, self.swaps = {}, {}
         released = self._release(s - self.rules.release_delay)
         rejected = self._admit_arrivals()
         self.batch, self.chunk_step = [], False
@@ -356,8 +366,9 @@ class LMDeployScheduler:
 
     def _dispatch(self, r: LMRequest, n: int) -> None:
         """What the trace shows of a scheduled entry: the blocks its table gained since
-        it last showed it, and a prefix hit, the computed blocks a request that had
-        computed nothing is dispatched with."""
+        it last showed it, a prefix hit, the computed blocks a request that had
+        computed nothing is dispatched with, and a deduplication, the blocks its table
+        now starts with where the trie swapped its copies for its own."""
         known = r.seen
         if r.shown == 0 and self.last_kind != "decode":
             hit = r.history // self.block_size
@@ -365,8 +376,12 @@ class LMDeployScheduler:
                 self.hits[r.id] = tuple(r.blocks[:hit])
             known = r.blocks[:hit]
             r.shown = r.history
-        if len(r.blocks) > len(known):
-            self.new_blocks[r.id] = tuple(r.blocks[len(known):])
+        swapped = self.swaps.pop(r.id, {})
+        if swapped:  # the trie swapped copies for its own blocks (_insert)
+            self.deduplicated[r.id] = tuple(r.blocks[: max(swapped) + 1])
+        before = [swapped.get(j, b) for j, b in enumerate(r.blocks)]  # as allocated
+        if len(before) > len(known):
+            self.new_blocks[r.id] = tuple(before[len(known):])
         r.seen = list(r.blocks)
         r.shown += n
 
@@ -443,6 +458,7 @@ class LMDeployScheduler:
                 self.cached[child.block] = child
                 held.append(child.block)
             elif r.blocks[index] != child.block:
+                self.swaps.setdefault(r.id, {}).setdefault(index, r.blocks[index])
                 dropped.append(r.blocks[index])
                 r.blocks[index] = child.block
                 held.append(child.block)

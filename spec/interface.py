@@ -126,12 +126,12 @@ class ContentKeys(Protocol):
 @runtime_checkable
 class Deduplicating(Protocol):
     """Optional, for prefix caching: a scheduler whose cache swaps a request's blocks for
-    cached copies of the same content (SGLang's radix cache), as trace v1's `dedup`
-    says it."""
+    cached copies of the same content (SGLang's radix cache, LMDeploy's block trie), as
+    trace v1's `dedup` says it."""
 
     def dedups(self) -> dict[str, tuple[int, ...]]:
-        """The requests whose tables the last update() deduplicated, each with the block
-        ids its table now starts with."""
+        """The requests whose tables the last step deduplicated (its schedule() or its
+        update()), each with the block ids its table now starts with."""
         ...
 
 

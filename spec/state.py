@@ -708,7 +708,9 @@ class State:
         """Phase 7 (prefix caching): a running request's table now starts with the given
         blocks, each its own block at that index or a cached one (full at that index,
         of the same content when keys are given) that replaces its own: the replaced
-        blocks are released, and the cached ones no one held (E) leave the free count."""
+        blocks are released, and the cached ones no one held (E) leave the free count (a
+        replaced block that a later allocation of the step took was released there:
+        _copy_gone)."""
         bs = self.config.block_size
         for rid, blocks in st.rec.dedup.items():
             a = Action(rid, "dedup", st.state(rid))

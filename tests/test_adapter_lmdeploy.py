@@ -110,7 +110,8 @@ def event(**fields: Any) -> dict[str, Any]:
     """A driver step event: nothing happened but what `fields` say."""
     return {"step": 0, "arrivals": [], "refused": [], "aborted": [], "released": [],
             "preempted": [], "reclaimed": [], "kind": None, "scheduled": [], "void": [],
-            "unsampled": [], "new_block_ids": {}, "prefix_hits": {}, "finished": [],
+            "unsampled": [], "new_block_ids": {}, "prefix_hits": {}, "dedup": {},
+            "finished": [],
             "free_blocks": 0, "evictable_blocks": 0, "cache_evicted": 0, **fields}
 
 
@@ -160,6 +161,17 @@ def test_free_blocks_count_the_tries_evictable_blocks_and_arrivals_get_content_k
     assert rec.prefix_hits == {"b": (0, 1)}
     assert rec.block_keys == {"a": ("a/0", "a/1"), "b": ("a/0", "a/1", "b/2")}
     assert [r.id for r in rec.rejected] == ["long"]  # refused: never holds content
+
+
+def test_the_tries_swap_of_a_copy_for_its_own_block_is_the_steps_dedup() -> None:
+    # b's block 2 (index 1) gave way to the trie's block 7 of the same content
+    config = replace(CONFIG, prefix_caching=True)
+    items = {w.id: w for w in validate([WorkItem("b", 0, 40, 5, 5)])}
+    rec = step_record(event(step=9, kind="decode", scheduled=[["b", 1]],
+                            dedup={"b": [1, 7]}, free_blocks=4), items, config)
+    assert rec.dedup == {"b": (1, 7)}
+    line = step_line(rec, event(kind="decode"))
+    assert parse_step(json.loads(json.dumps(line)), 2).dedup == {"b": (1, 7)}
 
 
 def kvsched(*args: str) -> subprocess.CompletedProcess[str]:
@@ -293,3 +305,26 @@ def test_the_named_cases_reach_their_rules() -> None:
              if rec.get("kind") in ("prefill", "chunk", "last_chunk")]
     assert short[0] == [["long0", 128]] and all(len(s) == 1 and s[0][0].startswith("s")
                                                  for s in short[1:4])
+
+
+def test_the_conversation_case_swaps_copies_for_the_tries_blocks() -> None:
+    # the trie's swaps are the steps' dedup, and at least once another request's new
+    # block in the same forward is a copy a swap freed
+    tables: dict[str, list[int]] = {}
+    swaps = taken = 0
+    for rec in steps("conversation-dedup"):
+        for rid in rec.get("reclaimed", []):
+            tables[rid] = []
+        for rid, ids in rec.get("prefix_hits", {}).items():
+            tables[rid] = list(ids)
+        new = rec.get("new_blocks", {})
+        for rid, ids in new.items():
+            tables.setdefault(rid, []).extend(ids)
+        freed: dict[int, str] = {}
+        for rid, table in rec.get("dedup", {}).items():
+            mine = tables[rid]
+            freed |= {mine[j]: rid for j, b in enumerate(table) if mine[j] != b}
+            mine[: len(table)] = table
+            swaps += 1
+        taken += sum(freed.get(b, rid) != rid for rid, ids in new.items() for b in ids)
+    assert swaps >= 2 and taken >= 1

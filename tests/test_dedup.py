@@ -76,3 +76,38 @@ def test_without_prefix_caching_there_is_nothing_to_deduplicate() -> None:
     off = Config(**{**CONFIG.__dict__, "prefix_caching": False})
     spec, fast = verdicts(trace({"B": [1, 2, 3, 4]}, free=6, config=off))
     assert spec == fast and spec["token-range"] == 1
+
+
+def allocating_trace(dedup: dict[str, list[int]], free: int) -> bytes:
+    """A and B compute the same four-token prompt side by side; in the next step B's
+    copy gives way to A's cached blocks as it is allocated (LMDeploy's block trie frees
+    the copy at once), and A's new block is B's first copy."""
+    lines: list[dict[str, Any]] = [
+        header_dict(CONFIG),
+        {"step": 0, "arrivals": [{"id": "A", "prompt_len": 4, "max_tokens": 4},
+                                 {"id": "B", "prompt_len": 4, "max_tokens": 4}],
+         "block_keys": {"A": KEYS, "B": KEYS},
+         "scheduled": [["A", 4], ["B", 4]], "new_blocks": {"A": [1, 2, 3, 4],
+                                                          "B": [5, 6, 7, 8]},
+         "free_blocks": 2},
+        {"step": 1, "scheduled": [["A", 1], ["B", 1]], "new_blocks": {"A": [5], "B": [9]},
+         "dedup": dedup, "free_blocks": free},
+    ]
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def test_a_copy_the_steps_deduplication_replaces_may_be_handed_out_in_that_step() -> None:
+    spec, fast = verdicts(allocating_trace({"B": [1, 2, 3, 4]}, free=4))
+    assert spec == fast == Counter()
+    state = checker(CONFIG).state
+    for rec in TraceReader(io.BytesIO(allocating_trace({"B": [1, 2, 3, 4]}, free=4))):
+        state.apply(rec)
+    assert state.holders[5] == ["A"] and state.live["B"].block_ids == [1, 2, 3, 4, 9]
+    assert state.free == 4
+
+
+def test_a_block_no_deduplication_of_the_step_replaces_is_still_held() -> None:
+    # B's copies stay B's (no dedup, or one that keeps block 5): A may not take 5
+    for dedup in ({}, {"B": [5, 2, 3, 4]}):
+        spec, fast = verdicts(allocating_trace(dedup, free=4))
+        assert spec == fast and spec["block-ids"] >= 1

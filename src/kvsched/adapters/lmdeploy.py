@@ -24,7 +24,8 @@ Mapping (LMDeploy source lines in docs/conformance/lmdeploy.md):
   and computed tokens (victim mode lazy) until an allocation reclaims them;
 - prefix caching is LMDeploy's block trie; free_blocks counts its free blocks plus the
   trie's blocks no request holds (evictable: what the step invariant counts as free),
-  and each step line carries both of LMDeploy's own counts;
+  and each step line carries both of LMDeploy's own counts; where the trie swapped a
+  request's full blocks for its own of the same content, the step says so (`dedup`);
 - LMDeploy's options that are profile knobs (prefill_interval, enable_chunked_prefill,
   the LMDEPLOY_PT_TTFT_* variables, and the driver's logical clock step_seconds) are a
   job's settings, declared in the trace's header ("settings");
@@ -164,6 +165,7 @@ def step_record(event: Mapping[str, Any], workload: Mapping[str, WorkItem],
         free_blocks=event["free_blocks"] + event["evictable_blocks"],
         new_blocks={rid: tuple(ids) for rid, ids in event["new_block_ids"].items() if ids},
         prefix_hits={rid: tuple(ids) for rid, ids in event["prefix_hits"].items() if ids},
+        dedup={rid: tuple(ids) for rid, ids in event["dedup"].items()},
         block_keys={rid: ks for rid, ks in block_keys.items() if ks},
         released=tuple(event["released"]),
         reclaimed=tuple(event["reclaimed"]),

@@ -63,7 +63,8 @@ Events:
     {"step": s, "arrivals": [ids], "refused": [{"id", "reason"}], "aborted": [],
      "released": [ids], "preempted": [ids], "reclaimed": [ids], "kind": "prefill" |
      "chunk" | "last_chunk" | "decode" | null, "scheduled": [[id, n]], "void": [ids],
-     "new_block_ids": {id: [ids]}, "prefix_hits": {id: [ids]}, "finished": [ids],
+     "new_block_ids": {id: [ids]}, "prefix_hits": {id: [ids]}, "dedup": {id: [ids]},
+     "finished": [ids],
      "unsampled": [ids], "free_blocks": n, "evictable_blocks": n, "cache_evicted": n}
     {"done": name, "complete": bool, "steps": n[, "stopped": "one line"][, "stalled": s]}
     {"error": "one line"}    (then exit status 3)
@@ -78,7 +79,10 @@ LMDeploy took them; `void` the scheduled requests that had finished;
 `evictable_blocks` the prefix cache's blocks no request holds (evictable). Block ids are
 LMDeploy's own, from 0; a request's new blocks are the ids its block table holds that
 it did not hold before, its prefix hit the blocks its table starts with when it is
-admitted with nothing computed.
+admitted with nothing computed, and its `dedup` the blocks its table starts with when
+the trie swapped some of its full blocks for the trie's own of the same content
+(BlockTrie._extend_trie_path): the only change of a table's known blocks the driver
+takes.
 """
 
 from __future__ import annotations
@@ -201,6 +205,9 @@ class Watch:
         self.reclaimed: list[int] = []
         self.evicted = 0
         self.ending = False  # a session is being ended: its release is no reclaim
+        # the copies the block trie swapped for its own blocks: session, {index: copy}
+        self.swapped: dict[int, dict[int, int]] = {}
+        self.matched: dict[int, list[int]] = {}  # the trie's blocks a match appended
 
     def take(self) -> tuple[list[int], list[int], int]:
         out = (self.preempted, self.reclaimed, self.evicted)
@@ -251,6 +258,31 @@ def watch_decisions(g: SimpleNamespace) -> None:
         return freed
 
     g.BlockTrie.evict = trie_evict
+    extend = g.BlockTrie._extend_trie_path
+
+    def extend_trie_path(self: Any, seq: Any, node: Any, num_complete_blocks: int) -> Any:
+        # A full block whose content the trie has already gives way to the trie's own,
+        # and the copy is freed (paging/block_trie/trie.py:616-623).
+        before = [int(b) for b in seq.logical_blocks.get_real_blocks()]
+        out = extend(self, seq, node, num_complete_blocks)
+        after = [int(b) for b in seq.logical_blocks.get_real_blocks()]
+        swapped = WATCH.swapped.setdefault(seq.session_id, {})
+        for j, (copy, block) in enumerate(zip(before, after, strict=True)):
+            if copy != block:
+                swapped.setdefault(j, copy)
+        return out
+
+    g.BlockTrie._extend_trie_path = extend_trie_path
+    match = g.BlockTrie.match
+
+    def trie_match(self: Any, seq: Any) -> Any:
+        before = len(seq.logical_blocks.get_real_blocks())
+        out = match(self, seq)
+        WATCH.matched[seq.session_id] = [
+            int(b) for b in seq.logical_blocks.get_real_blocks()[before:]]
+        return out
+
+    g.BlockTrie.match = trie_match
     make = g.InputsMakerAsync._make_forward_inputs
 
     def make_forward_inputs(self: Any, prefill: bool, enable_empty: bool = False) -> Any:
@@ -465,11 +497,20 @@ class Job:
                               f"{len(lengths)} lengths")
         record = self.decisions(step)
         bm, bs = self.scheduler.block_manager, self.cache_cfg.block_size
-        scheduled, new_blocks, hits = [], {}, {}
+        scheduled, new_blocks, hits, dedup = [], {}, {}, {}
         for seq, n in zip(batch, lengths, strict=True):
             rid = self.rid[seq.session_id]
             scheduled.append([rid, n])
             table = [int(b) for b in bm.get_block_table(seq)]
+            swapped = WATCH.swapped.pop(seq.session_id, {})
+            matched = WATCH.matched.pop(seq.session_id, [])
+            if self.computed[rid] and matched and set(matched) <= set(table):
+                raise DriverError(f"step {step}: {rid} resumes on blocks the trie matched "
+                                  "past its own; trace v1 takes a prefix hit only with "
+                                  "nothing computed")
+            before = list(table)  # as allocated, before the trie swapped copies
+            for j, copy in swapped.items():
+                before[j] = copy
             known = self.tables[rid]
             if self.computed[rid] == 0 and kind != "decode":
                 hit = int(seq.num_history_ids)
@@ -480,17 +521,46 @@ class Job:
                     hits[rid] = table[: hit // bs]
                     known = list(table[: hit // bs])
                 self.computed[rid] = hit
-            if table[: len(known)] != known:
+            if before[: len(known)] != known:
                 raise DriverError(f"step {step}: {rid}'s block table changed under it")
-            if len(table) > len(known):
-                new_blocks[rid] = table[len(known):]
+            if swapped:
+                dedup[rid] = self.deduplicated(step, rid, swapped, table,
+                                               (self.computed[rid] + n) // bs)
+            if len(before) > len(known):
+                new_blocks[rid] = before[len(known):]
             self.tables[rid] = table
             self.computed[rid] += n
+        WATCH.swapped.clear()
+        WATCH.matched.clear()
         record.update(kind=kind, scheduled=scheduled, new_block_ids=new_blocks,
-                      prefix_hits=hits)
+                      prefix_hits=hits, dedup=dedup)
         self.records[step] = record
         self.step_now = step + 1
         self.clock.step = self.step_now
+
+    def deduplicated(self, step: int, rid: str, swapped: dict[int, int], table: list[int],
+                     full: int) -> list[int]:
+        """The blocks `rid`'s table now starts with, where LMDeploy's block trie swapped
+        its copies of full blocks for the trie's own of the same content as it allocated
+        (BlockTrie._extend_trie_path, paging/block_trie/trie.py:616-623: the copy is
+        freed); trace v1 says it of computed blocks only."""
+        last = max(swapped)
+        if last >= full:
+            raise DriverError(f"step {step}: the block trie swapped {rid}'s block {last}, "
+                              f"beyond its {full} computed blocks")
+        return table[: last + 1]
+
+    def trie_blocks(self) -> set[int]:
+        """The blocks the prefix cache's trie holds."""
+        trie = self.scheduler.block_trie
+        ids: set[int] = set()
+        stack = list(trie._roots.values()) if trie.enabled else []
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.block_id >= 0:
+                ids.add(int(node.block_id))
+        return ids
 
     def decisions(self, step: int) -> dict[str, Any]:
         """What the scheduler did since the last forward, and the cache after it."""
@@ -510,25 +580,16 @@ class Job:
         return {"ended": released + ended, "released": released,
                 "preempted": [self.rid[s] for s in preempted],
                 "reclaimed": rids, "kind": None, "scheduled": [], "void": [],
-                "new_block_ids": {}, "prefix_hits": {}, "finished": [],
+                "new_block_ids": {}, "prefix_hits": {}, "dedup": {}, "finished": [],
                 "free_blocks": int(self.scheduler.block_manager.get_num_free_gpu_blocks()),
                 "evictable_blocks": self.evictable(), "cache_evicted": evicted}
 
     def evictable(self) -> int:
         """The prefix cache's blocks that only the trie holds (its evictable ones)."""
-        trie = self.scheduler.block_trie
-        if not trie.enabled:
-            return 0
-        ids = []
-        stack = list(trie._roots.values())
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if node.block_id >= 0:
-                ids.append(node.block_id)
+        ids = sorted(self.trie_blocks())
         if not ids:
             return 0
-        counts = trie.allocator.get_ref_count(self.g.np.array(ids))
+        counts = self.scheduler.block_trie.allocator.get_ref_count(self.g.np.array(ids))
         return int((counts == 1).sum())
 
     def outputs(self, batch: list[Any], inputs: Any) -> Any:
