@@ -389,6 +389,23 @@ def test_the_profile_replays_a_dropped_last_token_exactly(path: Path) -> None:
         assert divergence is None, divergence.message
 
 
+def test_a_replay_without_the_traces_dropped_entry_diverges_at_its_step() -> None:
+    # random-12's step 371 drops r16's last token; a trace that does not say so has the
+    # profile finish r16 there, where the engine did not
+    header, lines = kept(STORE / "random-12.jsonl.gz")
+    steps = [json.loads(x) for x in lines[:-1]]
+    assert steps[371]["unsampled"] == ["r16"] and "r16" not in steps[371].get("finished", ())
+    del steps[371]["unsampled"]
+    reader = TraceReader(io.BytesIO("\n".join(json.dumps(x) for x in [header, *steps])
+                                    .encode()))
+    profile = PROFILE.for_trace(reader.header.settings)
+    replaying = ProfileReplay(profile.name, scheduler_for(reader.header.config,
+                                                          profile.knobs, "lmdeploy"))
+    divergence = next(filter(None, map(replaying.step, reader)))
+    assert divergence.step == 371
+    assert "the profile finishes r16 | the trace finishes nothing" in divergence.message
+
+
 SHARED: Arrivals = [(0, Request("a", 70, 30, prefix=(("sys", 48),))),
                     (2, Request("b", 60, 5, prefix=(("sys", 48),)))]
 
