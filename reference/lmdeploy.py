@@ -231,9 +231,6 @@ class LMDeployScheduler:
         kvsched.spec.interface.Deduplicating)."""
         return dict(self.deduplicated)
 
-    def abort_request(self, request_id: str) -> None:
-        raise ValueError("LMDeploy's step does not model aborts")
-
     def free_blocks(self) -> int:
         """Free blocks and the trie's blocks no request holds (evictable)."""
         return len(self.free_list) + sum(1 for b in self.cached if self.refs[b] == 1)

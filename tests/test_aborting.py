@@ -82,6 +82,20 @@ def test_the_loop_refuses_a_workload_with_aborts_on_a_scheduler_without_them() -
     assert aborts_refusal(ReferenceScheduler(CONFIG), ABORTING) is None
 
 
+def test_lmdeploys_step_models_no_aborts_and_the_loop_refuses_them_in_one_line() -> None:
+    """LMDeploy's reference is not Aborting (its driver cannot drive LMDeploy's
+    cancellation faithfully): the loop refuses a workload with aborts before the run, as
+    on any scheduler without them, and runs one without."""
+    lmdeploy = get_profile("lmdeploy@0.18.0")
+    config = lmdeploy.configure(CONFIG)
+    assert not isinstance(reference_scheduler(lmdeploy, config), Aborting)
+    why = aborts_refusal(reference_scheduler(lmdeploy, config), ABORTING)
+    assert why is not None and "\n" not in why and "'r1'" in why
+    with pytest.raises(NoAborts, match=r"request 'r1'.* has no abort_request"):
+        list(run(reference_scheduler(lmdeploy, config), ABORTING))
+    assert len(list(run(reference_scheduler(lmdeploy, config), PLAIN))) > 0
+
+
 def test_abort_says_whether_the_request_ended_at_once() -> None:
     v1 = ReferenceScheduler(CONFIG)
     v1.add_request(Request("r0", 8, 20))
