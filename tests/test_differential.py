@@ -49,6 +49,7 @@ from kvsched.optimized.compiled import CompiledScheduler
 from kvsched.reference import ReferenceScheduler, scheduler_for
 from kvsched.simulate import run
 from kvsched.spec import Config, Decision, Request, StepRecord, check_steps
+from kvsched.spec.interface import not_aborting
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.should import Stalled
 from kvsched.strategies import (
@@ -260,20 +261,23 @@ TestLockstepCuda = pytest.mark.skipif(
        data=st.data())
 def test_reference_only_step_kinds_agree_with_their_profile_replay(
         config: Config, name: str, data: st.DataObject) -> None:
-    """vLLM V0's and SGLang's steps are the reference's alone: the compiled and torch
-    schedulers refuse them (checked here). What applies on those kinds is the reference
-    against the spec: its run (aborts included) is MUST-clean, and the profile's replay
-    of the trace, from the spec's replay of the arrivals and finishes, agrees with it
-    step by step. V0's runs are cut at 300 steps (its profile reproduces V0's stalls)."""
+    """vLLM V0's, SGLang's and LMDeploy's steps are the reference's alone: the compiled
+    and torch schedulers refuse them (checked here). What applies on those kinds is the
+    reference against the spec: its run (aborts included where the step models them) is
+    MUST-clean, and the profile's replay of the trace, from the spec's replay of the
+    arrivals and finishes, agrees with it step by step. V0's runs are cut at 300 steps
+    (its profile reproduces V0's stalls)."""
     kind = step_kind(name)
     config, knobs = resolve(config, name)
     config = servable(config, kind)
     with pytest.raises(ValueError):
         SchedulerFactory("compiled")(config, knobs, kind)
-    items = data.draw(workloads(config, shared=config.prefix_caching), label="workload")
+    scheduler = scheduler_for(config, knobs, kind)
+    items = data.draw(workloads(config, shared=config.prefix_caching,
+                                aborts=not_aborting(scheduler, "") is None), label="workload")
     records: list[StepRecord] = []
     with contextlib.suppress(Stalled):
-        records.extend(run(scheduler_for(config, knobs, kind), items, max_steps=300))
+        records.extend(run(scheduler, items, max_steps=300))
     report = check_steps(config, records, complete=False)
     assert report.errors() == 0, [v.message for v in report.violations]
     assert check_profile(config, records, name) == []

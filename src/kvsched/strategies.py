@@ -129,7 +129,12 @@ def servable(config: Config, kind: SchedulerKind) -> Config:
     refuses a smaller one at start-up; below it the profile reproduces V0's stalls); for
     SGLang's, a pool of two pages more than max_model_len, a chunk of whole pages (SGLang
     refuses any other at start-up: kvsched.spec.step_kinds), no more seats than the token
-    budget; vLLM v1's config as given.
+    budget; for LMDeploy's, a pool of a block more than max_model_len (LMDeploy caps a
+    session at its pool less one block) and of max_model_len and prealloc_tokens more
+    (below it a long request never gets the blocks it asks for, and LMDeploy waits on it
+    for ever), no more seats than the token budget (its decode forward runs every
+    running request outside the budget: LMDeploy's start-up refusal); vLLM v1's config as
+    given.
 
     Known gap, which the spec cannot say yet: below these its adapter refuses more
     seats than the token budget, and the step, which does not model that, admits
@@ -139,6 +144,11 @@ def servable(config: Config, kind: SchedulerKind) -> Config:
     pages = -(-config.max_model_len // config.block_size)
     if kind == "v0":
         return replace(config, num_gpu_blocks=max(config.num_gpu_blocks, pages))
+    if kind == "lmdeploy":
+        pages = max(pages + 1, -(-(config.max_model_len + config.prealloc_tokens)
+                                 // config.block_size))
+        return replace(config, num_gpu_blocks=max(config.num_gpu_blocks, pages),
+                       max_num_seqs=min(config.max_num_seqs, config.max_num_batched_tokens))
     if kind != "sglang":
         return config
     pages += 2
@@ -167,22 +177,16 @@ def knobs(torch: bool = False) -> st.SearchStrategy[Knobs]:
     )
 
 
-# The step kinds drawn when every kind is asked for: LMDeploy's is left out, as its
-# reference does not model a client's abort, which the drawn workloads may have
-# (tests/test_lmdeploy_profile.py tests it).
-DRAWN_KINDS: tuple[SchedulerKind, ...] = tuple(k for k in SCHEDULER_KINDS if k != "lmdeploy")
-
-
 def profiles(scheduler: SchedulerKind | None = "v1", torch: bool = False
              ) -> st.SearchStrategy[str]:
     """The name of a profile in kvsched.spec.profiles.PROFILES whose rules are this
-    step kind's (Profile.scheduler); None: of every step kind (v1, v0 and sglang). vLLM
-    V0's and SGLang's are drawn only when asked: the compiled and torch schedulers refuse
-    them. With `torch`, only those the torch scheduler runs."""
+    step kind's (Profile.scheduler); None: of every step kind (v1, v0, sglang, lmdeploy).
+    vLLM V0's, SGLang's and LMDeploy's are drawn only when asked: the compiled and torch
+    schedulers refuse them. With `torch`, only those the torch scheduler runs."""
     from kvsched.optimized.knobs import unsupported_knobs
 
     if scheduler is None:  # each kind as often, whatever its number of profiles
-        return st.one_of(*(profiles(kind, torch) for kind in DRAWN_KINDS
+        return st.one_of(*(profiles(kind, torch) for kind in SCHEDULER_KINDS
                            if any(p.scheduler == kind for p in PROFILES.values())))
     return st.sampled_from(sorted(
         name for name, p in PROFILES.items() if p.scheduler == scheduler
@@ -195,7 +199,7 @@ def policies(torch: bool = False, scheduler: SchedulerKind | None = "v1"
     a free combination of vLLM v1's knobs; resolve it with `resolve`, and build it with
     `step_kind`'s step. With `torch`, only those the torch scheduler runs."""
     if scheduler is None:
-        return st.one_of(*(profiles(kind, torch) for kind in DRAWN_KINDS
+        return st.one_of(*(profiles(kind, torch) for kind in SCHEDULER_KINDS
                            if any(p.scheduler == kind for p in PROFILES.values())),
                          knobs(torch))
     return st.one_of(profiles(scheduler, torch=torch), knobs(torch))
@@ -227,7 +231,7 @@ PRIORITY_LEVELS = (-20, -5, 0, 5, 20)
 @st.composite
 def workloads(draw: st.DrawFn, config: Config, *, min_requests: int = 1,
               max_requests: int = 8, max_arrival: int = 6,
-              shared: bool = False) -> list[WorkItem]:
+              shared: bool = False, aborts: bool = True) -> list[WorkItem]:
     """A validated workload for `config`: ids r0, r1, ... arriving over a few steps.
 
     Prompts run up to a little past max_model_len and past the cache, so some
@@ -235,10 +239,11 @@ def workloads(draw: st.DrawFn, config: Config, *, min_requests: int = 1,
     max_tokens; priorities may tie, or lie within SGLang's priority-preemption threshold
     (10) of each other or beyond it (PRIORITY_LEVELS), so that its priority preemption is
     drawn too; about one request in six is aborted a few steps after it arrives
-    (possibly in its arrival step). With `shared`, most prompts start with one of two
-    shared prefixes (prefix caching), or with the whole of an earlier request (a
-    conversation's next turn): a more urgent request may then preempt with a radix-cache
-    hit.
+    (possibly in its arrival step), none without `aborts` (for a scheduler that does not
+    model aborts: kvsched.spec.interface.not_aborting says which). With `shared`, most
+    prompts start with one of two shared prefixes (prefix caching), or with the whole of
+    an earlier request (a conversation's next turn): a more urgent request may then
+    preempt with a radix-cache hit.
     """
     n = draw(st.integers(min_requests, max_requests))
     spread = draw(st.integers(0, max_arrival))  # 0: a burst, all in step 0
@@ -246,7 +251,8 @@ def workloads(draw: st.DrawFn, config: Config, *, min_requests: int = 1,
     for i in range(n):
         arrival = draw(st.integers(0, spread))
         # About one request in six is aborted.
-        abort = draw(st.one_of(*[st.none()] * 5, st.integers(arrival, arrival + 8)))
+        abort = draw(st.one_of(*[st.none()] * 5, st.integers(arrival, arrival + 8))
+                     ) if aborts else None
         items.append(WorkItem(
             id=f"r{i}",
             arrival=arrival,
