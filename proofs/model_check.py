@@ -43,10 +43,10 @@ import json
 import pickle
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Generator, Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import combinations
 from multiprocessing import Pool
 from pathlib import Path
@@ -60,10 +60,10 @@ from kvsched.spec.interface import abort as kvsched_abort
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Decision, Request, StepRecord
 from kvsched.spec.prefix import block_key
-from kvsched.spec.trace import header_dict, step_dict
+from kvsched.spec.trace import HeldLine, header_dict, step_dict
 from kvsched.spec.violation import INVARIANTS, MUST
 from proofs.scopes import SCOPE_SETS, Scope
-from proofs.state_key import checker_key, scheduler_key
+from proofs.state_key import checker_key, line_key, scheduler_key
 
 # factory(config, knobs), as ReferenceScheduler, or factory(config) (build).
 Factory = Callable[..., Scheduler]
@@ -113,6 +113,8 @@ class Result:
     seconds: float
     finding: Finding | None = None
     refused: str | None = None  # why the factory built no scheduler for the scope's config
+    # the transitions in which each event of EVENTS happened, for those that did
+    reached: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -125,10 +127,15 @@ class World:
     twin: ReferenceScheduler | SGLangScheduler | None
     unarrived: tuple[str, ...]
     should: tuple[str, ...] = ()  # SHOULD ids that are findings too (PER_STEP_SHOULD)
+    events: frozenset[str] = frozenset()  # what the step into this state did (EVENTS)
+    # config pipelined: the last step's line, checked once this step is decided (what
+    # the decision drops of that step's output, Decision.unsampled, is on that line)
+    held: HeldLine = field(default_factory=HeldLine)
 
     def key(self) -> Hashable:
         twin = scheduler_key(self.twin) if self.twin is not None else None
-        return (self.unarrived, scheduler_key(self.scheduler), checker_key(self.checker), twin)
+        return (self.unarrived, scheduler_key(self.scheduler), checker_key(self.checker), twin,
+                line_key(self.held.line))
 
     def clone(self) -> World:
         """A deep copy (pickle is twice as fast as deepcopy; a scheduler class defined in a
@@ -167,11 +174,13 @@ class Step:
     abort: str | None  # the request the client aborted before the step
     decision: Decision
     ended: str | None = None  # that request, when the abort ended it at once
+    settled: StepRecord | None = None  # config pipelined: the last step's line, settled
 
 
 def begin_step(world: World, scope: Scope, step: int, arrivals: tuple[str, ...],
                abort: str | None) -> Step:
     """Phases 1 to 5 of one step on `world` (mutated)."""
+    world.events = frozenset()
     shapes = dict(zip(scope.ids, scope.shapes, strict=True))
     requests = tuple(Request(rid, shapes[rid].prompt_len, shapes[rid].max_tokens,
                              shapes[rid].priority, step, shapes[rid].prefix)
@@ -191,7 +200,9 @@ def begin_step(world: World, scope: Scope, step: int, arrivals: tuple[str, ...],
             raise Counterexample("profile", ("profile",),
                                  f"decided {decision.comparable()} where the reference "
                                  f"decides {expected.comparable()}")
-    return Step(world, requests, abort, decision, ended)
+    settled = (world.held.settle(unsampled=decision.unsampled) if scope.config.pipelined
+               else None)
+    return Step(world, requests, abort, decision, ended, settled)
 
 
 def optional_stops(step: Step, scope: Scope) -> tuple[str, ...]:
@@ -221,8 +232,20 @@ def end_step(step: Step, scope: Scope, number: int, eos: tuple[str, ...]) -> Non
                                  f"finished {finished} where the reference finishes "
                                  f"{expected}")
     rec = record(world, scope, step, number, finished)
+    if scope.config.pipelined:
+        world.held.hold(rec)
+    else:
+        check_line(world, rec)
+
+
+def check_line(world: World, rec: StepRecord) -> None:
+    """The spec's checker on one whole step's line; the step's EVENTS kept on `world`."""
+    before = {rid: (t.status.value, t.num_computed, t.recomputing)
+              for rid, t in world.checker.state.live.items()}
     world.checker.report = Report()
     world.checker.step(rec)
+    world.events = events(rec, before)
+
     def counts(k: str) -> bool:
         return INVARIANTS[k] == MUST or k in world.should
 
@@ -232,6 +255,61 @@ def end_step(step: Step, scope: Scope, number: int, eos: tuple[str, ...]) -> Non
                          if counts(v.invariant))
         kind = "must" if any(INVARIANTS[k] == MUST for k in broken) else "should"
         raise Counterexample(kind, broken, told)
+
+
+# What a step can do that a scope family must be seen to reach (Result.reached):
+# engine-neutral names, read off the step's record and the spec's state before it.
+EVENTS: dict[str, str] = {
+    "preempted recompute": "a victim released its blocks",
+    "preempted lazy": "a victim kept its blocks (preemption lazy)",
+    "lazy victim beside a decode": "a lazy victim in a step that ran others: the decode "
+                                   "went on without it (LMDeploy's self-preemption)",
+    "lazy victim alone": "a lazy victim in a step that ran nothing else",
+    "held victim": "a held request preempted in the step right after its finish",
+    "resumed with its blocks": "a waiting request that kept its computed tokens scheduled "
+                               "again, recomputing nothing",
+    "reclaimed waiting": "a waiting request (a lazy victim) lost its blocks to another's "
+                         "admission or growth",
+    "reclaimed own victim": "a lazy victim of this very step lost its blocks",
+    "reclaimed held": "a held request lost its blocks before its release",
+    "recomputed after losing its blocks": "a request whose blocks a reclaim (or its own "
+                                          "recompute preemption) took, scheduled from scratch",
+    "void entry": "a held request scheduled in the step right after its finish",
+    "released": "a held request's blocks freed at its release",
+    "prefix hit": "an admission took cached blocks",
+}
+
+
+def events(rec: StepRecord, before: dict[str, tuple[str, int, bool]]) -> frozenset[str]:
+    """The EVENTS `rec` holds; `before`: each live request's status, computed tokens and
+    whether it recomputes after losing its blocks, in the spec's state before the step."""
+    out: set[str] = set()
+    scheduled = {rid for rid, _ in rec.scheduled}
+    victims = {p.id for p in rec.preempted}
+    for p in rec.preempted:
+        out.add(f"preempted {p.mode}")
+        if before.get(p.id, ("",))[0] == "held":
+            out.add("held victim")
+        if p.mode == "lazy":
+            out.add("lazy victim beside a decode" if scheduled - {p.id}
+                    else "lazy victim alone")
+    for rid in rec.reclaimed:
+        status = before.get(rid, ("",))[0]
+        out.add("reclaimed own victim" if rid in victims and status != "held"
+                else f"reclaimed {status}")
+    for rid in scheduled:
+        status, computed, recomputing = before.get(rid, ("", 0, False))
+        if status == "waiting" and computed > 0:
+            out.add("resumed with its blocks")
+        if status == "waiting" and recomputing:
+            out.add("recomputed after losing its blocks")
+        if status == "held":
+            out.add("void entry")
+    if rec.released:
+        out.add("released")
+    if rec.prefix_hits:
+        out.add("prefix hit")
+    return frozenset(e for e in out if e in EVENTS)
 
 
 def record(world: World, scope: Scope, step: Step, number: int,
@@ -260,10 +338,12 @@ def record(world: World, scope: Scope, step: Step, number: int,
                 keys[rid] = got
     dedup = (world.scheduler.dedups() if isinstance(world.scheduler, Deduplicating)
              else {})
+    # every part of the decision a trace line holds (new_blocks, prefix_hits, released,
+    # reclaimed, ...), by name, so that one a step kind adds reaches the checker too
+    carried: dict[str, Any] = {name: getattr(d, name) for name in DECISION_IN_RECORD}
     return StepRecord(number, step.requests, (step.ended,) if step.ended else (),
-                      d.rejected, d.preempted, d.swapped_in, d.scheduled, finished,
-                      world.scheduler.free_blocks(), d.new_blocks,
-                      prefix_hits=d.prefix_hits, block_keys=keys, dedup=dedup)
+                      finished=finished, free_blocks=world.scheduler.free_blocks(),
+                      block_keys=keys, dedup=dedup, **carried)
 
 
 def new_world(scope: Scope, factory: Factory, twin: bool, should: tuple[str, ...] = ()
@@ -318,6 +398,8 @@ def successors(world: World, scope: Scope, number: int) -> Iterator[tuple[Inputs
         for abort in (None, *live):
             with blame(Inputs(arrivals, abort)):
                 step = begin_step(world.clone(), scope, number, arrivals, abort)
+                if step.settled is not None:
+                    check_line(step.world, step.settled)
                 choices = list(subsets(optional_stops(step, scope)))
             for i, eos in enumerate(choices):
                 inputs = Inputs(arrivals, abort, eos)
@@ -354,10 +436,12 @@ def explore(scope: Scope, factory: Factory = ReferenceScheduler, twin: bool = Fa
     frontier: list[tuple[int, World]] = [(0, root)]
     transitions = 0
     number = 0
+    reached: Counter[str] = Counter()
 
     def result(finding: Finding | None = None) -> Result:
         return Result(scope.name, len(graph.parent), transitions,
-                      round(time.process_time() - start, 2), finding)
+                      round(time.process_time() - start, 2), finding,
+                      reached=tuple(sorted(reached.items())))
 
     while frontier:
         following: list[tuple[int, World]] = []
@@ -369,6 +453,7 @@ def explore(scope: Scope, factory: Factory = ReferenceScheduler, twin: bool = Fa
                                     (*graph.path(sid), c.inputs)))
             for inputs, succ in edges:
                 transitions += 1
+                reached.update(succ.events)
                 key = succ.key()
                 dst = graph.keys.get(key)
                 if dst is None:
@@ -458,14 +543,29 @@ def replay(scope: Scope, factory: Factory, twin: bool,
     for number, inputs in enumerate(path):
         try:
             step = begin_step(world, scope, number, inputs.arrivals, inputs.abort)
+            if step.settled is not None:
+                world.checker.step(step.settled)
+                lines.append(json.dumps(step_dict(step.settled)))
             finished = world.scheduler.update(set(inputs.eos))
         except Exception as e:
             lines.append(json.dumps({"step": number, "error": f"{type(e).__name__}: {e}"}))
             break
         rec = record(world, scope, step, number, finished)
+        if scope.config.pipelined:
+            world.held.hold(rec)
+            continue
         world.checker.step(rec)  # the checker's state gives the content keys already told
         lines.append(json.dumps(step_dict(rec)))
+    last = world.held.settle()
+    if last is not None:  # the last step's line, which no later decision settled
+        lines.append(json.dumps(step_dict(last)))
     return tuple(lines)
+
+
+# Not `unsampled`: it names the entries of the step before, whose held line it settles.
+DECISION_IN_RECORD: tuple[str, ...] = tuple(
+    f.name for f in fields(Decision)
+    if f.name in {g.name for g in fields(StepRecord)} - {"unsampled"})
 
 
 class Refused(Exception):

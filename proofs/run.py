@@ -31,6 +31,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from typing import Any
 
 from proofs.model_check import Result, report, run_scopes
 from proofs.obligations import EXHAUSTIVE, OBLIGATIONS, PROVEN, SEARCHED, Obligation, by_name
-from proofs.scopes import SCOPE_SETS, Scope
+from proofs.scopes import REACHES, SCOPE_SETS, Scope
 
 ROOT = Path(__file__).resolve().parent.parent
 LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?P<level>info|error|warning): (?P<msg>.*)$")
@@ -252,25 +253,44 @@ class Family:
     seconds: float = 0.0
     largest: tuple[int, str] = (0, "")
     findings: list[Result] = field(default_factory=list)
+    # per step kind of its scopes: the transitions in which each event happened
+    reached: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def unreached(self) -> dict[str, list[str]]:
+        """Per step kind with REACHES, the events its scopes here never reached."""
+        return {kind: sorted(need - set(+self.reached.get(kind, Counter())))
+                for kind, need in REACHES.items()
+                if kind in self.reached and not need <= set(+self.reached[kind])}
 
 
 def model_check(scopes: list[Scope], jobs: int) -> dict[str, Family]:
+    """Explore the scopes; per family, what they explored and reached. A family whose
+    scopes of a step kind stop reaching an event of REACHES fails, as a finding does."""
     families: dict[str, Family] = {}
     by_name = {s.name: s for s in scopes}
     for result in run_scopes(scopes, jobs=jobs):
         report(result)
-        f = families.setdefault(by_name[result.scope].family, Family())
+        scope = by_name[result.scope]
+        f = families.setdefault(scope.family, Family())
         f.scopes += 1
         f.states += result.states
         f.transitions += result.transitions
         f.seconds += result.seconds
         f.largest = max(f.largest, (result.states, result.scope))
+        f.reached.setdefault(scope.scheduler, Counter()).update(dict(result.reached))
         if result.finding is not None:
             f.findings.append(result)
     for name, f in families.items():
         print(f"model check {name}: {f.scopes} scopes, {f.states:,} states, "
               f"{f.transitions:,} transitions, {f.seconds:.0f} CPU s, largest "
               f"{f.largest[1]} ({f.largest[0]:,} states), {len(f.findings)} findings")
+        for kind, counts in sorted(f.reached.items()):
+            if counts:
+                print(f"  {kind} scopes reached (transitions): "
+                      + ", ".join(f"{e} {n:,}" for e, n in sorted(counts.items())))
+        for kind, missing in f.unreached().items():
+            print(f"UNREACHED model check {name}: its {kind} scopes no longer reach "
+                  + ", ".join(missing))
     return families
 
 
@@ -326,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     scopes = SCOPE_SETS[scope_set]() if scope_set != "none" else []
     if scopes:
         families = model_check(scopes, args.jobs)
-        failures += sum(len(f.findings) for f in families.values())
+        failures += sum(len(f.findings) + bool(f.unreached()) for f in families.values())
     if seeded:
         hunted = SCOPE_SETS["quick"]() + SCOPE_SETS["profiles"]()
         failures += hunt_seeded_bugs(hunted, args.jobs)

@@ -18,6 +18,8 @@ explorer, which tries them all. Two families make the full run:
 Beside them, `modes` puts the allocations that reserve ahead under the profiles of
 engines that use them (MODES), and `prefix` shares prompts under prefix caching (with
 both free-list orders of freed blocks).
+The `sglang` family explores SGLang's step, and `lmdeploy` LMDeploy's (each engine's
+step as the reference has it), each in small caches of its own.
 A last one, `quick`, is a few seconds' worth of these for `make test`.
 """
 
@@ -370,7 +372,7 @@ def quick_scopes() -> list[Scope]:
                 "vllm-v1@0.11.1", alternate(reqs, 1) if policy == "priority" else reqs,
                 "quick", chunked_prefill=False, max_model_len=4, policy=policy))
     return (out + mode_scopes("quick", list(request_sets(FOUR_SHAPES, (3,))))
-            + quick_sglang_scopes())
+            + quick_sglang_scopes() + quick_lmdeploy_scopes())
 
 
 def quick_sglang_scopes() -> list[Scope]:
@@ -485,9 +487,87 @@ def urgent(reqs: tuple[Shape, ...]) -> tuple[Shape, ...]:
     return tuple(replace(s, priority=20 * s.priority) for s in reqs)
 
 
+# LMDeploy's step (profile lmdeploy@0.18.0) in caches of 4 or 5 blocks of 4 tokens with
+# prefill_interval, and so the preallocation, at 4 tokens (a block: an admission takes a
+# block beyond its prompt, a decode one beyond its next token), a token budget of 8 and
+# max_model_len 32 (the session: the pool less a block). Requests that outgrow the pool
+# together (a prompt of 9 is chunked): a decode that cannot grow preempts itself
+# lazily, keeping its blocks, and resumes on them, or a later admission or growth
+# reclaims them (a recompute); a finished request holds its blocks release_delay
+# forwards, so that admissions reclaim held ones too. The clock reads 0 (step_seconds
+# 0): a long prompt's aging (a wait of aging_seconds, 80 forwards at LMDeploy's
+# defaults) and the trie's access times are out of scope (proofs.state_key.lmdeploy_key),
+# so ties of the trie's eviction go to the older node. Rule sets: LMDeploy's own; a pass
+# that skips a request whose blocks cannot be freed (no head-of-line blocking); and
+# reclaiming waiting requests before held ones with the decode visiting the first
+# admitted first. Each entry: a cache's fields, the most requests of a set, and the rule
+# sets (three requests, three seats and the block trie cost the most states: the other
+# rule sets take sets of two).
+LMDEPLOY = "lmdeploy@0.18.0"
+LMDEPLOY_BASE = replace(BASE, block_size=4, num_gpu_blocks=4, max_num_batched_tokens=8,
+                        max_num_seqs=2, max_model_len=32, prealloc_tokens=4)
+LMDEPLOY_SHAPES = shapes((3, 6), (5, 3), (2, 9), (9, 2))
+LMDEPLOY_PREFIX = (Shape(5, 4, 0, (("s", 4),)), Shape(6, 2, 0, (("s", 4),)), Shape(3, 6))
+LMDEPLOY_RULES: tuple[tuple[str, dict[str, object]], ...] = (
+    ("", {}), ("skip", {"head_of_line_blocking": False}),
+    ("waiting-first", {"reclaim_finished_first": False, "decode_reverse_order": False}))
+ALL_LMDEPLOY_RULES = tuple(name for name, _ in LMDEPLOY_RULES)
+LMDEPLOY_CACHES: tuple[tuple[dict[str, object], int, tuple[str, ...]], ...] = (
+    ({}, 3, ("",)), ({}, 2, ALL_LMDEPLOY_RULES[1:]),
+    ({"num_gpu_blocks": 5, "max_num_seqs": 3}, 2, ALL_LMDEPLOY_RULES),
+    ({"prefix_caching": True, "num_gpu_blocks": 5}, 3, ("",)))
+# What LMDeploy's scopes must be seen to reach (proofs.model_check.EVENTS): the run
+# fails when a family's LMDeploy scopes, or the quick ones, stop reaching one.
+LMDEPLOY_REACHES = frozenset({
+    "preempted lazy", "lazy victim beside a decode", "resumed with its blocks",
+    "reclaimed waiting", "recomputed after losing its blocks", "reclaimed held", "released",
+    "void entry", "prefix hit"})
+
+
+def lmdeploy_scope(requests: tuple[Shape, ...], family: str, rules: str = "",
+                   **fields: object) -> Scope:
+    """A scope of LMDeploy's step: profile lmdeploy@0.18.0's knobs with the clock at 0,
+    prefill_interval (and so the preallocation, config prealloc_tokens) 4 and
+    LMDEPLOY_RULES' `rules`, its config defaults where not given. LMDeploy's step takes
+    no aborts."""
+    p = get_profile(LMDEPLOY)
+    fields = {"prefix_caching": False, "prealloc_tokens": 4, **fields}
+    config = p.configure(replace(LMDEPLOY_BASE, **fields),  # type: ignore[arg-type]
+                         frozenset(fields))
+    own = {"step_seconds": 0.0, "prefill_interval": config.prealloc_tokens,
+           **dict(LMDEPLOY_RULES)[rules]}
+    knobs = replace(p.knobs, lmdeploy=replace(p.knobs.lmdeploy, **own))  # type: ignore[arg-type]
+    name = name_of(LMDEPLOY + (f"+{rules}" if rules else ""), config, requests)
+    return Scope(name, family, config, knobs, requests, "lmdeploy", aborts=False)
+
+
+def lmdeploy_scopes(family: str = "lmdeploy", sizes: tuple[int, ...] = (3, 2)) -> list[Scope]:
+    """Every cache of LMDeploy's step with its rule sets, on the request sets of `sizes`
+    up to the cache's most (the shared-prefix shapes in the caching cache)."""
+    out = []
+    for cache, most, rule_sets in LMDEPLOY_CACHES:
+        pool = LMDEPLOY_PREFIX if cache.get("prefix_caching") else LMDEPLOY_SHAPES
+        sets = list(request_sets(pool, tuple(k for k in sizes if k <= most)))
+        for rules in rule_sets:
+            out += [lmdeploy_scope(reqs, family, rules, **cache) for reqs in sets]
+    return out
+
+
+def quick_lmdeploy_scopes() -> list[Scope]:
+    """LMDeploy's step for `make test`, its own rules: two requests outgrowing 4 blocks
+    (every event of LMDEPLOY_REACHES but the prefix hit), and two sharing a block's
+    prefix in the caching cache."""
+    return [lmdeploy_scope(shapes((2, 9), (3, 6)), "quick"),
+            lmdeploy_scope(LMDEPLOY_PREFIX[:2], "quick", "", **LMDEPLOY_CACHES[-1][0])]
+
+
+# The events each step kind's scopes must reach (LMDeploy's, LMDEPLOY_REACHES).
+REACHES: dict[SchedulerKind, frozenset[str]] = {"lmdeploy": LMDEPLOY_REACHES}
+
+
 def full_scopes() -> list[Scope]:
     return (profile_scopes() + grid_scopes() + prefix_scopes() + mode_scopes()
-            + sglang_scopes())
+            + sglang_scopes() + lmdeploy_scopes())
 
 
 SCOPE_SETS: dict[str, Callable[[], list[Scope]]] = {
@@ -495,5 +575,6 @@ SCOPE_SETS: dict[str, Callable[[], list[Scope]]] = {
     "modes": mode_scopes,
     "prefix": prefix_scopes, "prefix-swap": lambda: prefix_scopes((SWAPPING,)),
     "sglang": sglang_scopes,
+    "lmdeploy": lmdeploy_scopes,
     "full": full_scopes,
 }

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable
+from dataclasses import fields
 from enum import Enum
 from typing import Any
 
 from kvsched.reference.allocator import BlockAllocator
+from kvsched.reference.lmdeploy import LMDeployScheduler, LMRequest, _Node
 from kvsched.reference.radix import Node
 from kvsched.reference.requests import LiveRequest
 from kvsched.reference.scheduler import ReferenceScheduler
 from kvsched.reference.sglang import TOUCH_INTERVAL, SGLangScheduler
 from kvsched.spec.checker import Checker
-from kvsched.spec.model import Request
+from kvsched.spec.model import Request, StepRecord
 
 # Attributes encoded explicitly below (or constant within one exploration).
 SCHEDULER_FIELDS = frozenset({"config", "knobs", "blocks", "live", "running", "swapped",
@@ -126,9 +128,106 @@ def sglang_key(s: SGLangScheduler) -> Hashable:
             plain(s.deduplicated))
 
 
+def lmdeploy_key(s: LMDeployScheduler) -> Hashable:
+    """LMDeploy's step: each request's engine counts (history, pending, generated, the
+    capped max_new_tokens, a chunk's kv_limit), engine state and kvsched status, blocks,
+    and what the trace last showed of it (its table and computed tokens: the next
+    new_blocks and prefix hit follow from them); the queues in order (waiting, held in
+    finish order, running as the inputs maker keeps it, the request being chunked);
+    the counters (decodes in a row, short turns since a chunk, the last forward's
+    kind); the pending output of the pipeline (its entries, tokens, samples and stops);
+    the free list in order; and the block trie with its references and access times.
+
+    Left out, and why none can change a later decision:
+    - the clock (`step`) and each request's arrival step (`arrive`): a request's arrival
+      step and its arrival number (`order`) grow together, so every sort by (arrive,
+      order) is the order the entries are listed in here; `finished_at` enters as the
+      forwards since the finish (the release is `release_delay` forwards after it); the
+      clock is read otherwise only through step_seconds (a long prompt's aging, the
+      trie's access times), which reads 0 at step_seconds 0. Where step_seconds is not
+      0 and aging (ttft_policy size) or the trie (prefix caching) can read it, the clock
+      and the arrival steps are in the key, whole: such a scope has more states than
+      any bound (the scopes keep step_seconds 0);
+    - `arrivals` and the trie's node counter, whose values enter only through the order
+      they give (the entries' order here, the nodes' ranks);
+    - a request's `preemptions` (states() shows it; it feeds only the no-thrash SHOULD);
+    - `short_turns` past the rule's count: only `short_turns >= rules.short_turns` reads
+      it, and it only grows or resets, so it is kept capped;
+    - the step's scratch (`batch`, `chunk_step`, `sampled`, `new_blocks`, `reclaimed`,
+      `preempted`, `hits`, `arrived`), which schedule() sets afresh before reading,
+      and the constants of the config and knobs. Kept generically anyway, in case.
+    """
+    rules = s.rules
+    clock = rules.step_seconds != 0 and (s.caching or rules.ttft_policy == "size")
+    live = sorted(s.live.values(), key=lambda r: r.order)
+    nodes = trie_nodes(s)
+    rank = {id(n): i for i, n in enumerate(sorted(nodes, key=lambda n: n.order))}
+
+    def node(n: _Node | None) -> Hashable:
+        if n is None:
+            return None
+        if n is s.root:
+            return "root"
+        return (trie_path(n), n.block, n.depth, rank[id(n)], n.attached(),
+                tuple(sorted(n.children)))
+
+    def request(r: LMRequest) -> Hashable:
+        since = s.step - r.finished_at if r.finished_at >= 0 else None
+        return (r.id, r.request.prompt_len, r.request.max_tokens, r.request.prefix,
+                r.max_new, r.history, r.pending, r.generated, tuple(r.blocks), r.kv_limit,
+                r.state, r.known, r.computed, r.status.value, since, r.finish_rank,
+                node(r.cursor), tuple(r.seen), r.shown, r.arrive if clock else None)
+
+    def ids(rs: list[LMRequest]) -> tuple[str, ...]:
+        return tuple(r.id for r in rs)
+
+    out = s.output
+    pending = None if out is None else (
+        tuple((r.id, n, sampled) for r, n, sampled in out.batch), out.chunk,
+        tuple(sorted(out.stops)))
+    trie = (tuple(sorted(node(n) for n in nodes if n is not s.root)),  # type: ignore[type-var]
+            tuple(sorted(node(n) for n in s.leaves)),  # type: ignore[type-var]
+            tuple(sorted(s.cached)), tuple(sorted(s.refs.items())),
+            tuple(sorted(s.stamps.items())), plain(s.book._given))
+    scratch = (ids(s.arrived), tuple((r.id, n) for r, n in s.batch), s.chunk_step,
+               ids(s.sampled))
+    return ("lmdeploy", tuple(request(r) for r in live), ids(s.waiting), ids(s.stopped),
+            ids(s.running), s.chunking.id if s.chunking else None, s.decode_count,
+            min(s.short_turns, rules.short_turns), s.last_kind, pending,
+            tuple(s.free_list), trie, scratch, s.step if clock else None,
+            (s.config, rules))
+
+
+def trie_nodes(s: LMDeployScheduler) -> list[_Node]:
+    """Every node of the block trie a later step can reach: the tree's, the leaves kept
+    for eviction and the requests' cursors (a detached one too)."""
+    seen: dict[int, _Node] = {}
+    stack = [s.root, *s.leaves, *(r.cursor for r in s.live.values() if r.cursor)]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen[id(n)] = n
+        stack += list(n.children.values())
+    return list(seen.values())
+
+
+def trie_path(n: _Node) -> tuple[str, ...]:
+    """The content keys from the top of `n`'s branch (the root, or where it was cut off)
+    to `n`."""
+    keys: list[str] = []
+    cur: _Node | None = n
+    while cur is not None and cur.depth > 0:
+        keys.append(cur.key)
+        cur = cur.parent
+    return tuple(reversed(keys))
+
+
 def scheduler_key(s: object) -> Hashable:
     if isinstance(s, SGLangScheduler):
         return sglang_key(s)
+    if isinstance(s, LMDeployScheduler):
+        return lmdeploy_key(s)
     if not isinstance(s, ReferenceScheduler):  # any scheduler: all it holds
         return plain(s)
     live = sorted(s.live.values(), key=lambda e: e.seq)
@@ -141,11 +240,23 @@ def scheduler_key(s: object) -> Hashable:
             extras(s, SCHEDULER_FIELDS))
 
 
+def line_key(rec: StepRecord | None) -> Hashable:
+    """A step's line still held (config pipelined: checked once the next step is decided),
+    without its step number and times: its arrivals by id."""
+    if rec is None:
+        return None
+    return tuple(plain(getattr(rec, f.name)) for f in fields(rec)
+                 if f.name not in ("step", "line", "time_ms"))
+
+
 def checker_key(c: Checker) -> Hashable:
     """The spec's own view of the state, as the checker replays it."""
     st = c.state
+    # A held request's finish step enters as the steps since it (whether it may still be
+    # scheduled or preempted: only in the step right after its finish).
     live = tuple(sorted((rid, t.status.value, t.num_tokens, t.num_computed, t.gpu_blocks,
-                         t.host_blocks, tuple(t.block_ids), t.recomputing, tuple(t.keys))
+                         t.host_blocks, tuple(t.block_ids), t.recomputing, tuple(t.keys),
+                         None if t.finished_at is None else c.step_no - t.finished_at)
                         for rid, t in st.live.items()))
     # Whether ids were seen, and from which step some were missing, only say what the
     # report covers: no later verdict depends on them, so they stay out of the key.

@@ -5,6 +5,7 @@ planted in a copy of the spec, the reference or the proofs, naming the right obl
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import shutil
@@ -12,7 +13,8 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -23,6 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the proofs package lives at the top, beside spec/
 
 from kvsched.reference.allocator import BlockAllocator  # noqa: E402
+from kvsched.reference.lmdeploy import LMDeployScheduler  # noqa: E402
 from kvsched.reference.requests import LiveRequest  # noqa: E402
 from kvsched.reference.scheduler import ReferenceScheduler, StepPlan  # noqa: E402
 from kvsched.spec.checker import check_trace  # noqa: E402
@@ -33,11 +36,14 @@ from proofs import model_check, run  # noqa: E402
 from proofs.obligations import OBLIGATIONS, Effort, Obligation  # noqa: E402
 from proofs.scopes import (  # noqa: E402
     DIMENSIONS,
+    LMDEPLOY_REACHES,
     SHARED,
     Scope,
     Shape,
     full_scopes,
+    lmdeploy_scope,
     pairwise,
+    quick_lmdeploy_scopes,
     shapes,
     valid,
 )
@@ -260,6 +266,91 @@ def test_the_full_scopes_run_sglangs_step_in_every_step_mix_and_cache() -> None:
     assert rules == {(0.7, True), (0.0, True), (0.7, False)}
     # a priority of 20 against 0: more urgent than SGLang's threshold of 10
     assert {s.priority for sc in scopes for s in sc.shapes} == {0, 20}
+
+
+# -- LMDeploy's step ---------------------------------------------------------------------
+
+
+def test_lmdeploys_quick_scopes_reach_lazy_preemption_reclaims_and_releases() -> None:
+    reached: Counter[str] = Counter()
+    for s in quick_lmdeploy_scopes():
+        result = model_check.explore(s)
+        assert result.finding is None, result.finding.summary()
+        reached.update(dict(result.reached))
+    assert set(+reached) >= LMDEPLOY_REACHES, sorted(LMDEPLOY_REACHES - set(+reached))
+    assert {"preempted lazy", "reclaimed waiting"} <= LMDEPLOY_REACHES
+
+
+def test_the_runner_fails_a_family_that_stops_reaching_lazy_preemption(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # One short request in a roomy cache: nothing is preempted or reclaimed.
+    families = run.model_check([lmdeploy_scope(shapes((2, 2)), "lonely")], jobs=1)
+    missing = families["lonely"].unreached()["lmdeploy"]
+    assert {"preempted lazy", "reclaimed waiting", "resumed with its blocks"} <= set(missing)
+    assert "UNREACHED model check lonely" in capsys.readouterr().out
+
+
+def test_the_full_scopes_run_lmdeploys_step_in_every_rule_set_and_cache() -> None:
+    scopes = [s for s in full_scopes() if s.scheduler == "lmdeploy"]
+    assert scopes and not any(s.aborts for s in scopes)  # its step takes no aborts
+    assert {c.prefix_caching for c in (s.config for s in scopes)} == {True, False}
+    rules = {(s.knobs.lmdeploy.head_of_line_blocking, s.knobs.lmdeploy.reclaim_finished_first)
+             for s in scopes}
+    assert rules == {(True, True), (False, True), (True, False)}
+    for s in scopes:  # the clock reads 0 and a block is preallocated
+        assert s.knobs.lmdeploy.step_seconds == 0
+        assert s.config.prealloc_tokens == s.knobs.lmdeploy.prefill_interval == s.config.block_size
+
+
+def test_a_pipelined_trace_is_written_and_checked_a_step_late_with_its_dropped_entries(
+        ) -> None:
+    # Two 3/6 in 4 blocks: at step 6 r1's decode finds no block and preempts itself, so
+    # step 5's output for it is dropped: that line names it unsampled, not finished.
+    s = lmdeploy_scope(shapes((3, 6), (3, 6)), "test")
+    path = (model_check.Inputs(("r0", "r1")),) + (model_check.Inputs(),) * 11
+    lines = model_check.replay(s, ReferenceScheduler, False, path)
+    trace = "\n".join(lines).encode() + b"\n"
+    steps = list(TraceReader(io.BytesIO(trace)))
+    assert [rec.step for rec in steps] == list(range(12))  # each line once, in order
+    assert (steps[5].unsampled, steps[5].finished) == (("r1",), ("r0",))
+    report = check_trace(TraceReader(io.BytesIO(trace)))
+    assert not report.violations, report.violations[:1]
+
+
+def lmdeploy_run(idle: int, knobs: Knobs, steps: int) -> list[Hashable]:
+    """The state keys of LMDeploy's step on one request (3/6 in 4 blocks of 4) arriving
+    after `idle` empty steps, one key after each of its `steps` steps."""
+    s = lmdeploy_scope(shapes((3, 6)), "test")
+    sched = LMDeployScheduler(s.config, knobs)
+    for _ in range(idle):
+        sched.schedule()
+        sched.update(())
+    sched.add_request(Request("r0", 3, 6, arrival_step=idle))
+    keys = []
+    for _ in range(steps):
+        sched.schedule()
+        sched.update(())
+        keys.append(scheduler_key(sched))
+    return keys
+
+
+def test_the_lmdeploy_key_forgets_the_clock_where_nothing_reads_it() -> None:
+    knobs = lmdeploy_scope(shapes((3, 6)), "test").knobs  # step_seconds 0
+    assert lmdeploy_run(0, knobs, 10) == lmdeploy_run(3, knobs, 10)
+    # held after its finish, the steps since it (its release's countdown) are state
+    s = lmdeploy_scope(shapes((3, 6)), "test")
+    sched = LMDeployScheduler(s.config, knobs)
+    sched.add_request(Request("r0", 3, 6))
+    for _ in range(6):
+        sched.schedule()
+        sched.update(())
+    assert sched.states()["r0"].status.value == "held"
+    sooner = copy.deepcopy(sched)
+    sooner.live["r0"].finished_at -= 1
+    assert scheduler_key(sooner) != scheduler_key(sched)
+    # where the clock is read (aging, at LMDeploy's step_seconds), it is in the key
+    ticking = replace(knobs, lmdeploy=replace(knobs.lmdeploy, step_seconds=0.025))
+    assert lmdeploy_run(0, ticking, 1) != lmdeploy_run(3, ticking, 1)
 
 
 # -- the runner's guards against CrossHair's silent traps ----------------------------
