@@ -136,6 +136,7 @@ class Deduplicating(Protocol):
 
 
 @runtime_checkable
-class InspectableScheduler(Scheduler, BlockTables, Aborting, Protocol):
-    """A scheduler that also offers the block-table accessors and models aborts (every
-    scheduler kvsched builds)."""
+class InspectableScheduler(Scheduler, BlockTables, Protocol):
+    """A scheduler that also offers the block-table accessors (every scheduler kvsched
+    builds); whether it models aborts is `Aborting`'s to say (all but LMDeploy's step
+    do)."""

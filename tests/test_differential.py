@@ -49,6 +49,7 @@ from kvsched.optimized.compiled import CompiledScheduler
 from kvsched.reference import ReferenceScheduler, scheduler_for
 from kvsched.simulate import run
 from kvsched.spec import Config, Decision, Request, StepRecord, check_steps
+from kvsched.spec.interface import abort as deliver_abort
 from kvsched.spec.interface import not_aborting
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.should import Stalled
@@ -139,8 +140,7 @@ class LockstepMachine(RuleBasedStateMachine):
         live = rid in self.reference.states()
         assert live == (rid in self.other.states()), f"{rid} live in one scheduler only"
         if live:
-            self.reference.abort_request(rid)
-            self.other.abort_request(rid)
+            assert deliver_abort(self.reference, rid) == deliver_abort(self.other, rid)
 
     @rule(eos=st.lists(st.booleans(), max_size=8))
     def step(self, eos: list[bool]) -> None:
