@@ -1,6 +1,6 @@
-"""vLLM's and SGLang's real schedulers on the same workloads (tests/data/side-by-side/,
+"""vLLM's, SGLang's and LMDeploy's real schedulers on the same workloads (tests/data/side-by-side/,
 recorded by `python -m tools.engines_side_by_side record`): every kept trace is complete,
-MUST-clean and exact under its engine's profile, and docs/conformance/vllm-vs-sglang.md
+MUST-clean and exact under its engine's profile, and docs/conformance/side-by-side.md
 is what tools.engines_side_by_side makes of them."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 import pytest
 
 from conformance.common import check_stream
+from kvsched.spec.trace import TraceReader
 from tools.engines_side_by_side import (
     ENGINES,
     OUT,
@@ -32,17 +33,23 @@ def test_each_kept_trace_is_its_engines_and_exact(workload: str, engine: str) ->
     assert v.prefix_caching
 
 
-def test_both_engines_ran_on_one_cache() -> None:
-    a, b = config_of("vllm"), config_of("sglang")
-    assert (a.step_mix, b.step_mix) == ("any", "prefill_or_decode")
+def test_the_engines_ran_on_one_cache() -> None:
+    a, b, c = config_of("vllm"), config_of("sglang"), config_of("lmdeploy")
+    assert (a.step_mix, b.step_mix, c.step_mix) == ("any", "prefill_or_decode",
+                                                    "prefill_or_decode")
+    assert (a.pipelined, b.pipelined, c.pipelined) == (False, False, True)
     fields = ("block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs",
               "max_model_len", "chunked_prefill", "prefix_caching")
-    assert all(getattr(a, f) == getattr(b, f) for f in fields)
+    assert all(getattr(a, f) == getattr(b, f) == getattr(c, f) for f in fields)
+    for engine in ENGINES:  # what each engine really built is what the page says
+        for w in WORKLOADS:
+            built = TraceReader(io.BytesIO(kept(w.name, engine))).header.config
+            assert all(getattr(built, f) == getattr(a, f) for f in fields), (engine, w.name)
 
 
 def test_the_page_is_what_the_kept_traces_make() -> None:
     assert OUT.read_text() == render(), (
-        "docs/conformance/vllm-vs-sglang.md is stale: python -m tools.engines_side_by_side")
+        "docs/conformance/side-by-side.md is stale: python -m tools.engines_side_by_side")
     assert render().count("What the numbers show") == 1
 
 
@@ -78,7 +85,8 @@ def test_the_page_says_steps_differ_in_cost_and_measures_work_beside_them() -> N
     for w in WORKLOADS:
         section = page.split(f"## {w.name}\n", 1)[1].split("\n## ", 1)[0]
         for row in ("| tokens computed per step |", "| TTFT mean (tokens computed meanwhile) |",
-                    "| steps that computed a prefill (SGLang: prefill steps) |"):
+                    "| steps that computed a prefill (SGLang, LMDeploy: prefill steps) |",
+                    "| void slots (pipelined: finished the step before) |"):
             assert row in section, (w.name, row)
     # a step-count comparison never stands without the tokens each step computed
     claim = next(line for line in page.splitlines() if "fewer steps" in line)
@@ -87,7 +95,8 @@ def test_the_page_says_steps_differ_in_cost_and_measures_work_beside_them() -> N
 
 def test_every_hit_is_on_own_blocks_or_another_requests_and_the_page_says_which() -> None:
     """The workloads without shared prefixes (chat, burst) give vLLM hits only on its
-    own preempted requests' blocks; SGLang, which retracts, never hits its own."""
+    own preempted requests' blocks, and LMDeploy on the blocks its reclaimed victims
+    left in its trie; SGLang, which retracts, never hits its own."""
     page = OUT.read_text()
     for w in WORKLOADS:
         for engine in ENGINES:
@@ -96,6 +105,19 @@ def test_every_hit_is_on_own_blocks_or_another_requests_and_the_page_says_which(
             assert d.own_hit_tokens + d.other_hit_tokens == m.prefix_cache.hit_tokens
             if w.kind == "sharegpt":
                 assert d.other_hit_tokens == 0
-                assert (d.own_hit_tokens > 0) == (engine == "vllm")
+                assert (d.own_hit_tokens > 0) == (engine != "sglang")
     assert "whose requests share no prefix, vLLM's hit rate" in page
     assert page.count("| ... of it on its own blocks, back after preemption |") == len(WORKLOADS)
+
+
+def test_only_the_pipelined_engine_has_void_slots_and_lazy_resumes() -> None:
+    """LMDeploy decodes a request once more after its finish (a void slot) and resumes a
+    lazy victim on the blocks it kept; vLLM and SGLang do neither."""
+    for w in WORKLOADS:
+        for engine in ENGINES:
+            d = work(w.name, engine)
+            assert (d.void_entries > 0) == (engine == "lmdeploy"), (w.name, engine)
+            assert d.lazy_resumed <= sum(metrics(w.name, engine).preemptions.values())
+            if engine != "lmdeploy":
+                assert d.lazy_resumed == 0
+    assert any(work(w.name, "lmdeploy").lazy_resumed for w in WORKLOADS)

@@ -1,15 +1,16 @@
-"""vLLM's and SGLang's scheduling side by side, as kvsched sees them: the same workloads
-on the same cache, recorded from each engine's real scheduler (vLLM 0.32's v1 scheduler,
-SGLang 0.5.23's), kept in tests/data/side-by-side/, and compared by kvsched's metrics.
+"""vLLM's, SGLang's and LMDeploy's scheduling side by side, as kvsched sees them: the
+same workloads on the same cache, recorded from each engine's real scheduler (vLLM
+0.32's v1 scheduler, SGLang 0.5.23's, LMDeploy 0.18.0's PyTorch engine), kept in
+tests/data/side-by-side/, and compared by kvsched's metrics.
 
-    python -m tools.engines_side_by_side record   # both engines' environments needed
-    python -m tools.engines_side_by_side          # docs/conformance/vllm-vs-sglang.md
+    python -m tools.engines_side_by_side record [ENGINE...]   # their environments needed
+    python -m tools.engines_side_by_side                      # docs/conformance/side-by-side.md
 
 `make test` checks every kept trace (MUST-clean and exact under its engine's profile)
 and that the page is what this makes of them.
 
-Steps are not units of equal cost between the two (a vLLM step mixes prefill chunks
-with decodes; an SGLang step is a prefill or a decode), so the page says so and adds
+Steps are not units of equal cost between them (a vLLM step mixes prefill chunks with
+decodes; an SGLang or LMDeploy step is a prefill or a decode), so the page says so and adds
 measures in tokens computed (Work: per step, and TTFT on a clock of the tokens computed
 meanwhile); and it says where each engine's prefix hits come from (Work: a hit on blocks
 the request computed itself before it was preempted, or on another request's).
@@ -23,29 +24,30 @@ import io
 import itertools
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvsched.adapters import sglang as sglang_adapter
-from kvsched.adapters import vllm as vllm_adapter
+from kvsched.adapters.engines import engine_named
 from kvsched.adapters.recording import AdapterError, Job
 from kvsched.generators import generate
 from kvsched.metrics import Metrics, metrics_of_trace
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile
+from kvsched.spec.step_kinds import STEP_KINDS
 from kvsched.spec.trace import TraceReader
 from kvsched.workload import WorkItem
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "tests" / "data" / "side-by-side"
-OUT = ROOT / "docs" / "conformance" / "vllm-vs-sglang.md"
-# One cache for both: pages (blocks) of 16 tokens, 264 of them, a token budget of 512 a
+OUT = ROOT / "docs" / "conformance" / "side-by-side.md"
+# One cache for all: pages (blocks) of 16 tokens, 264 of them, a token budget of 512 a
 # step, 32 running requests, sequences of 2048 tokens; prefix caching on, each engine's
-# default (vLLM's block hashes, SGLang's radix cache).
+# default (vLLM's block hashes, SGLang's radix cache, LMDeploy's block trie).
 CONFIG = Config(block_size=16, num_gpu_blocks=264, max_num_batched_tokens=512,
                 max_num_seqs=32, max_model_len=2048, chunked_prefill=True,
                 first_block_id=1, prefix_caching=True)
-ENGINES = {"vllm": ("vLLM 0.32", "vllm-v1@0.32"), "sglang": ("SGLang 0.5.23", "sglang@0.5.23")}
+ENGINES = {"vllm": ("vLLM 0.32", "vllm-v1@0.32"), "sglang": ("SGLang 0.5.23", "sglang@0.5.23"),
+           "lmdeploy": ("LMDeploy 0.18.0", "lmdeploy@0.18.0")}
 
 
 @dataclass(frozen=True)
@@ -75,23 +77,28 @@ def items(w: Workload) -> list[WorkItem]:
 
 
 def config_of(engine: str) -> Config:
+    """CONFIG as `engine`'s profile runs it, with the engine's own first block id where
+    its step takes only one (LMDeploy's ids start at 0; each engine's ids are its own)."""
     profile = get_profile(ENGINES[engine][1])
-    return profile.configure(CONFIG, frozenset({"prefix_caching"}))
+    config = profile.configure(CONFIG, frozenset({"prefix_caching"}))
+    first = [v for v in STEP_KINDS[profile.scheduler].takes.get("first_block_id", ())
+             if isinstance(v, int)]
+    return replace(config, first_block_id=first[0]) if first else config
 
 
 def path_of(workload: str, engine: str) -> Path:
     return STORE / f"{workload}-{engine}.jsonl.gz"
 
 
-def record(vllm_python: Path, sglang_python: Path, out: Path) -> None:
-    """Record every workload with both engines and keep the traces."""
+def record(engines: Sequence[str], out: Path) -> None:
+    """Record every workload with each of `engines` (from its own environment) and keep
+    the traces."""
     out.mkdir(parents=True, exist_ok=True)
     STORE.mkdir(parents=True, exist_ok=True)
-    for engine, python in (("vllm", vllm_python), ("sglang", sglang_python)):
+    for engine in engines:
         jobs = [Job(w.name, config_of(engine), items(w), out / f"{w.name}-{engine}.jsonl")
                 for w in WORKLOADS]
-        adapter = vllm_adapter.ENGINE if engine == "vllm" else sglang_adapter.ENGINE
-        for r in adapter.record_jobs(jobs, python):
+        for r in engine_named(engine).record_jobs(jobs):
             if not r.complete:
                 raise SystemExit(f"{r.job.name}: {engine} stopped early: {r.stopped}")
             path_of(r.job.name, engine).write_bytes(
@@ -111,12 +118,14 @@ class Work:
     """What a trace's step counts leave out: the tokens its steps computed, and where its
     prefix-cache hits came from."""
 
-    prefill_steps: int  # steps that computed more tokens than they sampled: a prefill
+    prefill_steps: int  # steps with an entry of more than one token: a prefill (chunk)
     computed_per_step: float  # prefill, recompute and decode tokens
     ttft_work: float | None  # mean tokens computed, by all requests, from arrival to 1st token
     own_hit_tokens: int  # hits on blocks the request itself computed before its preemption
     other_hit_tokens: int  # hits on blocks another request computed (shared prefixes)
     queried_tokens: int  # as the hit rate's denominator (kvsched.metrics.PrefixCache)
+    void_entries: int = 0  # pipelined: slots of requests that had finished the step before
+    lazy_resumed: int = 0  # lazy victims admitted again on their own blocks (no recompute)
 
     def rate(self, tokens: int) -> float:
         return tokens / self.queried_tokens if self.queried_tokens else 0.0
@@ -135,22 +144,31 @@ def work_of(trace: bytes) -> Work:
     clock = [0, *itertools.accumulate(m.series.computed)]  # tokens computed before step k
     waits = [clock[step + 1] - clock[step - int(ttft) + 1] for step, ttft in m.series.ttft_at]
     computed_by: dict[int, str] = {}
-    own = other = 0
+    own = other = prefills = voids = resumed = 0
     reader = TraceReader(io.BytesIO(trace))
     size = reader.header.config.block_size
+    finished: set[str] = set()  # in the step before
+    lazy: set[str] = set()  # lazy victims whose blocks no reclaim has taken
     for rec in reader:
+        prefills += any(n > 1 for _, n in rec.scheduled)
+        voids += sum(rid in finished for rid, _ in rec.scheduled)
+        lazy.difference_update(rec.reclaimed)
+        resumed += sum(rid in lazy for rid, _ in rec.scheduled)
+        lazy.difference_update(rid for rid, _ in rec.scheduled)
+        lazy.update(p.id for p in rec.preempted if p.mode == "lazy")
+        finished = set(rec.finished)
         for rid, blocks in rec.prefix_hits.items():
             mine = sum(computed_by.get(b) == rid for b in blocks)
             own, other = own + mine * size, other + (len(blocks) - mine) * size
         for rid, blocks in (rec.new_blocks or {}).items():
             computed_by.update(dict.fromkeys(blocks, rid))
     return Work(
-        prefill_steps=sum(c > g for c, g in zip(m.series.computed, m.series.generated,
-                                                strict=True)),
+        prefill_steps=prefills,
         computed_per_step=m.computed_per_step,
         ttft_work=sum(waits) / len(waits) if waits else None,
         own_hit_tokens=own, other_hit_tokens=other,
-        queried_tokens=m.prefix_cache.queried_tokens if m.prefix_cache is not None else 0)
+        queried_tokens=m.prefix_cache.queried_tokens if m.prefix_cache is not None else 0,
+        void_entries=voids, lazy_resumed=resumed)
 
 
 def cell(x: float | None, digits: int) -> str:
@@ -159,25 +177,33 @@ def cell(x: float | None, digits: int) -> str:
 
 def render() -> str:
     lines = [
-        "# vLLM and SGLang side by side",
+        "# vLLM, SGLang and LMDeploy side by side",
         "",
         "The same workloads on the same cache, recorded from each engine's real scheduler "
         "(`kvsched record vllm`: vLLM 0.32's v1 scheduler; `kvsched record sglang`: "
-        "SGLang 0.5.23's) and compared by `kvsched metrics`. The traces are kept in "
+        "SGLang 0.5.23's; `kvsched record lmdeploy`: LMDeploy 0.18.0's PyTorch engine) "
+        "and compared by `kvsched metrics`. The traces are kept in "
         "tests/data/side-by-side/; `make test` checks each one MUST-clean and exact under "
-        "its engine's profile (vllm-v1@0.32, sglang@0.5.23), and that this page is what "
-        "`python -m tools.engines_side_by_side` makes of them.",
+        "its engine's profile (" + ", ".join(p for _, p in ENGINES.values()) + "), and "
+        "that this page is what `python -m tools.engines_side_by_side` makes of them.",
         "",
         f"The cache: blocks (SGLang's pages) of {CONFIG.block_size} tokens, "
         f"{CONFIG.num_gpu_blocks} of them ({CONFIG.num_gpu_blocks * CONFIG.block_size} "
         f"tokens), a token budget of {CONFIG.max_num_batched_tokens} a step, at most "
         f"{CONFIG.max_num_seqs} running requests, sequences of at most "
         f"{CONFIG.max_model_len} tokens, chunked prefill, prefix caching on (vLLM's block "
-        "hashes, SGLang's radix cache).",
+        "hashes, SGLang's radix cache, LMDeploy's block trie). LMDeploy's budget is its "
+        "max_prefill_token_num: it bounds prefill steps, and its decode steps run every "
+        "running request; it preallocates 16 tokens of blocks beyond what a request "
+        "computes.",
         "",
         "Steps are not units of equal cost here. A vLLM step mixes prefill chunks with "
-        "decodes; an SGLang step is a prefill or a decode, never both, so while SGLang "
-        "prefills, none of its running requests decodes. Counted in steps, an engine "
+        "decodes; an SGLang or LMDeploy step (LMDeploy's forward) is a prefill or a "
+        "decode, never both, so while they prefill, none of their running requests "
+        "decodes. LMDeploy also decides each forward before it applies the last one's "
+        "output (pipelined): a request that finished is decoded once more (a void slot, "
+        "counted below), and its blocks come back only when its session ends. "
+        "Counted in steps, an engine "
         "that does more in each step looks faster than it is: where the tables say "
         "\"steps\", read \"batches\", not time. Two measures in tokens computed "
         "(prefill, recompute and decode tokens) are beside them: tokens computed per step, "
@@ -191,7 +217,11 @@ def render() -> str:
         "the latest when a running request's next block is not free; SGLang admits a "
         "request only when its whole future output fits beside what the running ones are "
         "expected to need (the new-token ratio), runs a step of prefills alone, and "
-        "retracts the request with the fewest outputs when a decode does not fit.",
+        "retracts the request with the fewest outputs when a decode does not fit; "
+        "LMDeploy admits in arrival order until one request does not fit (head-of-line "
+        "blocking), and a running request that cannot grow gives itself up lazily: it keeps "
+        "its blocks while it waits and resumes on them, unless an admission reclaims them, "
+        "when it recomputes (docs/conformance/lmdeploy.md).",
         "",
     ]
     names = [name for name, _ in ENGINES.values()]
@@ -201,7 +231,8 @@ def render() -> str:
               "itself computed before it was preempted (it comes back and finds them still "
               "cached: only an engine that preempts by recompute has these), or on blocks "
               "another request computed (a shared system prompt, an earlier turn). The "
-              "tables split the hit rate so.", ""]
+              "tables split the hit rate so. (A lazy victim of LMDeploy's that resumes on "
+              "the blocks it kept takes no hit: it never gave them up.)", ""]
     lines += ["What the numbers show, on these workloads:", ""]
     lines += [f"- {claim}" for claim in claims(every, done)]
     lines.append("")
@@ -213,7 +244,7 @@ def render() -> str:
         rows: list[tuple[str, list[float | None], int]] = [
             ("requests finished", [float(x.finished) for x in m.values()], 0),
             ("steps to finish", [float(x.steps) for x in m.values()], 0),
-            ("steps that computed a prefill (SGLang: prefill steps)",
+            ("steps that computed a prefill (SGLang, LMDeploy: prefill steps)",
              [float(x.prefill_steps) for x in d], 0),
             ("TTFT mean (steps)", [x.ttft.mean for x in m.values()], 1),
             ("TTFT p99 (steps)", [x.ttft.p99 for x in m.values()], 1),
@@ -222,10 +253,14 @@ def render() -> str:
             ("tokens generated per step", [x.generated_per_step for x in m.values()], 2),
             ("tokens computed per step", [x.computed_per_step for x in d], 2),
             ("tokens computed in all", [float(x.computed_tokens) for x in m.values()], 0),
-            ("preemptions (SGLang: retractions and priority preemptions)",
+            ("preemptions (SGLang: retractions and priority preemptions; LMDeploy: lazy)",
              [float(sum(x.preemptions.values())) for x in m.values()], 0),
+            ("... resumed on their own blocks, without recompute",
+             [float(x.lazy_resumed) for x in d], 0),
             ("recomputed tokens", [float(x.recomputed_tokens) for x in m.values()], 0),
             ("KV use mean", [x.kv_use_mean for x in m.values()], 2),
+            ("void slots (pipelined: finished the step before)",
+             [float(x.void_entries) for x in d], 0),
             ("prefix-cache hit rate",
              [x.prefix_cache.hit_rate if x.prefix_cache is not None else None
               for x in m.values()], 2),
@@ -238,7 +273,7 @@ def render() -> str:
             lines.append(f"| {label} | " + " | ".join(cell(v, digits) for v in values) + " |")
         lines.append("")
     lines += ["Made again from the kept traces by `python -m tools.engines_side_by_side`; "
-              "recorded again, with both engines' environments, by "
+              "recorded again, with the engines' environments, by "
               "`python -m tools.engines_side_by_side record`.", ""]
     return "\n".join(lines)
 
@@ -319,6 +354,22 @@ def claims(every: dict[tuple[str, str], Metrics], done: dict[tuple[str, str], Wo
                    "add " + ", ".join(f"{v.rate(v.own_hit_tokens):.2f}" for _, v, _ in shared)
                    + " (SGLang's: " + ", ".join(f"{s.rate(s.own_hit_tokens):.2f}"
                                                for _, _, s in shared) + ").")
+    lm = [(every[(w, "lmdeploy")], done[(w, "lmdeploy")]) for w in names]
+    preempted = [sum(m.preemptions.values()) for m, _ in lm]
+    if any(preempted):
+        out.append("LMDeploy's preemptions are lazy: of its "
+                   + ", ".join(f"{p}" for p in preempted) + " victims, "
+                   + ", ".join(f"{d.lazy_resumed}" for _, d in lm) + " resumed on the "
+                   "blocks they had kept, with nothing to recompute; it recomputed "
+                   + ", ".join(f"{m.recomputed_tokens}" for m, _ in lm) + " tokens, for "
+                   "the victims whose blocks an admission reclaimed.")
+    out.append("LMDeploy's pipeline decodes each finished request once more: "
+               + ", ".join(f"{d.void_entries} void slots in {m.steps} steps" for m, d in lm)
+               + "; its steps that computed a prefill are "
+               + ", ".join(f"{d.prefill_steps}" for _, d in lm) + ", and its TTFT mean is "
+               + ", ".join(f"{m.ttft.mean:.1f}" for m, _ in lm) + " steps ("
+               + ", ".join(f"{d.ttft_work:.0f}" if d.ttft_work is not None else "-"
+                           for _, d in lm) + " tokens computed meanwhile).")
     return out
 
 
@@ -326,14 +377,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.engines_side_by_side",
                                      description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("what", nargs="?", choices=("render", "record"), default="render")
-    parser.add_argument("--vllm-python", type=Path, default=vllm_adapter.DEFAULT_VLLM_PYTHON)
-    parser.add_argument("--sglang-python", type=Path,
-                        default=sglang_adapter.DEFAULT_SGLANG_PYTHON)
+    parser.add_argument("engines", nargs="*", choices=(*ENGINES, []), metavar="ENGINE",
+                        help=f"what record records: any of {', '.join(ENGINES)} (default: all)")
     parser.add_argument("--out", type=Path, default=Path("build/side-by-side"))
     args = parser.parse_args(argv)
     if args.what == "record":
         try:
-            record(args.vllm_python, args.sglang_python, args.out)
+            record(args.engines or list(ENGINES), args.out)
         except AdapterError as e:
             print(f"engines_side_by_side: error: {e}", file=sys.stderr)
             return 2
