@@ -8,17 +8,19 @@ imports another's.
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import random
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, is_dataclass, replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, Protocol, TypeVar
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 import orjson
 
+from kvsched.adapters.recording import Engine, Job
 from kvsched.conformance import checker as new_checker
 from kvsched.implementations import replay_refused
 from kvsched.optimized.checker import check_trace_vectorized
@@ -27,6 +29,7 @@ from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import SchedulerKind, get_profile
 from kvsched.spec.replay import ProfileReplay
+from kvsched.spec.step_kinds import refusal
 from kvsched.spec.trace import TraceReader
 from kvsched.spec.violation import INVARIANTS, MUST, SHOULD, Violation
 from kvsched.workload import WorkItem, validate
@@ -168,7 +171,9 @@ def first_divergence(path: Path, knobs: Knobs, profile: str,
                      scheduler: SchedulerKind | None = None) -> int | None:
     """The first step where the reference with `knobs` (on the trace's config with
     `config_changes`; the step of `scheduler`, by default the profile's) decides
-    otherwise than the trace."""
+    otherwise than the trace; None also where the engine would refuse the trace's config
+    under the flipped rules at start-up (SGLang's retraction by priority without
+    priority scheduling): that trace cannot tell the rule."""
     with path.open("rb") as stream:
         reader = TraceReader(stream)
         config = replace(reader.header.config,
@@ -177,6 +182,8 @@ def first_divergence(path: Path, knobs: Knobs, profile: str,
         # the engine settings the header declares, then the flipped rules over them
         named = get_profile(profile)
         knobs = overlay(named.for_trace(reader.header.settings).knobs, named.knobs, knobs)
+        if refusal(kind, config, knobs=knobs) is not None:
+            return None
         replay = ProfileReplay(profile, scheduler_for(config, knobs, kind))
         for rec in reader:
             if replay.step(rec) is not None:
@@ -325,3 +332,74 @@ def list_cases(cases: Iterable[Named]) -> int:
     for c in cases:
         print(f"{c.name}: {c.what}")
     return 0
+
+
+@dataclass(frozen=True)
+class EngineCase:
+    """One workload of an engine's kept suite (SGLang's, LMDeploy's): what it exercises,
+    its config, its requests (given the config), and the engine's options that are
+    profile knobs (StepKind.settings), as the trace's header declares them."""
+
+    name: str
+    what: str
+    config: Config
+    workload: Callable[[Config], list[WorkItem]]
+    settings: Mapping[str, object] = field(default_factory=dict)
+
+
+def record_cases(engine: Engine[Any], cases: Sequence[EngineCase], out: Path, python: Path,
+                 max_steps: int) -> dict[str, bytes]:
+    """Record every case with `engine` in one driver process: each case's trace bytes.
+    A job the engine stopped early (something trace v1 cannot say) is told, and its
+    trace, without an end line, is checked as incomplete."""
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [Job(c.name, c.config, c.workload(c.config), out / f"{c.name}.jsonl", max_steps,
+                settings=c.settings) for c in cases]
+    for r in engine.record_jobs(jobs, python):
+        if r.stopped is not None:
+            print(f"STOP {r.job.name}: {engine.label} did something in step {r.steps} that "
+                  f"trace v1 cannot say: {r.stopped}")
+    return {c.name: (out / f"{c.name}.jsonl").read_bytes() for c in cases}
+
+
+def steps_of(data: bytes) -> bytes:
+    """A trace's step lines and end line (its header names the recording's settings)."""
+    return data.split(b"\n", 1)[1]
+
+
+@dataclass(frozen=True)
+class Store:
+    """An engine's kept traces (tests/data/NAME/): one gzip file a case, what the engine
+    really did, and did the same on every run; `make test` checks them without the
+    engine."""
+
+    path: Path
+
+    def trace(self, case: str) -> Path:
+        return self.path / f"{case}.jsonl.gz"
+
+    def traces(self) -> Iterator[tuple[str, bytes]]:
+        """The kept traces: (case, trace bytes), by case name."""
+        for path in sorted(self.path.glob("*.jsonl.gz")):
+            yield path.name.removesuffix(".jsonl.gz"), gzip.decompress(path.read_bytes())
+
+    def keep_or_compare(self, traces: Mapping[str, bytes], keep: bool) -> list[str]:
+        """With `keep`, write `traces` into the store; else compare each with its kept
+        trace, step line for step line, telling each that differs. The cases that
+        differ."""
+        if keep:
+            self.path.mkdir(parents=True, exist_ok=True)
+            for name, data in traces.items():
+                self.trace(name).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+            print(f"kept {len(traces)} traces in {self.path}")
+            return []
+        changed = []
+        for name, data in traces.items():
+            kept = self.trace(name)
+            if kept.exists() and steps_of(gzip.decompress(kept.read_bytes())) != steps_of(data):
+                changed.append(name)
+                print(f"FAIL {name}: its step lines differ from the kept trace {kept}")
+        compared = sum(self.trace(n).exists() for n in traces)
+        print(f"{compared - len(changed)} of {compared} traces with a kept one equal it, "
+              "step line for step line")
+        return changed

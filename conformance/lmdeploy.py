@@ -1,17 +1,17 @@
 """`make conformance-lmdeploy`: record LMDeploy 0.18.0's real PyTorch-engine scheduler on a
-suite of workloads and check every trace at the MUST level (and say where it diverges
-from profile lmdeploy@0.18.0).
+suite of workloads and check every trace at the MUST level and against profile
+lmdeploy@0.18.0.
 
     python -m conformance.lmdeploy [--out DIR] [--lmdeploy-python PATH]
         [--random N] [--seed S] [--keep] [--list] [NAME...]
 
 Named cases first, then N small random ones (seeds S..S+N-1; none when names are given),
-all recorded in one LMDeploy process. Each case's line says its first divergence from
-profile lmdeploy@0.18.0, which the exit status does not require yet. Exit 0 when every
-trace is complete and MUST-clean,
-and when every trace that the store (tests/data/lmdeploy/) keeps for its case has the
-kept step lines, byte for byte (the store is what LMDeploy really does, and its
-decisions are the same in every run: the driver's clock is logical). Exit 1 otherwise, 2
+all recorded in one LMDeploy process. Exit 0 when every trace is complete, MUST-clean and
+equal to profile lmdeploy@0.18.0 step for step; when every trace that the store
+(tests/data/lmdeploy/) keeps for its case has the kept step lines, byte for byte (the
+store is what LMDeploy really does, and its decisions are the same in every run: the
+driver's clock is logical); and when each of the profile's rules flipped (FLIPS) makes
+some trace of the run diverge (a whole run, without names). Exit 1 otherwise, 2
 on bad input or a missing LMDeploy environment. `--keep` writes the traces into the
 store instead of comparing them. The counts line says what the traces reached: steps,
 lazy preemptions, reclaims, void entries (a finished request's prefetched slot),
@@ -21,28 +21,35 @@ prefix hits and deduplications (the block trie's copies swapped for its own).
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from conformance.common import (
+    EngineCase as Case,
+)
+from conformance.common import (
+    Store,
+    Variant,
     Verdict,
     check_stream,
     line,
     list_cases,
     parsed,
+    print_sensitivity,
+    record_cases,
+    steps_of,
     suite_parser,
 )
 from kvsched.adapters.lmdeploy import DEFAULT_LMDEPLOY_PYTHON, max_session_len
 from kvsched.adapters.lmdeploy import ENGINE as LMDEPLOY
-from kvsched.adapters.recording import AdapterError, Job
+from kvsched.adapters.recording import AdapterError
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.trace import TraceError
@@ -59,16 +66,6 @@ PARSER = suite_parser("conformance.lmdeploy", __doc__, "--lmdeploy-python",
                       {"--keep": "write the traces into the store (tests/data/lmdeploy/)"})
 
 
-@dataclass(frozen=True)
-class Case:
-    """One workload of the suite: what it exercises, its config, its requests."""
-
-    name: str
-    what: str
-    config: Config
-    workload: Callable[[Config], list[WorkItem]]  # the requests, given the config
-    # LMDeploy's options that are profile knobs (StepKind.settings), as the header declares
-    settings: Mapping[str, object] = field(default_factory=dict)
 
 
 def cfg(**fields: object) -> Config:
@@ -285,25 +282,42 @@ def case_named(name: str) -> Case:
     raise KeyError(f"no case {name!r}")
 
 
-def stored_trace(case: str, store: Path = STORE) -> Path:
-    return store / f"{case}.jsonl.gz"
+# Each rule of profile lmdeploy@0.18.0 flipped, with the config change a flip needs (the
+# preallocation is prefill_interval tokens, which config prealloc_tokens declares): the
+# suite must tell every one from LMDeploy, or agreeing with the profile proves less than
+# it seems.
+FLIPS: dict[str, tuple[Mapping[str, object], Mapping[str, object]]] = {
+    "prefill_interval=8": ({"prefill_interval": 8}, {"prealloc_tokens": 8}),
+    "enable_chunked_prefill=True": ({"enable_chunked_prefill": True}, {}),
+    "short_turns=1": ({"short_turns": 1}, {}),
+    "aging_seconds=0.1": ({"aging_seconds": 0.1}, {}),
+    "step_seconds=1.0": ({"step_seconds": 1.0}, {}),
+    "ttft_policy=fifo": ({"ttft_policy": "fifo"}, {}),
+    "head_of_line_blocking=False": ({"head_of_line_blocking": False}, {}),
+    "self_preemption=False": ({"self_preemption": False}, {}),
+    "decode_reverse_order=False": ({"decode_reverse_order": False}, {}),
+    "reclaim_finished_first=False": ({"reclaim_finished_first": False}, {}),
+    "release_delay=1": ({"release_delay": 1}, {}),
+}
 
 
-def stored() -> Iterator[tuple[str, bytes]]:
-    """The kept traces: (case, trace bytes)."""
-    for path in sorted(STORE.glob("*.jsonl.gz")):
-        yield path.name.removesuffix(".jsonl.gz"), gzip.decompress(path.read_bytes())
+def variants() -> dict[str, Variant]:
+    """The profile with one rule flipped, for the sensitivity check."""
+    base = get_profile(PROFILE).knobs
+    return {name: (replace(base, lmdeploy=replace(base.lmdeploy, **knobs)),  # type: ignore[arg-type]
+                   dict(config), "lmdeploy")
+            for name, (knobs, config) in FLIPS.items()}
+
+
+# The kept traces (tests/data/NAME/): each case's trace file, and every kept trace.
+KEPT = Store(STORE)
+stored_trace = KEPT.trace
+stored = KEPT.traces
 
 
 def check(case: str, data: bytes) -> Verdict:
-    """A trace's checks, and its first divergence from profile lmdeploy@0.18.0 (which the
-    suite reports, not yet requires)."""
+    """A trace's checks, and its first divergence from profile lmdeploy@0.18.0."""
     return check_stream(case, io.BytesIO(data), PROFILE)
-
-
-def steps_of(data: bytes) -> bytes:
-    """A trace's step lines and end line (its header names the recording's settings)."""
-    return data.split(b"\n", 1)[1]
 
 
 def reached(data: bytes) -> Counter[str]:
@@ -322,14 +336,7 @@ def reached(data: bytes) -> Counter[str]:
 
 
 def run(cases: Sequence[Case], out: Path, python: Path) -> dict[str, bytes]:
-    out.mkdir(parents=True, exist_ok=True)
-    jobs = [Job(c.name, c.config, c.workload(c.config), out / f"{c.name}.jsonl", MAX_STEPS,
-                settings=c.settings) for c in cases]
-    for r in LMDEPLOY.record_jobs(jobs, python):
-        if r.stopped is not None:
-            print(f"STOP {r.job.name}: LMDeploy did something in step {r.steps} that "
-                  f"trace v1 cannot say: {r.stopped}")
-    return {c.name: (out / f"{c.name}.jsonl").read_bytes() for c in cases}
+    return record_cases(LMDEPLOY, cases, out, python, MAX_STEPS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -360,35 +367,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed += 1
             continue
         verdicts.append(v)
-        bad = bool(v.must) or not v.complete
-        if i < len(named) or bad:
+        if i < len(named) or not v.ok:  # random cases are told one by one only when they fail
             print(line(v))
-        failed += bad
+            if v.divergence is not None:
+                print(f"     {v.divergence.message}")
+        failed += not v.ok
     total = sum((reached(data) for data in traces.values()), Counter())
     print(f"{len(traces)} cases ({len(named)} named, {len(randoms)} random): "
           + ", ".join(f"{total[k]} {k}" for k in (
               "steps", "preempted", "reclaimed", "released", "void", "unsampled",
               "rejected", "prefix_hits", "dedup")))
-    print(f"{len(traces) - failed} of {len(traces)} LMDeploy traces complete and MUST "
-          f"clean, {sum(v.divergence is None for v in verdicts)} equal to {PROFILE} step "
-          f"for step; traces in {args.out}")
-    changed = []
-    if args.keep:
-        STORE.mkdir(parents=True, exist_ok=True)
-        for name, data in traces.items():
-            stored_trace(name).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
-        print(f"kept {len(traces)} traces in {STORE}")
-    else:
-        for name, data in traces.items():
-            kept = stored_trace(name)
-            if kept.exists() and steps_of(gzip.decompress(kept.read_bytes())) != steps_of(data):
-                changed.append(name)
-                print(f"FAIL {name}: its step lines differ from the kept trace {kept}")
-        compared = sum(stored_trace(n).exists() for n in traces)
-        print(f"{compared - len(changed)} of {compared} traces with a kept one equal it, "
-              "step line for step line")
+    print(f"{len(traces) - failed} of {len(traces)} LMDeploy traces conform (complete, "
+          f"MUST clean, equal to {PROFILE} step for step); traces in {args.out}")
+    changed = KEPT.keep_or_compare(traces, args.keep)
+    blind = []
+    if not args.names:  # the suite must tell each flipped rule from LMDeploy
+        blind = print_sensitivity([args.out / f"{name}.jsonl" for name in traces], PROFILE,
+                                  "LMDeploy", variants())
     print(f"{time.monotonic() - started:.0f} s")
-    return 1 if failed or changed else 0
+    return 1 if failed or changed or blind else 0
 
 
 if __name__ == "__main__":

@@ -17,17 +17,20 @@ comparing them; `make test` checks the store again without SGLang.
 
 from __future__ import annotations
 
-import gzip
 import io
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 from conformance.common import (
+    EngineCase as Case,
+)
+from conformance.common import (
+    Store,
     Variant,
     Verdict,
     check_stream,
@@ -35,10 +38,11 @@ from conformance.common import (
     list_cases,
     parsed,
     print_sensitivity,
+    record_cases,
     suite_parser,
     summary,
 )
-from kvsched.adapters.recording import AdapterError, Job
+from kvsched.adapters.recording import AdapterError
 from kvsched.adapters.sglang import DEFAULT_SGLANG_PYTHON, served_as_asked
 from kvsched.adapters.sglang import ENGINE as SGLANG
 from kvsched.spec.blocks import prompt_over_limit
@@ -57,16 +61,6 @@ PARSER = suite_parser("conformance.sglang", __doc__, "--sglang-python", DEFAULT_
                       {"--keep": "write the traces into the store (tests/data/sglang/)"})
 
 
-@dataclass(frozen=True)
-class Case:
-    """One workload of the suite: what it exercises, its config, its requests."""
-
-    name: str
-    what: str
-    config: Config
-    workload: Callable[[Config], list[WorkItem]]  # the requests, given the config
-    # SGLang's options that are profile knobs (StepKind.settings), as the header declares
-    settings: Mapping[str, object] = field(default_factory=dict)
 
 
 def cfg(**fields: object) -> Config:
@@ -421,34 +415,18 @@ def variants() -> dict[str, Variant]:
     return out
 
 
-def stored_trace(case: str, store: Path = STORE) -> Path:
-    return store / f"{case}.jsonl.gz"
-
-
-def stored() -> Iterator[tuple[str, bytes]]:
-    """The kept traces: (case, trace bytes)."""
-    for path in sorted(STORE.glob("*.jsonl.gz")):
-        yield path.name.removesuffix(".jsonl.gz"), gzip.decompress(path.read_bytes())
+# The kept traces (tests/data/NAME/): each case's trace file, and every kept trace.
+KEPT = Store(STORE)
+stored_trace = KEPT.trace
+stored = KEPT.traces
 
 
 def check(case: str, data: bytes) -> Verdict:
     return check_stream(case, io.BytesIO(data), PROFILE)
 
 
-def steps_of(data: bytes) -> bytes:
-    """A trace's step lines and end line (its header names the recording's settings)."""
-    return data.split(b"\n", 1)[1]
-
-
 def run(cases: Sequence[Case], out: Path, python: Path) -> dict[str, bytes]:
-    out.mkdir(parents=True, exist_ok=True)
-    jobs = [Job(c.name, c.config, c.workload(c.config), out / f"{c.name}.jsonl", MAX_STEPS,
-                settings=c.settings) for c in cases]
-    for r in SGLANG.record_jobs(jobs, python):
-        if r.stopped is not None:
-            print(f"STOP {r.job.name}: SGLang did something in step {r.steps} that trace "
-                  f"v1 cannot say: {r.stopped}")
-    return {c.name: (out / f"{c.name}.jsonl").read_bytes() for c in cases}
+    return record_cases(SGLANG, cases, out, python, MAX_STEPS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -482,21 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       verdicts[len(named):]))
     print(f"{len(verdicts) - failed} of {len(verdicts)} SGLang traces conform (complete, "
           f"MUST clean, equal to {PROFILE}); traces in {args.out}")
-    changed = []
-    if args.keep:
-        STORE.mkdir(parents=True, exist_ok=True)
-        for name, data in traces.items():
-            stored_trace(name).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
-        print(f"kept {len(traces)} traces in {STORE}")
-    else:
-        for name, data in traces.items():
-            kept = stored_trace(name)
-            if kept.exists() and steps_of(gzip.decompress(kept.read_bytes())) != steps_of(data):
-                changed.append(name)
-                print(f"FAIL {name}: its step lines differ from the kept trace {kept}")
-        compared = sum(stored_trace(n).exists() for n in traces)
-        print(f"{compared - len(changed)} of {compared} traces with a kept one equal it, "
-              "step line for step line")
+    changed = KEPT.keep_or_compare(traces, args.keep)
     blind = []
     if not args.names:
         blind = print_sensitivity([args.out / f"{c.name}.jsonl" for c in named], PROFILE,

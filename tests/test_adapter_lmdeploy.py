@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from conformance.lmdeploy import CASES, reached, stored
+from conformance.common import first_divergence
+from conformance.lmdeploy import CASES, FLIPS, PROFILE, reached, stored, variants
 from kvsched.adapters.lmdeploy import (
     ENGINE,
     config_from_lmdeploy,
@@ -328,3 +329,18 @@ def test_the_conversation_case_swaps_copies_for_the_tries_blocks() -> None:
             swaps += 1
         taken += sum(freed.get(b, rid) != rid for rid, ids in new.items() for b in ids)
     assert swaps >= 2 and taken >= 1
+
+
+@pytest.mark.parametrize("flip", sorted(FLIPS))
+def test_each_rule_flipped_makes_a_kept_trace_diverge(flip: str, tmp_path: Path) -> None:
+    """Agreeing with profile lmdeploy@0.18.0 on the kept traces pins each of its rules:
+    flipped, some kept trace (the named cases first) tells it from LMDeploy."""
+    knobs, changes, kind = variants()[flip]
+    named = [c.name for c in CASES]
+    traces = kept()
+    for name in [*named, *sorted(set(traces) - set(named))]:
+        path = tmp_path / f"{name}.jsonl"
+        path.write_bytes(traces[name])
+        if first_divergence(path, knobs, PROFILE, changes, kind) is not None:
+            return
+    pytest.fail(f"{PROFILE} with {flip} decides as LMDeploy on every kept trace")
