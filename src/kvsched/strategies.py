@@ -105,8 +105,18 @@ def configs(draw: st.DrawFn, *, max_gpu_blocks: int = 16, max_model_len: int = 6
             page = config.block_size
             config = _set(config, "max_num_batched_tokens",
                           -(-config.max_num_batched_tokens // page) * page)
+        if kind == "lmdeploy":  # LMDeploy starts with its preallocation declared
+            config = _seats_within_budget(replace(
+                config, prealloc_tokens=Knobs().lmdeploy.prefill_interval))
     assert not config.problems(), config.problems()
     return config
+
+
+def _seats_within_budget(config: Config) -> Config:
+    """`config` with no more seats than its token budget: SGLang and LMDeploy start with
+    no other (LMDeploy's decode forward runs every running request outside the budget)."""
+    return replace(config, max_num_seqs=min(config.max_num_seqs,
+                                            config.max_num_batched_tokens))
 
 
 def honoured(config: Config, kind: SchedulerKind) -> Config:
@@ -147,17 +157,17 @@ def servable(config: Config, kind: SchedulerKind) -> Config:
     if kind == "lmdeploy":
         pages = max(pages + 1, -(-(config.max_model_len + config.prealloc_tokens)
                                  // config.block_size))
-        return replace(config, num_gpu_blocks=max(config.num_gpu_blocks, pages),
-                       max_num_seqs=min(config.max_num_seqs, config.max_num_batched_tokens))
+        return _seats_within_budget(replace(
+            config, num_gpu_blocks=max(config.num_gpu_blocks, pages)))
     if kind != "sglang":
         return config
     pages += 2
     page = config.block_size
     batched = (-(-config.max_num_batched_tokens // page) * page
                if config.chunked_prefill else config.max_num_batched_tokens)
-    return replace(config, num_gpu_blocks=max(config.num_gpu_blocks, pages),
-                   max_num_batched_tokens=batched,
-                   max_num_seqs=min(config.max_num_seqs, batched))
+    return _seats_within_budget(replace(
+        config, num_gpu_blocks=max(config.num_gpu_blocks, pages),
+        max_num_batched_tokens=batched))
 
 
 def knobs(torch: bool = False) -> st.SearchStrategy[Knobs]:
