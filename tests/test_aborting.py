@@ -2,7 +2,7 @@
 abort_request; the simulation loop delivers a workload's aborts through
 kvsched.spec.interface.abort, writes each as what the scheduler did with it, and every
 tool refuses, in one line (exit 2 from the command line), a workload with aborts on a
-scheduler without them."""
+scheduler without them (fuzz, which draws its own, draws none with aborts for one)."""
 
 from __future__ import annotations
 
@@ -150,9 +150,11 @@ def test_diff_refuses_a_workload_with_aborts_on_a_scheduler_without_them(
     assert done.stderr.count("\n") == 1 and "has no abort_request" in done.stderr
 
 
-def test_fuzz_refuses_a_scheduler_without_aborts(tmp_path: Path) -> None:
+def test_fuzz_draws_no_aborts_for_a_scheduler_without_them(tmp_path: Path) -> None:
+    """fuzz draws its own workloads: for a scheduler that models no aborts (as
+    LMDeploy's step), none with aborts, so the campaign runs (a drawn abort would end
+    it as bad input, exit 2)."""
     done = kvsched("fuzz", "test_aborting:make", "--examples", "50", "--seed", "1",
                    cwd=tmp_path)
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "has no abort_request" in done.stderr
-    assert done.stderr.strip().count("\n") == 0
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "50 examples" in done.stdout and "no failure" in done.stdout

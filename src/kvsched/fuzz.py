@@ -46,7 +46,7 @@ from typing import Any
 from kvsched.deadline import OutOfTime, deadline
 from kvsched.loading import FactoryError
 from kvsched.simulate import run, step_bound, unending
-from kvsched.spec.interface import NoAborts, Scheduler
+from kvsched.spec.interface import NoAborts, Scheduler, not_aborting
 from kvsched.spec.model import Allocation, Config, WatermarkScope
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.should import DEFAULT_STALL_STEPS, DEFAULT_STARVE_STEPS, Stalled
@@ -214,6 +214,17 @@ def private_storage() -> Iterator[None]:
             configuration.set_hypothesis_home_dir(before)
 
 
+def models_aborts(make: Callable[[Config], Scheduler], probe: Config) -> bool:
+    """Whether the factory's schedulers model a client's aborts (spec.interface.Aborting),
+    as one built for `probe` (a config it serves) shows: workloads are drawn with aborts
+    only for one that does (LMDeploy's step has none). A factory that builds nothing for
+    that config is taken to: each example's run says otherwise (NoAborts, bad input)."""
+    try:
+        return not_aborting(make(probe), "r0") is None
+    except Exception:
+        return True
+
+
 class _OutOfTime(Exception):
     """An example ran out of time: the search stops there, unshrunk."""
 
@@ -242,6 +253,9 @@ def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int 
     if chunked is None and fixed.get("long_prefill_token_threshold", 0) > 0:
         chunked = True  # a threshold needs chunked prefill (Config.problems)
 
+    aborts = models_aborts(make, Config() if profile is None or kind is None else servable(
+        get_profile(profile).configure(Config()), kind))
+
     @st.composite
     def cases(draw: st.DrawFn) -> tuple[Config, tuple[WorkItem, ...]]:
         # Allocation and watermark scope are the engine's rules, not its load: an engine
@@ -250,7 +264,8 @@ def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int 
                              watermark_scope=WATERMARK_SCOPE, kind=kind))
         config = replace(drawn if kind is None else servable(drawn, kind), **fixed)
         assume(not config.problems())
-        return config, tuple(draw(workloads(config, shared=config.prefix_caching)))
+        return config, tuple(draw(workloads(config, shared=config.prefix_caching,
+                                            aborts=aborts)))
 
     runs = 0
     # The failing cases as they were checked (the minimal one is among them), so that a
