@@ -46,10 +46,11 @@ def sglang_steps(config: Config) -> bool:
 
 
 def starvation_judged(config: Config) -> bool:
-    """Whether starvation is judged on a trace of `config`: not on SGLang's steps (step_mix
-    other than "any"), whose documented policy passes requests over (a retracted request
-    rejoins the queue at its end; admission reserves the future output of the running
-    ones, so a smaller later prompt may fit where an earlier one does not)."""
+    """Whether starvation is judged on a trace of `config`: not on prefill-or-decode steps
+    (step_mix other than "any": SGLang's, LMDeploy's), whose documented policies pass
+    requests over (SGLang: a retracted request rejoins the queue at its end; admission
+    reserves the future output of the running ones, so a smaller later prompt may fit
+    where an earlier one does not. LMDeploy: short prompts go first on short turns)."""
     return not sglang_steps(config)
 
 
@@ -59,8 +60,9 @@ def unjudged(config: Config, profile: Profile | None = None) -> dict[str, str]:
     breaks by design (docs/spec.md, section 7, each id's "Where it is judged")."""
     out: dict[str, str] = {}
     if not starvation_judged(config):
-        out["starvation"] = ("not on SGLang's steps (step_mix "
-                             f"{config.step_mix}), whose policy passes requests over")
+        out["starvation"] = ("not on prefill-or-decode steps (SGLang's, LMDeploy's: "
+                             f"step_mix {config.step_mix}), whose policies pass requests "
+                             "over")
     if profile is None:
         return out
     name, knobs = profile.name, profile.knobs
