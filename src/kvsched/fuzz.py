@@ -214,14 +214,17 @@ def private_storage() -> Iterator[None]:
             configuration.set_hypothesis_home_dir(before)
 
 
-def models_aborts(make: Callable[[Config], Scheduler], probe: Config) -> bool:
+def models_aborts(make: Callable[[Config], Scheduler], probe: Config,
+                  seconds: float | None) -> bool:
     """Whether the factory's schedulers model a client's aborts (spec.interface.Aborting),
-    as one built for `probe` (a config it serves) shows: workloads are drawn with aborts
-    only for one that does (LMDeploy's step has none). A factory that builds nothing for
-    that config is taken to: each example's run says otherwise (NoAborts, bad input)."""
+    as one built for `probe` (a config it serves) within an example's `seconds` shows:
+    workloads are drawn with aborts only for one that does (LMDeploy's step has none). A
+    factory that builds nothing for that config in time is taken to: each example's run
+    says otherwise (NoAborts, bad input), and blames a factory that hangs."""
     try:
-        return not_aborting(make(probe), "r0") is None
-    except Exception:
+        with deadline(seconds):
+            return not_aborting(make(probe), "r0") is None
+    except Exception:  # OutOfTime too
         return True
 
 
@@ -254,7 +257,7 @@ def fuzz(make: Callable[[Config], Scheduler], *, examples: int = 200, seed: int 
         chunked = True  # a threshold needs chunked prefill (Config.problems)
 
     aborts = models_aborts(make, Config() if profile is None or kind is None else servable(
-        get_profile(profile).configure(Config()), kind))
+        get_profile(profile).configure(Config()), kind), limits.seconds)
 
     @st.composite
     def cases(draw: st.DrawFn) -> tuple[Config, tuple[WorkItem, ...]]:
