@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from conformance.common import first_divergence
-from conformance.lmdeploy import CASES, FLIPS, PROFILE, reached, stored, variants
+from conformance.lmdeploy import CASES, FLIPS, PROFILE, check, reached, stored, variants
 from kvsched.adapters.lmdeploy import (
     ENGINE,
     config_from_lmdeploy,
@@ -261,6 +261,19 @@ def test_every_named_case_and_200_random_ones_are_kept_complete() -> None:
         assert header["engine"] == {"name": "lmdeploy", "version": "0.18.0"}, name
         assert header["config"]["pipelined"] and header["config"]["preemption"] == "lazy"
         assert lines(name)[-1] == {"end": True}, name
+
+
+def test_every_kept_trace_is_lmdeploys_must_clean_and_exact() -> None:
+    """Every kept trace, named and random, checked as the suite checks a live one: every
+    MUST holds and profile lmdeploy@0.18.0 (with the header's settings) decides as
+    LMDeploy did at every step."""
+    verdicts = [check(name, data) for name, data in kept().items()]
+    bad = [(v.case, dict(v.must), v.complete,
+            None if v.divergence is None else v.divergence.message)
+           for v in verdicts if v.must or not v.complete or v.divergence is not None]
+    assert not bad
+    assert {v.profile for v in verdicts} == {PROFILE}
+    assert sum(v.preemptions for v in verdicts) >= 400  # lazy victims, replayed exactly
 
 
 def test_the_lazy_cases_resume_on_their_blocks_or_recompute() -> None:

@@ -353,21 +353,9 @@ def test_the_suites_named_cases_are_kept_with_and_without_prefix_caching() -> No
     assert len(NAMED) >= 15 and caching.count(True) >= 2
 
 
-@pytest.mark.parametrize("path", NAMED, ids=lambda p: p.name.removesuffix(".jsonl.gz"))
-def test_the_profile_replays_lmdeploys_named_cases_exactly(path: Path) -> None:
-    # the header's settings through Profile.for_trace, as check --profile replays
-    header, lines = kept(path)
-    settings = header.pop("settings", {})
-    reader = TraceReader(io.BytesIO("\n".join([json.dumps(header), *lines]).encode()))
-    profile = PROFILE.for_trace(settings)
-    replaying = ProfileReplay(profile.name, scheduler_for(reader.header.config,
-                                                          profile.knobs, "lmdeploy"))
-    steps = 0
-    for rec in reader:
-        steps += 1
-        divergence = replaying.step(rec)
-        assert divergence is None, divergence.message
-    assert steps > 40
+# Every kept trace, named and random, replays exactly under the profile with its header's
+# settings: tests/test_adapter_lmdeploy.py (test_every_kept_trace_is_lmdeploys_must_clean_
+# and_exact), as `make conformance-lmdeploy` checks a live one.
 
 
 # Random cases where a request's last token is dropped: the next forward preempts it, so

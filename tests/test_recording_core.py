@@ -32,7 +32,8 @@ ADAPTERS = ROOT / "src" / "kvsched" / "adapters"
 ENGINE_MODULES = {"vllm": ("vllm", "vllm_releases"), "vllm-v0": ("vllm_v0",),
                   "sglang": ("sglang",), "lmdeploy": ("lmdeploy",)}
 STORES = {"sglang": ROOT / "tests" / "data" / "sglang",
-          "vllm-v0": ROOT / "tests" / "data" / "vllm-v0"}
+          "vllm-v0": ROOT / "tests" / "data" / "vllm-v0",
+          "lmdeploy": ROOT / "tests" / "data" / "lmdeploy"}
 
 
 def test_every_engine_is_one_value_of_the_table() -> None:
@@ -155,7 +156,8 @@ def test_the_vectorized_checker_notes_no_engine_key_either(engine: str) -> None:
 
 
 # Each engine's conformance suites; what they share is conformance/common.py's.
-SUITES = {"vllm": ("vllm", "vllm_releases"), "vllm-v0": ("vllm_v0",), "sglang": ("sglang",)}
+SUITES = {"vllm": ("vllm", "vllm_releases"), "vllm-v0": ("vllm_v0",), "sglang": ("sglang",),
+          "lmdeploy": ("lmdeploy",)}
 
 
 def imported_suites(path: Path) -> set[str]:
