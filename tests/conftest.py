@@ -8,6 +8,9 @@ its schedulers through the factory it is given (kvsched.testing.implementations)
 And `cli`: the command line run in this process (click's runner), for tests that share
 this process's state with it (the Ray instance a test session started).
 
+And the order: the modules with the longest tests are collected first, so that pytest-xdist
+hands them out early rather than leaving one for last on one worker while the other idles.
+
 And a guard for the machine: the session fails, naming the file, if /dev/null, /dev/zero
 or /dev/full is not a character device when it ends (a test, run as root, wrote over
 one through an output option).
@@ -129,3 +132,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             else:
                 print(line, file=sys.stderr)
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# Each holds a test of 10 s or more on two cores (pytest --durations): the changelog
+# rendered from every release's kept traces, SGLang and vLLM recorded live, the wheel
+# built, CrossHair finding the seeded mutants, every kept SGLang and LMDeploy trace
+# replayed, the SHOULD judgement of every kept SGLang trace.
+LONG_FIRST = ("test_vllm_release_store.py", "test_adapter_sglang.py", "test_wheel.py",
+              "test_proofs.py", "test_adapter_vllm.py", "test_sglang_store.py",
+              "test_should_judged.py", "test_adapter_lmdeploy.py", "test_sglang_driver.py",
+              "test_adapter_vllm_v0.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
