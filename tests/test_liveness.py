@@ -22,7 +22,9 @@ from typing import Any
 
 import orjson
 import pytest
+from rich.console import Console
 
+from kvsched.diff import Stop, diff_streams, render_text, simulated
 from kvsched.fuzz import TIME_LIMIT, RunLimits, check_case, fuzz
 from kvsched.pytest_plugin import RunTooLong, SpecViolation, wrap
 from kvsched.reference import reference_scheduler
@@ -396,6 +398,27 @@ def test_fuzz_reports_a_run_past_its_step_bound() -> None:
                                "tokens its workload can need): 1 request is still live")
     with pytest.raises(SpecViolation, match="did not end within its step bound"):
         wrap(Thrashes(config, knobs)).run(work)
+
+
+def test_diff_bounds_each_run_by_its_workload_and_says_so_first() -> None:
+    """Without --max-steps, diff bounds a run as fuzz does (step_bound): a side going round
+    in circles is stuck there, and the report says so before anything else."""
+    config = tight_config(num_gpu_blocks=16, max_num_batched_tokens=16)
+    work = tuple(validate([WorkItem("r0", 0, 40, 2, 2), WorkItem("r1", 3, 8, 2, 2)]))
+    a = simulated("vllm-v1", reference_scheduler("vllm-v1", config), work, {"name": "a"})
+    b = simulated("thrashes", Thrashes(config, get_profile("vllm-v1").knobs), work,
+                  {"name": "b"})
+    result = diff_streams(a, b)
+    bound = step_bound(config, work)
+    assert result.a.stopped is None and result.b.stopped == Stop(
+        f"the run did not end within its step bound of {bound} steps (four times the "
+        "tokens its workload can need): 2 requests are still live", stuck=True)
+    assert result.stuck
+    text = io.StringIO()
+    render_text(result, Console(file=text, width=200))
+    lines = text.getvalue().splitlines()
+    assert lines[1].startswith("B stopped early: the run did not end within its step bound")
+    assert lines[2].startswith("first divergence at step ")
 
 
 def test_the_plugin_raises_on_a_deadlock(user_module: Path) -> None:

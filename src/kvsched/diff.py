@@ -38,7 +38,7 @@ from kvsched.conformance import describe, describe_state
 from kvsched.metrics import Distribution, Metrics, MetricsCollector, PrefixCache
 from kvsched.optimized.checker import RUN_STEPS, FastChecker
 from kvsched.plot import require_matplotlib
-from kvsched.simulate import run
+from kvsched.simulate import run, step_bound, unending
 from kvsched.spec import should
 from kvsched.spec.checker import Checker, Report
 from kvsched.spec.interface import Scheduler
@@ -559,17 +559,23 @@ def simulated(label: str, scheduler: Scheduler, workload: Collection[WorkItem],
     """A side that runs `scheduler` on `workload` (the compiled one in its own loop,
     writing its trace lines; any other through the simulation loop) and walks the
     lines it writes; `on_lines` sees each batch of lines with the requests they ended.
-    A run that gets stuck, or reaches `max_steps` with work left, stops and says why."""
+    A run that gets stuck, or reaches `max_steps` with work left, stops and says why.
+    Without `max_steps` the run is bounded by the workload's step bound (step_bound, as
+    fuzz and the pytest plugin bound theirs): a run still going there never ends, and
+    its side is stuck."""
     ended = 0
     stop: Stop | None = None
+    bound = step_bound(scheduler.config, workload, stall_steps) if max_steps is None \
+        else None
+    limit = max_steps if bound is None else bound
 
     def batches() -> Iterator[tuple[list[bytes], int]]:
         if CompiledScheduler is not None and isinstance(scheduler, CompiledScheduler):
-            for block, _, done in compiled_simulate(scheduler, workload, True, max_steps, True,
+            for block, _, done in compiled_simulate(scheduler, workload, True, limit, True,
                                                      stall_steps):
                 yield block.splitlines(keepends=True), done
             return
-        for rec in run(scheduler, workload, max_steps=max_steps, stall_steps=stall_steps):
+        for rec in run(scheduler, workload, max_steps=limit, stall_steps=stall_steps):
             yield [orjson.dumps(step_dict(rec)) + b"\n"], rec.num_ended
 
     def blocks() -> Iterator[Lines]:
@@ -580,8 +586,11 @@ def simulated(label: str, scheduler: Scheduler, workload: Collection[WorkItem],
             try:
                 raws, done = next(runs)
             except StopIteration:
-                if ended < len(workload):
-                    left = len(workload) - ended
+                left = len(workload) - ended
+                unended = unending((), None, line - 2, bound, left)
+                if unended is not None:
+                    stop = Stop(unended.message, stuck=True)
+                elif left:
                     stop = Stop(f"stopped at the step limit of {max_steps} steps "
                                 f"(--max-steps) with {left} request"
                                 f"{'s' if left != 1 else ''} unfinished", stuck=False)
@@ -618,6 +627,11 @@ def render_text(d: Diff, console: Console) -> None:
     if d.config_differences:
         console.print("[yellow]the configs differ[/yellow] (A | B): "
                       + "; ".join(d.config_differences), markup=True)
+    for name, side in (("A", d.a), ("B", d.b)):  # first: what follows covers less
+        if side.stopped is not None:
+            colour = "red" if side.stopped.stuck else "yellow"
+            console.print(f"[{colour}]{name} stopped early[/{colour}]: ", end="")
+            console.print(side.stopped.why, markup=False)
     if d.divergence is None:
         console.print(f"[green]no divergence[/green]: {d.steps_compared} steps, the same "
                       "inputs, decisions, finishes and free block counts")
@@ -636,11 +650,6 @@ def render_text(d: Diff, console: Console) -> None:
         if v.state:
             table.add_row("state before", v.state)
         console.print(table)
-    for name, side in (("A", d.a), ("B", d.b)):
-        if side.stopped is not None:
-            colour = "red" if side.stopped.stuck else "yellow"
-            console.print(f"[{colour}]{name} stopped early[/{colour}]: ", end="")
-            console.print(side.stopped.why, markup=False)
     counts = d.violation_counts()
     if counts:
         table = Table(title="violations per invariant")

@@ -29,7 +29,7 @@ block's once its tokens are known, as an engine writes its block hashes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 
 from kvsched.spec.interface import Deduplicating, Scheduler, abort, not_aborting
 from kvsched.spec.model import Config, Status, StepRecord
@@ -40,7 +40,7 @@ from kvsched.spec.violation import Violation
 from kvsched.workload import WorkItem
 
 
-def step_bound(config: Config, workload: Sequence[WorkItem],
+def step_bound(config: Config, workload: Collection[WorkItem],
                stall_steps: int = DEFAULT_STALL_STEPS) -> int:
     """The steps a run of `workload` may take before it is going round in circles: four
     times the tokens the workload can ever need leaves room for recomputes, and

@@ -98,8 +98,10 @@ def trace_records(path: Path, reader: TraceReader) -> Iterator[StepRecord]:
               help="Schedulers: keep A's trace here.")
 @click.option("--out-b", type=click.Path(path_type=Path), default=None,
               help="Schedulers: keep B's trace here.")
-@click.option("--max-steps", type=int, default=100_000, show_default=True,
-              help="Schedulers: stop each run after this many steps.")
+@click.option("--max-steps", type=int, default=None,
+              help="Schedulers: stop each run after this many steps.  [default: the "
+                   "workload's step bound, four times the tokens it can need; a run still "
+                   "going there is reported as never ending]")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
               help="Draw both sides over time (queues, KV use, preemptions) as a PNG.")
 @click.option("--max-preemptions", type=int, default=DEFAULT_MAX_PREEMPTIONS, show_default=True,
@@ -113,7 +115,7 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
                  max_tokens: int | None, rate: float, seed: int, system_prompts: str | None,
                  skew: float | None, turns: float | None, think_steps: float | None,
                  out_a: Path | None,
-                 out_b: Path | None, max_steps: int, plot_path: Path | None,
+                 out_b: Path | None, max_steps: int | None, plot_path: Path | None,
                  max_preemptions: int, fmt: str, stall_steps: int, progress: bool | None,
                  **config_given: Any) -> None:
     """Audit a scheduler change: where two traces, or two schedulers, first differ.
@@ -176,7 +178,7 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
                     != click.core.ParameterSource.DEFAULT:
                 fail(f"{param.opts[0]} applies to schedulers, not to traces (the traces "
                      "carry their own config and workload)")
-    if max_steps < 1:
+    if max_steps is not None and max_steps < 1:
         fail(f"--max-steps must be at least 1, got {max_steps}")
     for path in (out_a, out_b, plot_path):
         if path is not None:
