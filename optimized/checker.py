@@ -93,6 +93,11 @@ SHORT_RUN = 32  # a run's length after a step that is not clean
 READ_BYTES = 1 << 20
 
 
+class ReplayRefused(TraceError):
+    """The trace's header has pools the compiled scheduler, which replays --profile beside
+    this checker, does not take: the spec's checker (the reference's replay) can."""
+
+
 class LineTooLong(Exception):
     """The stream holds a line longer than MAX_LINE_BYTES after the lines yielded."""
 
@@ -431,7 +436,7 @@ def _check(stream: IO[bytes], max_preemptions: int, run_steps: int,
                         on_header(header)
                     refused = unsupported_pools(header.config) if profile is not None else None
                     if refused is not None:  # the compiled scheduler replays the profile
-                        raise TraceError(number, f"{refused}; --checker vectorized replays "
+                        raise ReplayRefused(number, f"{refused}; --checker vectorized replays "
                                                  f"--profile {profile} with it: use --checker "
                                                  "spec")
                     fc = FastChecker(header, max_preemptions, run_steps, stall_steps, profile,

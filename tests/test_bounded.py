@@ -102,6 +102,13 @@ def test_the_vectorized_checker_refuses_to_replay_a_pool_beyond_it_in_one_line(
                            "entry per block at start")
     assert result.stderr.endswith("--checker vectorized replays --profile vllm-v1 with it: "
                                   "use --checker spec\n")
+    # auto reads a file again with the spec's checker (above); standard input it cannot
+    piped = subprocess.run([sys.executable, "-m", "kvsched", "check", "--profile", "vllm-v1",
+                            "-"], capture_output=True, text=True, timeout=120,
+                           preexec_fn=limit_memory, cwd=tmp_path,
+                           input=(tmp_path / "t.jsonl").read_text())
+    one_line_error(piped, "-: line 1: the compiled scheduler makes a free-list entry")
+    assert piped.stderr.endswith("use --checker spec\n")
 
 
 def test_the_free_list_hands_out_ids_in_the_order_of_one_queue() -> None:

@@ -99,12 +99,10 @@ def test_cuda_without_a_gpu_is_one_line() -> None:
 
 def test_auto_without_the_compiled_module_falls_back_to_the_spec_checker_and_says_so(
         traces: dict[str, Path]) -> None:
-    # An install without a C++ compiler (the compiled state cannot be imported), with a
-    # threshold of one byte so that every trace is "large": each is checked, the note
-    # told once.
+    # An install without a C++ compiler (the compiled state cannot be imported): each
+    # trace is checked, the note told once.
     path = str(traces["reference"])
     script = ("import sys; sys.modules['kvsched.optimized.state'] = None; "
-              "import kvsched.commands.check as c; c.AUTO_VECTORIZED_BYTES = 1; "
               "from kvsched.cli import main; main()")
     result = subprocess.run([sys.executable, "-c", script, "check", path, path],
                             capture_output=True, text=True, timeout=300)

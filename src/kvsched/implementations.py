@@ -191,13 +191,12 @@ def vectorized_installed() -> ImportError | None:
     return None
 
 
-def chosen_checker(choice: str, large: bool, profile: str | None) -> str:
-    """The checker `choice` names, or for "auto": the vectorized one for a `large`
-    trace, where it is installed (else a note) and can replay `profile`; else the
-    spec's."""
+def chosen_checker(choice: str, profile: str | None) -> str:
+    """The checker `choice` names, or for "auto": the vectorized one, at every size,
+    where it is installed (else a note) and can replay `profile`; else the spec's."""
     if choice != "auto":
         return choice
-    if not large or (profile is not None and replay_refused(profile) is not None):
+    if profile is not None and replay_refused(profile) is not None:
         return "spec"
     missing = vectorized_installed()
     if missing is not None:

@@ -36,6 +36,7 @@ from kvsched.commands.options import (
 )
 from kvsched.implementations import Unavailable, check_trace, chosen_checker, require_checker
 from kvsched.inputs import InputError
+from kvsched.optimized.checker import ReplayRefused
 from kvsched.outputs import check_writable, check_writable_directory
 from kvsched.progress import Reporter, reading
 from kvsched.spec.profiles import SettingsError, get_profile, pinned_profile
@@ -51,9 +52,6 @@ from kvsched.verdict import SHOWN, Verdict, printable, render_text, tally, worst
 if TYPE_CHECKING:
     from kvsched.spec.checker import Report
 
-
-# From this size on, `--checker auto` checks a trace with the vectorized checker.
-AUTO_VECTORIZED_BYTES = 8 * 1024 * 1024
 
 
 class Unreadable(Exception):
@@ -87,11 +85,20 @@ class CheckSettings:
 
 def check_one(path: str, settings: CheckSettings, progress: bool | None = False) -> Report:
     """One trace's report; raises Unreadable with the one-line reason."""
-    choice = chosen_checker(settings.checker_choice, big_trace(path), settings.profile)
-    try:
+    def checked(choice: str) -> Report:
         with open_trace(path) as raw, reading(raw, f"checking {printable(path)}",
                                               trace_size(path), err, progress) as stream:
             return check_stream(stream, path, settings, choice)
+
+    try:
+        try:
+            return checked(chosen_checker(settings.checker_choice, settings.profile))
+        except ReplayRefused:
+            # auto: the header's pools are beyond the compiled scheduler's; the spec's
+            # checker replays the profile with the reference (a file is read again)
+            if settings.checker_choice != "auto" or path in ("", "-"):
+                raise
+        return checked("spec")
     except TraceError as e:
         raise Unreadable(f"{path}: {e}") from None
     except (BadInput, InputError) as e:  # the file itself: missing, unreadable, damaged
@@ -163,16 +170,6 @@ def release_note(path: str, profile: str, engine: dict[str, str]) -> None:
                        f"whose profile is {pinned} ({profile} follows another release)"))
 
 
-def big_trace(path: str) -> bool:
-    """Whether `path` holds AUTO_VECTORIZED_BYTES of trace or more (a compressed file
-    counts as eight times its size)."""
-    file = Path(path)
-    if path in ("", "-") or not file.is_file():
-        return False
-    size = file.stat().st_size * (8 if inputs.is_compressed(path) else 1)
-    return size >= AUTO_VECTORIZED_BYTES
-
-
 def parse_required(text: str | None) -> frozenset[str]:
     if not text:
         return frozenset()
@@ -207,8 +204,9 @@ def parse_required(text: str | None) -> frozenset[str]:
                    "path; the report says where each one is.")
 @click.option("--checker", "checker_choice", type=click.Choice(["auto", "spec", "vectorized"]),
               default="auto", show_default=True,
-              help="The spec's checker, or the vectorized one (same verdicts, for large "
-                   "traces); auto picks the vectorized one from 8 MiB on.")
+              help="The spec's checker, or the vectorized one (same verdicts, faster); "
+                   "auto picks the vectorized one wherever its compiled module is built and "
+                   "can replay --profile.")
 @stall_option
 @starve_option
 @ray_options("traces' checks")
