@@ -249,6 +249,8 @@ class LMDeployScheduler:
         return ()
 
     def states(self) -> dict[str, RequestView]:
+        # no state_of (RequestStates): a reclaim may reset a request the trace has not
+        # shown with blocks yet, which no step names
         return {rid: RequestView(r.status, r.known, r.computed, len(r.blocks), 0,
                                  r.preemptions)
                 for rid, r in self.live.items()}

@@ -178,10 +178,16 @@ class ReferenceScheduler:
         return bool(self.live)
 
     def states(self) -> dict[str, RequestView]:
-        return {rid: RequestView(r.status, r.num_tokens, r.num_computed,
-                                 self.blocks.gpu_blocks(rid), self.blocks.host_blocks(rid),
-                                 r.num_preemptions)
-                for rid, r in self.live.items()}
+        return {rid: self._view(rid, r) for rid, r in self.live.items()}
+
+    def state_of(self, request_id: str) -> RequestView | None:
+        r = self.live.get(request_id)
+        return None if r is None else self._view(request_id, r)
+
+    def _view(self, rid: str, r: LiveRequest) -> RequestView:
+        return RequestView(r.status, r.num_tokens, r.num_computed,
+                           self.blocks.gpu_blocks(rid), self.blocks.host_blocks(rid),
+                           r.num_preemptions)
 
     # -- block tables (kvsched.spec.interface.BlockTables) ------------------------------
 

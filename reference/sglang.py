@@ -262,9 +262,15 @@ class SGLangScheduler:
         return ()
 
     def states(self) -> dict[str, RequestView]:
-        return {rid: RequestView(r.status, r.known, r.computed, len(r.pages), 0,
-                                 r.preemptions)
-                for rid, r in self.live.items()}
+        return {rid: self._view(r) for rid, r in self.live.items()}
+
+    def state_of(self, request_id: str) -> RequestView | None:
+        r = self.live.get(request_id)
+        return None if r is None else self._view(r)
+
+    @staticmethod
+    def _view(r: SGLangRequest) -> RequestView:
+        return RequestView(r.status, r.known, r.computed, len(r.pages), 0, r.preemptions)
 
     def has_unfinished(self) -> bool:
         return bool(self.live)

@@ -136,6 +136,17 @@ class Deduplicating(Protocol):
 
 
 @runtime_checkable
+class RequestStates(Protocol):
+    """Optional: a scheduler that gives one live request's view without building every
+    one (states() does), so that a replay can keep the state before each step at the
+    cost of the requests the step names (kvsched.spec.replay)."""
+
+    def state_of(self, request_id: str) -> RequestView | None:
+        """The request's view as states() would give it; None when it is not live."""
+        ...
+
+
+@runtime_checkable
 class InspectableScheduler(Scheduler, BlockTables, Protocol):
     """A scheduler that also offers the block-table accessors (every scheduler kvsched
     builds); whether it models aborts is `Aborting`'s to say (all but LMDeploy's step

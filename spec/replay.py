@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from kvsched.spec.interface import ContentKeys, Scheduler, abort
+from kvsched.spec.interface import ContentKeys, RequestStates, Scheduler, abort
 from kvsched.spec.model import Decision, RequestView, StepRecord
 from kvsched.spec.state import State
 from kvsched.spec.violation import Violation
@@ -94,6 +94,12 @@ class ProfileReplay:
         self.state = State(config) if config.prefix_caching else None
         self.keyed: set[str] = set()  # requests whose keys the trace gives
         self.unsampled: tuple[str, ...] = ()  # the last step's line's dropped entries
+        # The profile's view of each live request before the step, for a divergence's
+        # words: kept up to date request by request where the scheduler gives one view
+        # at a time (RequestStates), since a step changes only the requests it names;
+        # else every view is built before every step (states()).
+        self.views: dict[str, RequestView] | None = (
+            {} if isinstance(scheduler, RequestStates) else None)
 
     def step(self, rec: StepRecord) -> Violation | None:
         """The divergence at this step, if it is the first; nothing after that."""
@@ -134,7 +140,11 @@ class ProfileReplay:
                 f"first divergence from {profile}: the profile lets "
                 f"{', '.join(deferred)} run to its next sample after the abort | the trace "
                 "ends it at the abort")
-        before = scheduler.states()
+        if self.views is None:
+            before = scheduler.states()
+        else:
+            self._refresh([*(r.id for r in rec.arrivals), *rec.aborted])
+            before = self.views
         free = scheduler.free_blocks()
         mine = scheduler.schedule()
         theirs = replace(rec.decision, unsampled=self.unsampled)
@@ -147,12 +157,25 @@ class ProfileReplay:
                 "profile", rec.step,
                 f"first divergence from {profile}: the profile {describe(mine)} | the trace "
                 f"{describe(theirs)} | state before: {state}")
-        done = [rid for rid in scheduler.update(set(rec.finished))
-                if rid not in rec.unsampled]
+        finished = scheduler.update(set(rec.finished))
+        done = [rid for rid in finished if rid not in rec.unsampled]
         if set(done) != set(rec.finished):
             return Violation(
                 "profile", rec.step,
                 f"first divergence from {profile}: the profile finishes "
                 f"{', '.join(done) or 'nothing'} | the trace finishes "
                 f"{', '.join(rec.finished) or 'nothing'}")
+        if self.views is not None:
+            self._refresh([*involved(mine), *mine.reclaimed, *mine.released, *mine.unsampled,
+                           *finished])
         return None
+
+    def _refresh(self, ids: Iterable[str]) -> None:
+        """The views of `ids`, which may have changed, from the scheduler again."""
+        assert self.views is not None and isinstance(self.scheduler, RequestStates)
+        for rid in ids:
+            view = self.scheduler.state_of(rid)
+            if view is None:
+                self.views.pop(rid, None)
+            else:
+                self.views[rid] = view

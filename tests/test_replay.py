@@ -3,11 +3,14 @@ divergence, and the replay stopping at the first."""
 
 from __future__ import annotations
 
+import gzip
 import io
 from collections.abc import Collection
+from pathlib import Path
 
 import pytest
 
+from kvsched.reference import scheduler_for
 from kvsched.spec import (
     CheckOptions,
     Config,
@@ -22,7 +25,9 @@ from kvsched.spec import (
     check_steps,
     check_trace,
 )
+from kvsched.spec.interface import RequestStates
 from kvsched.spec.model import StepRecord
+from kvsched.spec.profiles import get_profile
 from kvsched.spec.replay import ProfileReplay, describe, describe_state, involved
 
 
@@ -161,3 +166,47 @@ def test_the_checker_reports_the_replays_divergence_beside_its_own() -> None:
     traced = check_trace(TraceReader(io.BytesIO(out.getvalue())),
                          replay=ProfileReplay("q", Scripted([Decision()], [()])))
     assert traced.profile == "q" and traced.counts == {"one-state": 1, "profile": 1}
+
+
+# The state before each step, kept request by request (RequestStates): a step changes only
+# the requests it names, so the kept views are the ones states() would build, on real
+# engines' traces (kept in tests/data) under their profiles' reference schedulers.
+KEPT = Path(__file__).parent / "data"
+VIEW_TRACES = {"sglang@0.5.23": ["sglang/retraction.jsonl.gz", "sglang/radix-eviction.jsonl.gz",
+                                 "sglang/priority-preemption.jsonl.gz"],
+               "vllm-v0": ["vllm-v0/kind-swap-chunked-priority.jsonl",
+                           "vllm-v0/kind-recompute-whole-fcfs.jsonl"],
+               "vllm-v1@0.32": ["side-by-side/burst-vllm.jsonl.gz",
+                                "side-by-side/conversations-vllm.jsonl.gz"]}
+
+
+@pytest.mark.parametrize(("profile", "name"), [
+    (p, n) for p, ns in VIEW_TRACES.items() for n in ns])
+def test_the_views_kept_before_each_step_are_the_schedulers_states(profile: str,
+                                                                   name: str) -> None:
+    data = (KEPT / name).read_bytes()
+    reader = TraceReader(io.BytesIO(gzip.decompress(data) if name.endswith(".gz") else data))
+    knobs = get_profile(profile).for_trace(reader.header.settings).knobs
+    scheduler = scheduler_for(reader.header.config, knobs, get_profile(profile).scheduler)
+    assert isinstance(scheduler, RequestStates)
+    replay = ProfileReplay(profile, scheduler, reader.header.preempted_order)
+    schedule, compared = scheduler.schedule, 0
+
+    def checked() -> Decision:
+        nonlocal compared
+        assert replay.views == scheduler.states()
+        compared += 1
+        return schedule()
+
+    scheduler.schedule = checked  # type: ignore[method-assign]
+    for rec in reader:
+        assert replay.step(rec) is None
+    assert compared > 50 and replay.views == {}
+
+
+def test_a_scheduler_without_single_views_has_every_view_built_each_step() -> None:
+    scheduler = scheduler_for(Config(step_mix="prefill_or_decode", preemption="lazy",
+                                     pipelined=True, prealloc_tokens=16),
+                              get_profile("lmdeploy@0.18.0").knobs, "lmdeploy")
+    assert not isinstance(scheduler, RequestStates)
+    assert ProfileReplay("lmdeploy@0.18.0", scheduler).views is None
