@@ -341,6 +341,30 @@ class TraceReader:
             obj = load_line(raw, self._line)
             if obj is not BLANK:
                 return obj
+    def step_lines(self) -> Iterator[tuple[int, bytes]]:
+        """The step lines as the file has them, each with its line number and ending in a
+        newline, not read as steps (for a reader that reads them itself: the fast
+        checker); blank lines are skipped and the end line taken as iteration takes it.
+        A trace is read either this way or by iteration, once."""
+        while True:
+            raw = self._stream.readline(MAX_LINE_BYTES + 2)
+            if not raw:
+                return
+            self._line += 1
+            if len(raw) - raw.endswith(b"\n") > MAX_LINE_BYTES:
+                raise line_too_long(self._line)
+            if not raw.strip() or (not raw.isascii() and load_line(raw, self._line) is BLANK):
+                continue
+            if b'"end"' in raw:
+                obj = load_line(raw, self._line)
+                if isinstance(obj, dict) and obj.get("end") is True and "step" not in obj:
+                    self.complete = True
+                    if self._next_object() is not END_OF_FILE:
+                        raise TraceError(self._line,
+                                         'nothing may follow the {"end": true} line')
+                    return
+            yield self._line, raw if raw.endswith(b"\n") else raw + b"\n"
+
     def __iter__(self) -> Iterator[StepRecord]:
         expected = 0
         while True:

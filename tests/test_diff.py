@@ -13,6 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,8 +26,8 @@ from kvsched.diff import (
     LENGTH,
     Diff,
     Stream,
+    blocks_of,
     diff_streams,
-    lines_of_records,
     simulated,
 )
 from kvsched.loading import FactoryError, build, load_factory
@@ -35,7 +36,7 @@ from kvsched.reference import reference_scheduler
 from kvsched.simulate import run
 from kvsched.spec import Config, StepRecord, check_steps
 from kvsched.spec.profiles import get_profile
-from kvsched.spec.trace import TraceWriter
+from kvsched.spec.trace import TraceWriter, step_dict
 from kvsched.strategies import configs, profiles, workloads
 from kvsched.testing.seeded_bugs import SEEDED_BUGS, SeededBug
 from kvsched.workload import WorkItem, item_dict
@@ -185,7 +186,8 @@ def write_trace(path: Path, config: Config, records: list[StepRecord],
 
 
 def stream_of(label: str, config: Config, records: list[StepRecord]) -> Stream:
-    return Stream(label, config, {}, lines_of_records(records), lambda: True)
+    lines = ((2 + i, orjson.dumps(step_dict(rec)) + b"\n") for i, rec in enumerate(records))
+    return Stream(label, config, {}, blocks_of(lines), lambda: True)
 
 
 def test_two_traces_diverge_where_their_schedulers_do(tmp_path: Path) -> None:
@@ -202,6 +204,31 @@ def test_two_traces_diverge_where_their_schedulers_do(tmp_path: Path) -> None:
     report = json.loads(same.stdout)
     assert report["diverged"] is False and report["divergence"] is None
     assert report["steps_compared"] == len(bug.simulate(bug.reference()))
+
+
+def test_trace_files_are_compared_as_written_whatever_their_spacing(tmp_path: Path) -> None:
+    """Each side's step lines go to its checker as the file has them (not read and written
+    again): another engine's spacing, key order and blank lines are the same steps, and a
+    line that is not JSON is that file's bad input, in one line, exit 2."""
+    bug = SEEDED_BUGS["over-admit-by-one-block"]
+    a = write_trace(tmp_path / "a.jsonl", bug.config, bug.simulate(bug.reference()))
+    header, *steps = a.read_bytes().splitlines(keepends=True)
+    spaced = [header, b"\n"]
+    for raw in steps:
+        obj = json.loads(raw)
+        spaced.append(json.dumps(dict(reversed(obj.items())), indent=None).encode() + b"\n")
+    b = tmp_path / "b.jsonl"
+    b.write_bytes(b"".join(spaced))
+    same = kvsched("diff", str(a), str(b), "--format", "json")
+    assert same.returncode == 0, same.stderr
+    report = json.loads(same.stdout)
+    assert report["diverged"] is False and report["steps_compared"] == len(steps) - 1
+    assert report["b"]["complete"] is True
+    broken = tmp_path / "broken.jsonl"
+    broken.write_bytes(b"".join([header, *steps[:3], b'{"step": 3, "scheduled": [\n']))
+    bad = kvsched("diff", str(a), str(broken))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.stderr.startswith(f"kvsched: error: {broken}: line 5: ")
 
 
 def test_different_arrivals_are_told_as_different_inputs() -> None:

@@ -44,7 +44,14 @@ from kvsched.spec.checker import Checker, Report
 from kvsched.spec.interface import Scheduler
 from kvsched.spec.model import Config, Decision, Request, Status, StepRecord
 from kvsched.spec.state import State
-from kvsched.spec.trace import Header, TraceError, TraceReader, parse_step, step_dict
+from kvsched.spec.trace import (
+    Header,
+    TraceError,
+    TraceReader,
+    load_line,
+    parse_step,
+    step_dict,
+)
 from kvsched.spec.violation import INVARIANTS
 from kvsched.workload import WorkItem
 
@@ -72,8 +79,8 @@ class SideFailed(Exception):
         self.message = message
 
 
-# What every side is walked in: its trace lines (a trace's own, or those a run writes),
-# as orjson encodes them, in blocks: the first one's line number and the lines, each with
+# What every side is walked in: its trace lines (a trace file's as the file has them, or
+# those a run writes), in blocks: the first one's line number and the lines, each with
 # its newline.
 Lines = tuple[int, list[bytes]]
 # One step line of a side: its line number, its bytes and its JSON object.
@@ -95,28 +102,31 @@ class Stream:
     preempted_order: bool = True
 
 
-def lines_of_records(records: Iterable[StepRecord]) -> Iterator[Lines]:
-    """Step records (a TraceReader's, or made in memory) as the lines a TraceWriter
-    writes, in blocks of consecutive lines, each at its record's line."""
+def blocks_of(lines: Iterable[tuple[int, bytes]]) -> Iterator[Lines]:
+    """Numbered lines in blocks of consecutive ones, of BLOCK lines at most."""
     first, raws = 0, list[bytes]()
-    for rec in records:
-        if raws and (rec.line != first + len(raws) or len(raws) == BLOCK):
+    for number, raw in lines:
+        if raws and (number != first + len(raws) or len(raws) == BLOCK):
             yield first, raws
             raws = []
         if not raws:
-            first = rec.line
-        raws.append(orjson.dumps(step_dict(rec)) + b"\n")
+            first = number
+        raws.append(raw)
     if raws:
         yield first, raws
 
 
-def trace_stream(label: str, reader: TraceReader,
-                 records: Iterable[StepRecord] | None = None) -> Stream:
-    """A side read from a trace: its step records (`reader`'s, or `records` read from it
-    with a caller's error handling) as lines, its header's config, engine and preemption
-    order."""
-    return Stream(label, reader.header.config, reader.header.engine,
-                  lines_of_records(reader if records is None else records),
+def trace_stream(label: str, reader: TraceReader) -> Stream:
+    """A side read from a trace: its step lines as the file has them (the side's fast
+    checker reads each once; a malformed one is the side's failure), its header's
+    config, engine and preemption order."""
+    def lines() -> Iterator[tuple[int, bytes]]:
+        try:
+            yield from reader.step_lines()
+        except TraceError as e:
+            raise SideFailed(label, str(e)) from None
+
+    return Stream(label, reader.header.config, reader.header.engine, blocks_of(lines()),
                   lambda: reader.complete, preempted_order=reader.header.preempted_order)
 
 
@@ -447,8 +457,8 @@ class _Checked:
 class _Cursor:
     """Where a side's walk stands: its block at hand and the next line in it."""
 
-    def __init__(self, blocks: Iterator[Lines]) -> None:
-        self.blocks = blocks
+    def __init__(self, side: Stream) -> None:
+        self.label, self.blocks = side.label, side.blocks
         self.first, self.raws, self.i = 0, list[bytes](), 0
 
     def ready(self) -> bool:
@@ -461,9 +471,12 @@ class _Cursor:
         return True
 
     def line(self) -> Line:
-        """The line at hand, with its JSON object."""
-        raw = self.raws[self.i]
-        return self.first + self.i, raw, orjson.loads(raw)
+        """The line at hand, with its JSON object (SideFailed if it is malformed)."""
+        raw, number = self.raws[self.i], self.first + self.i
+        try:
+            return number, raw, load_line(raw, number)
+        except TraceError as e:
+            raise SideFailed(self.label, str(e)) from None
 
     def feed(self, side: _Checked, n: int) -> None:
         """The next `n` lines of the block at hand to `side`'s check."""
@@ -506,7 +519,7 @@ def diff_streams(a: Stream, b: Stream, *, series: bool = False,
     step. After the divergence each side goes on, a block of each in turn."""
     ca = _Checked(a, series, max_preemptions, stall_steps)
     cb = _Checked(b, series, max_preemptions, stall_steps)
-    pa, pb = _Cursor(a.blocks), _Cursor(b.blocks)
+    pa, pb = _Cursor(a), _Cursor(b)
     divergence: Divergence | None = None
     compared = 0
     while divergence is None:

@@ -6,7 +6,7 @@ Loaded when the command is named (kvsched.cli.Group).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,9 +33,6 @@ from kvsched.commands.options import (
 )
 from kvsched.outputs import check_writable
 from kvsched.progress import Reporter, reading
-from kvsched.spec.model import (
-    StepRecord,
-)
 from kvsched.spec.profiles import DEFAULT_PROFILE, UnknownProfile, get_profile, resolve_profile
 from kvsched.spec.trace import TraceError, TraceReader, TraceWriter
 from kvsched.spec.violation import DEFAULT_MAX_PREEMPTIONS
@@ -79,14 +76,6 @@ def kept(writer: TraceWriter | None, reporter: Reporter | None
         if reporter is not None and ended:
             reporter.advance(ended)
     return on_lines
-
-
-def trace_records(path: Path, reader: TraceReader) -> Iterator[StepRecord]:
-    """The reader's steps; a malformed line is bad input naming the file."""
-    try:
-        yield from reader
-    except TraceError as e:
-        fail(f"{path}: {e}")
 
 
 @click.command("diff")
@@ -202,7 +191,7 @@ def diff_command(ctx: click.Context, /, a: str, b: str, workload_path: Path | No
                     reader = TraceReader(stream)
                 except TraceError as e:
                     fail(f"{path}: {e}")
-                streams.append(trace_stream(text, reader, trace_records(path, reader)))
+                streams.append(trace_stream(text, reader))
             sa, sb = streams
         else:
             configs = [build_config(text if kind == "profile" else DEFAULT_PROFILE,
