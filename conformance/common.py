@@ -21,16 +21,15 @@ from typing import Any, BinaryIO, Protocol, TypeVar
 import orjson
 
 from kvsched.adapters.recording import Engine, Job
-from kvsched.conformance import checker as new_checker
-from kvsched.implementations import replay_refused
-from kvsched.optimized.checker import check_trace_vectorized
+from kvsched.implementations import check_trace, chosen_checker
 from kvsched.reference import scheduler_for
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import SchedulerKind, get_profile
 from kvsched.spec.replay import ProfileReplay
+from kvsched.spec.should import DEFAULT_MAX_PREEMPTIONS, DEFAULT_STALL_STEPS
 from kvsched.spec.step_kinds import refusal
-from kvsched.spec.trace import TraceReader
+from kvsched.spec.trace import Header, TraceReader
 from kvsched.spec.violation import INVARIANTS, MUST, SHOULD, Violation
 from kvsched.workload import WorkItem, validate
 
@@ -134,22 +133,19 @@ def check_case(case: str, path: Path, profile: str) -> Verdict:
 
 
 def check_stream(case: str, stream: BinaryIO, profile: str | None) -> Verdict:
-    """check_case on a trace read from `stream`, by the vectorized checker (the spec's
-    report, kvsched.optimized.checker) where the compiled scheduler replays the profile,
-    else by the spec's; the counts of preemptions, rejections and hits from its step
-    lines. With `profile` None, the MUST and SHOULD levels only (a trace no profile
-    models: vLLM's async scheduling)."""
+    """check_case on a trace read from `stream`, by the checker `kvsched check` takes:
+    the vectorized one (the spec's report, kvsched.optimized.checker) where the compiled
+    scheduler replays the profile, else the spec's; the counts of preemptions, rejections
+    and hits from its step lines. With `profile` None, the MUST and SHOULD levels only (a
+    trace no profile models: vLLM's async scheduling)."""
     data = stream.read()
-    reader = TraceReader(io.BytesIO(data))
-    header = reader.header
-    if profile is None:
-        report = check_trace_vectorized(io.BytesIO(data))
-    elif replay_refused(profile) is None:
-        report = check_trace_vectorized(io.BytesIO(data), profile=profile)
-    else:  # a step the compiled scheduler does not take (V0's): the reference replays it
-        report = new_checker(header.config, profile=profile,
-                             preempted_order=header.preempted_order,
-                             settings=header.settings).run_trace(reader)
+    headers: list[Header] = []
+    # the checker `kvsched check --checker auto` takes (kvsched.implementations)
+    report = check_trace(io.BytesIO(data), chosen_checker("auto", profile), profile=profile,
+                         strict=False, max_preemptions=DEFAULT_MAX_PREEMPTIONS,
+                         required=frozenset(), stall_steps=DEFAULT_STALL_STEPS,
+                         on_header=headers.append)
+    header = headers[0]
     preemptions = rejected = hits = hit_blocks = 0
     for line in data.splitlines()[1:]:
         rec = orjson.loads(line)
