@@ -329,30 +329,34 @@ class TraceReader:
         self.header = parse_header(first, self._line)
         self._known = STEP_KEYS | engine_step_keys(self.header)
 
-    def _next_object(self) -> Any:
-        """The next non-blank line's JSON value, or END_OF_FILE."""
-        while True:
-            raw = self._stream.readline(MAX_LINE_BYTES + 2)
-            if not raw:
-                return END_OF_FILE
+    def _next_raw(self) -> bytes:
+        """The next line's bytes (b"" at the end of the file), counted."""
+        raw = self._stream.readline(MAX_LINE_BYTES + 2)
+        if raw:
             self._line += 1
             if len(raw) - raw.endswith(b"\n") > MAX_LINE_BYTES:
                 raise line_too_long(self._line)
+        return raw
+
+    def _next_object(self) -> Any:
+        """The next non-blank line's JSON value, or END_OF_FILE."""
+        while True:
+            raw = self._next_raw()
+            if not raw:
+                return END_OF_FILE
             obj = load_line(raw, self._line)
             if obj is not BLANK:
                 return obj
+
     def step_lines(self) -> Iterator[tuple[int, bytes]]:
         """The step lines as the file has them, each with its line number and ending in a
         newline, not read as steps (for a reader that reads them itself: the fast
         checker); blank lines are skipped and the end line taken as iteration takes it.
         A trace is read either this way or by iteration, once."""
         while True:
-            raw = self._stream.readline(MAX_LINE_BYTES + 2)
+            raw = self._next_raw()
             if not raw:
                 return
-            self._line += 1
-            if len(raw) - raw.endswith(b"\n") > MAX_LINE_BYTES:
-                raise line_too_long(self._line)
             if not raw.strip() or (not raw.isascii() and load_line(raw, self._line) is BLANK):
                 continue
             if b'"end"' in raw:

@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from kvsched.spec.checker import Report
 
 
-
 class Unreadable(Exception):
     """A trace that cannot be read as trace v1: its verdict is malformed input."""
 
