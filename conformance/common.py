@@ -22,6 +22,7 @@ import orjson
 
 from kvsched.adapters.recording import Engine, Job
 from kvsched.implementations import check_trace, chosen_checker
+from kvsched.optimized.knobs import unsupported_knobs, unsupported_pools
 from kvsched.reference import scheduler_for
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
@@ -171,19 +172,36 @@ def first_divergence(path: Path, knobs: Knobs, profile: str,
     under the flipped rules at start-up (SGLang's retraction by priority without
     priority scheduling): that trace cannot tell the rule."""
     with path.open("rb") as stream:
-        reader = TraceReader(stream)
-        config = replace(reader.header.config,
-                         **(config_changes or {}))  # type: ignore[arg-type]
-        kind = scheduler if scheduler is not None else get_profile(profile).scheduler
-        # the engine settings the header declares, then the flipped rules over them
-        named = get_profile(profile)
-        knobs = overlay(named.for_trace(reader.header.settings).knobs, named.knobs, knobs)
-        if refusal(kind, config, knobs=knobs) is not None:
-            return None
-        replay = ProfileReplay(profile, scheduler_for(config, knobs, kind))
-        for rec in reader:
-            if replay.step(rec) is not None:
-                return rec.step
+        return stream_divergence(stream, knobs, profile, config_changes, scheduler)
+
+
+def stream_divergence(stream: BinaryIO, knobs: Knobs, profile: str,
+                      config_changes: Mapping[str, object] | None = None,
+                      scheduler: SchedulerKind | None = None) -> int | None:
+    """first_divergence of the trace `stream` holds. vLLM v1's rules on the trace's own
+    config replay in the compiled scheduler beside the vectorized checker where it is
+    built (kvsched check --checker auto's choice, the same divergence), others in the
+    reference."""
+    data = stream.read()
+    reader = TraceReader(io.BytesIO(data))
+    config = replace(reader.header.config, **(config_changes or {}))  # type: ignore[arg-type]
+    kind = scheduler if scheduler is not None else get_profile(profile).scheduler
+    # the engine settings the header declares, then the flipped rules over them
+    named = get_profile(profile)
+    knobs = overlay(named.for_trace(reader.header.settings).knobs, named.knobs, knobs)
+    if refusal(kind, config, knobs=knobs) is not None:
+        return None
+    if (kind == "v1" and not config_changes and unsupported_knobs(knobs) is None
+            and unsupported_pools(config) is None
+            and chosen_checker("auto", profile) == "vectorized"):
+        from kvsched.optimized.checker import check_trace_vectorized
+
+        report = check_trace_vectorized(io.BytesIO(data), profile=profile, knobs=knobs)
+        return next((v.step for v in report.violations if v.invariant == "profile"), None)
+    replay = ProfileReplay(profile, scheduler_for(config, knobs, kind))
+    for rec in reader:
+        if replay.step(rec) is not None:
+            return rec.step
     return None
 
 

@@ -19,7 +19,12 @@ back to the copy, moves again through the run's clean steps, and hands its state
 the spec's Checker as the spec's own value (a kvsched.spec.checker.Position, through
 `Checker.seek`), which checks that one line itself, with
 the spec's parser (so malformed input raises the spec's TraceError) and its own words;
-the compiled state then takes the state back (`Checker.position`). So the verdicts
+the compiled state then takes the state back (`Checker.position`). A step that is not
+clean right after one that was not either (an engine stuck idle, a violation every step)
+starts a stretch of lines the spec's Checker checks straight on, without a handover
+each: one line, then twice as many each time the next line after a stretch is not clean
+either (at most SLOW_STRETCH), after which the compiled state takes the state back and
+tries again. So the verdicts
 agree by construction: same counts, same first violations, same errors; the compiled
 rule only has to be right about the steps it calls clean, which the differential tests
 (tests/test_checkers_agree.py, tests/test_fast_checker.py) check. A change to the
@@ -58,6 +63,7 @@ from kvsched.optimized.knobs import unsupported_pools, unsupported_state
 from kvsched.optimized.memory import no_cycle_collection
 from kvsched.spec import should
 from kvsched.spec.checker import Checker, CheckOptions, Position, Report
+from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.state import State
@@ -90,6 +96,7 @@ __all__ = ["RUN_STEPS", "FastChecker", "StepSink", "check_trace_vectorized"]
 
 RUN_STEPS = 2048  # most steps in one run
 SHORT_RUN = 32  # a run's length after a step that is not clean
+SLOW_STRETCH = 4096  # most lines the spec's Checker checks straight on (FastChecker.slow)
 READ_BYTES = 1 << 20
 
 
@@ -167,7 +174,8 @@ class FastChecker:
     def __init__(self, header: Header, max_preemptions: int, run_steps: int,
                  stall_steps: int, profile: str | None,
                  sink: Callable[[State], StepSink] | None = None,
-                 starve_steps: int = should.DEFAULT_STARVE_STEPS) -> None:
+                 starve_steps: int = should.DEFAULT_STARVE_STEPS,
+                 knobs: Knobs | None = None) -> None:
         self.checker = Checker(header.config,
                                CheckOptions(max_preemptions=max_preemptions,
                                             stall_steps=stall_steps,
@@ -180,11 +188,18 @@ class FastChecker:
         # double while clean, so that steps that are not clean and come close together
         # do not each move the state again through a long run (`_unclean`).
         self.limit = self.run_steps
+        # Lines the spec's Checker is still to check straight on, the compiled state
+        # set aside until then (`_unclean`); the next stretch's length, and the last
+        # line the spec's Checker checked.
+        self.slow = 0
+        self.stretch = 0
+        self.slow_line = -1
         self.replay: CompiledReplay | None = None
         if profile is not None:
             from kvsched.optimized.replay import CompiledReplay
 
-            self.replay = CompiledReplay(profile, header.config, header.preempted_order)
+            self.replay = CompiledReplay(profile, header.config, header.preempted_order,
+                                         knobs)
         self.unknown: dict[str, int] = {}  # unknown step keys, at their first line
         self.engine_keys = engine_step_keys(header)  # not unknown: its engine's own
         self.fast: Any = None
@@ -207,6 +222,7 @@ class FastChecker:
         self.expected = 0  # the next step number
         self.fast_runs = 0
         self.exact_steps = 0
+        self.handovers = 0  # times the compiled state handed the state to the spec's
 
     # -- the two checkers ---------------------------------------------------------------
 
@@ -216,6 +232,13 @@ class FastChecker:
         fast = self.fast
         if fast is None:
             self._exact(line, obj)
+            return
+        if self.slow:
+            self._exact(line, obj)
+            self.slow_line = line
+            self.slow -= 1
+            if not self.slow:
+                self._resume(fast)
             return
         if not self.started:
             fast.save(self.saved)
@@ -237,7 +260,7 @@ class FastChecker:
         as read_line takes them; `encoded`: lines orjson wrote, taken as it reads them);
         the index of the first line it did not read."""
         keep = self.replay is not None
-        while self.fast is not None and i < len(raws):
+        while self.fast is not None and not self.slow and i < len(raws):
             fast = self.fast
             if not self.started:
                 fast.save(self.saved)
@@ -261,7 +284,12 @@ class FastChecker:
 
     def _unclean(self, fast: Any, line: int, obj: Any) -> None:
         """Line `line` (its JSON value) is not clean: back to the run's start, the clean
-        steps again, then this line through the spec's Checker, from there."""
+        steps again, then this line through the spec's Checker, from there; right after
+        a line the spec's Checker checked, a stretch of lines more goes to it too."""
+        self.stretch = min(2 * self.stretch or 1, SLOW_STRETCH) \
+            if line == self.slow_line + 1 else 0
+        self.slow_line = line
+        self.handovers += 1
         self.saved.save(fast)
         sink = self.sink
         if sink is not None:
@@ -274,9 +302,15 @@ class FastChecker:
             sink.observe_samples(fast.last_samples())
         self.checker.seek(fast.position(), owned=True)
         self._exact(line, obj)
+        self.slow = self.stretch
+        if not self.slow:
+            self._resume(fast)
+
+    def _resume(self, fast: Any) -> None:
+        """The compiled state takes the state back from the spec's Checker."""
         fast.restore(self.checker.position(shared=True))
-        if sink is not None:
-            fast.clock = sink.clock
+        if self.sink is not None:
+            fast.clock = self.sink.clock
         self.started = False
         self.limit = min(SHORT_RUN, self.run_steps)
         if not fast.usable:
@@ -344,7 +378,7 @@ class FastChecker:
         """The spec's Checker, its state where the check stands (the steps so far
         counted), for a caller that reads that state between two steps (kvsched diff at a
         divergence); the check goes on from there."""
-        if self.fast is not None:
+        if self.fast is not None and not self.slow:
             self.commit()
             self.started = False
             self.checker.seek(self.fast.position(), owned=True)
@@ -352,7 +386,7 @@ class FastChecker:
 
     def end(self, complete: bool) -> Report:
         self.commit()
-        if self.fast is not None:
+        if self.fast is not None and not self.slow:
             self.checker.seek(self.fast.position(), owned=True)
         report = self.checker.end(complete)
         # The compiled state notes every key it does not read, its engine's own too.
@@ -362,7 +396,7 @@ class FastChecker:
 
     def stats(self) -> dict[str, int]:
         at = self.checker.position()
-        return {"fast": self.fast_runs, "exact": self.exact_steps,
+        return {"fast": self.fast_runs, "exact": self.exact_steps, "handovers": self.handovers,
                 "block_ids": int(at.state.ids_seen), "free_blocks": int(at.steps_with_free > 0)}
 
 
@@ -381,29 +415,33 @@ def check_trace_vectorized(stream: IO[bytes],
                            on_header: Callable[[Header], None] | None = None,
                            stall_steps: int = should.DEFAULT_STALL_STEPS,
                            sink: Callable[[State], StepSink] | None = None,
-                           starve_steps: int = should.DEFAULT_STARVE_STEPS) -> Report:
+                           starve_steps: int = should.DEFAULT_STARVE_STEPS,
+                           knobs: Knobs | None = None) -> Report:
     """Check a trace (a binary stream) as `kvsched.spec.checker.check_trace` does with a
     TraceReader: the same Report, or the same TraceError. With `profile`, its
     decisions are replayed beside by the compiled scheduler (kvsched.optimized.replay),
     as kvsched.conformance.checker replays them with the reference: the same
     divergence. `on_header` sees the header once it is read. `stats`, if given,
     receives how many runs the compiled state found clean ("fast"), how many steps the
-    spec's Checker checked ("exact"), how many lines the spec's line reader read
+    spec's Checker checked ("exact"), how many times the compiled state handed it the
+    state for that ("handovers"), how many lines the spec's line reader read
     ("as_json", the rest orjson read), whether the trace carries block ids
     ("block_ids") and some step reports free_blocks ("free_blocks"), as 1 or 0; with a
     profile, how many runs the compiled scheduler replayed by itself ("replayed_fast")
     and how many steps went through the spec's ProfileReplay ("replayed_slow"). With
-    `sink`, each step's facts go to the StepSink it makes (FastChecker)."""
+    `sink`, each step's facts go to the StepSink it makes (FastChecker). With `knobs`,
+    the profile's scheduler replays with those rules instead of the profile's own."""
     with no_cycle_collection():
         return _check(stream, max_preemptions, run_steps, stats, profile, on_header,
-                      stall_steps, sink, starve_steps)
+                      stall_steps, sink, starve_steps, knobs)
 
 
 def _check(stream: IO[bytes], max_preemptions: int, run_steps: int,
            stats: dict[str, int] | None, profile: str | None,
            on_header: Callable[[Header], None] | None, stall_steps: int,
            sink: Callable[[State], StepSink] | None,
-           starve_steps: int = should.DEFAULT_STARVE_STEPS) -> Report:
+           starve_steps: int = should.DEFAULT_STARVE_STEPS,
+           knobs: Knobs | None = None) -> Report:
     fc: FastChecker | None = None
     number = 0
     as_json = 0
@@ -440,7 +478,7 @@ def _check(stream: IO[bytes], max_preemptions: int, run_steps: int,
                                                  f"--profile {profile} with it: use --checker "
                                                  "spec")
                     fc = FastChecker(header, max_preemptions, run_steps, stall_steps, profile,
-                                     sink, starve_steps)
+                                     sink, starve_steps, knobs)
                     continue
                 if type(obj) is dict and obj.get("end") is True and "step" not in obj:
                     complete = True

@@ -34,6 +34,7 @@ from typing import Any
 
 from kvsched.optimized.compiled import CompiledScheduler, replay_lines
 from kvsched.spec.checker import Report
+from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.replay import ProfileReplay
@@ -45,12 +46,14 @@ CHECKPOINT_LINES = 4096  # most lines replayed since the scheduler's checkpoint
 
 class CompiledReplay:
     """ProfileReplay of `profile` on `config` with the compiled scheduler, fed runs of
-    lines (`lines`)."""
+    lines (`lines`); with `knobs`, the scheduler's rules are those instead of the
+    profile's (a rule flipped: where a trace tells it from the profile)."""
 
-    def __init__(self, profile: str, config: Config, preempted_order: bool = True) -> None:
+    def __init__(self, profile: str, config: Config, preempted_order: bool = True,
+                 knobs: Knobs | None = None) -> None:
         self.profile = profile
-        self.spec = ProfileReplay(profile, CompiledScheduler(config, get_profile(profile).knobs),
-                                  preempted_order)
+        chosen = get_profile(profile).knobs if knobs is None else knobs
+        self.spec = ProfileReplay(profile, CompiledScheduler(config, chosen), preempted_order)
         self.fast_runs = 0
         self.slow_steps = 0
         self.placed = False

@@ -156,6 +156,29 @@ def test_only_the_line_with_a_violation_goes_to_the_spec_checker() -> None:
         assert isinstance(v.vectorized, type(v.spec))
 
 
+def test_a_stretch_of_steps_that_are_not_clean_goes_to_the_spec_checker_and_back() -> None:
+    """An engine stuck idle for 150 steps while requests could run (no-idle on every
+    one): the spec's Checker checks them in stretches of growing length instead of a
+    handover each, and the compiled state takes the steps after them back; the
+    verdicts are the spec's."""
+    lines = [orjson.loads(x) for x in trace(CACHING).splitlines()]
+    head, body, end = lines[0], lines[1:-1], lines[-1]
+    idle = [{"step": 0} for _ in range(150)]
+    steps = body[:30] + idle + body[30:]
+    for k, step in enumerate(steps):
+        step["step"] = k
+    data = b"".join(orjson.dumps(x) + b"\n" for x in [head, *steps, end])
+    for run_steps, profile in ((2048, None), (7, None), (2048, "vllm-v1"), (1, "vllm-v1")):
+        v = both(data, run_steps, profile)
+        assert not isinstance(v.spec, str)
+        assert v.spec.counts["no-idle"] == 150
+        assert v.spec == v.vectorized
+        # each idle step, and at most a stretch's overshoot (1 + 2 + ... + 128 > 150)
+        assert 150 <= v.stats["exact"] < 150 + 128
+        assert v.stats["exact"] < len(steps) - 20  # the compiled state took over again
+        assert v.stats["handovers"] <= 10  # 1 + 1 + 2 + ... + 128 lines in 9
+
+
 def test_a_thrashing_step_is_told_in_the_spec_words_without_a_handover() -> None:
     """no-thrash, what a correct engine under memory pressure shows, is flagged by the
     compiled state's runs with the spec's own violation, in the spec's order (a

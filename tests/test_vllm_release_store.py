@@ -189,3 +189,34 @@ def test_random_case_ids_are_folded() -> None:
             assert ids <= 1, line  # one, in a single example of both versions
         count += ids if folded else 0
     assert count > 50
+
+
+def test_a_flipped_rule_diverges_where_the_reference_replaying_it_does() -> None:
+    """stream_divergence replays vLLM v1's rules, flipped, in the compiled scheduler
+    beside the vectorized checker: the same first divergent step as the reference
+    replaying them through the spec's ProfileReplay, on kept traces with prefix caching
+    off and on, for every flipped rule of the suite."""
+    pytest.importorskip("kvsched.optimized.state")
+    import io
+
+    from conformance.common import stream_divergence
+    from conformance.vllm import knob_variants
+    from kvsched.reference import scheduler_for
+    from kvsched.spec.replay import ProfileReplay
+    from kvsched.spec.trace import TraceReader
+
+    profile = "vllm-v1@0.33"
+    kept = [t for t in traces("0.33.0")
+            if t.case in ("fcfs-tight", "priority-tight", "prefix-tight-readmit",
+                          "prefix-conversations", "random-0", "random-prefix-0")]
+    assert len(kept) == 6
+    told = 0
+    for name, knobs in knob_variants(profile).items():
+        for trace in kept:
+            reader = TraceReader(io.BytesIO(trace.data))
+            replay = ProfileReplay(profile, scheduler_for(reader.header.config, knobs, "v1"))
+            want = next((rec.step for rec in reader if replay.step(rec) is not None), None)
+            assert stream_divergence(io.BytesIO(trace.data), knobs, profile) == want, (
+                name, trace.case)
+            told += want is not None
+    assert told >= 10  # the flipped rules do part these traces

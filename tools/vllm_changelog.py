@@ -28,20 +28,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from conformance.common import Verdict
+from conformance.common import Verdict, stream_divergence
 from conformance.vllm import CASES, FLIPPABLE, case_named
 from conformance.vllm_releases import NO_EPOCH, STORE, Stored, checked, stored
 from kvsched.diff import Divergence, Stream, diff_streams, simulated, trace_stream
 from kvsched.implementations import build_scheduler
 from kvsched.metrics import Metrics, metrics_of_trace
-from kvsched.reference import scheduler_for
 from kvsched.spec.profiles import (
     VLLM_V1_EPOCHS,
     VLLM_V1_RELEASE_LIST,
     Epoch,
     vllm_v1_epoch,
 )
-from kvsched.spec.replay import ProfileReplay
 from kvsched.spec.trace import TraceReader
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,9 +203,7 @@ def flipped_divergence(epoch: Epoch, before: Epoch | None,
     first: tuple[str, int] | None = None
     count = 0
     for trace in traces:
-        reader = TraceReader(io.BytesIO(trace.data))
-        replay = ProfileReplay(profile, scheduler_for(reader.header.config, knobs, "v1"))
-        step = next((rec.step for rec in reader if replay.step(rec) is not None), None)
+        step = stream_divergence(io.BytesIO(trace.data), knobs, profile)
         if step is not None:
             count += 1
             if first is None:
