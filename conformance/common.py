@@ -142,7 +142,7 @@ def check_stream(case: str, stream: BinaryIO, profile: str | None) -> Verdict:
     data = stream.read()
     headers: list[Header] = []
     # the checker `kvsched check --checker auto` takes (kvsched.implementations)
-    report = check_trace(io.BytesIO(data), chosen_checker("auto", profile), profile=profile,
+    report = check_trace(io.BytesIO(data), chosen_checker("auto"), profile=profile,
                          strict=False, max_preemptions=DEFAULT_MAX_PREEMPTIONS,
                          required=frozenset(), stall_steps=DEFAULT_STALL_STEPS,
                          on_header=headers.append)
@@ -193,7 +193,7 @@ def stream_divergence(stream: BinaryIO, knobs: Knobs, profile: str,
         return None
     if (kind == "v1" and not config_changes and unsupported_knobs(knobs) is None
             and unsupported_pools(config) is None
-            and chosen_checker("auto", profile) == "vectorized"):
+            and chosen_checker("auto") == "vectorized"):
         from kvsched.optimized.checker import check_trace_vectorized
 
         report = check_trace_vectorized(io.BytesIO(data), profile=profile, knobs=knobs)

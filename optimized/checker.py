@@ -65,7 +65,7 @@ from kvsched.spec import should
 from kvsched.spec.checker import Checker, CheckOptions, Position, Report
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
-from kvsched.spec.profiles import get_profile
+from kvsched.spec.profiles import SCHEDULER_ENGINES, get_profile
 from kvsched.spec.state import State
 from kvsched.spec.trace import (
     BLANK,
@@ -87,8 +87,9 @@ except ImportError:  # not built: the spec's Checker checks every line
     read_alike = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
-    from kvsched.optimized.replay import CompiledReplay
+    from kvsched.optimized.replay import LinesReplay
     from kvsched.optimized.state import RunFacts
+    from kvsched.spec.replay import ProfileReplay
     from kvsched.spec.model import StepRecord
     from kvsched.spec.state import StepFacts
 
@@ -100,9 +101,9 @@ SLOW_STRETCH = 4096  # most lines the spec's Checker checks straight on (FastChe
 READ_BYTES = 1 << 20
 
 
-class ReplayRefused(TraceError):
-    """The trace's header has pools the compiled scheduler, which replays --profile beside
-    this checker, does not take: the spec's checker (the reference's replay) can."""
+class ReplayRefused(ValueError):
+    """The compiled scheduler does not replay the profile on the trace's header (another
+    engine's rules, pools beyond it), and the caller gave no other replay."""
 
 
 class LineTooLong(Exception):
@@ -175,7 +176,8 @@ class FastChecker:
                  stall_steps: int, profile: str | None,
                  sink: Callable[[State], StepSink] | None = None,
                  starve_steps: int = should.DEFAULT_STARVE_STEPS,
-                 knobs: Knobs | None = None) -> None:
+                 knobs: Knobs | None = None,
+                 spec_replay: Callable[[Header], ProfileReplay] | None = None) -> None:
         self.checker = Checker(header.config,
                                CheckOptions(max_preemptions=max_preemptions,
                                             stall_steps=stall_steps,
@@ -194,12 +196,8 @@ class FastChecker:
         self.slow = 0
         self.stretch = 0
         self.slow_line = -1
-        self.replay: CompiledReplay | None = None
-        if profile is not None:
-            from kvsched.optimized.replay import CompiledReplay
-
-            self.replay = CompiledReplay(profile, header.config, header.preempted_order,
-                                         knobs)
+        self.replay = None if profile is None else \
+            replay_for(header, profile, knobs, spec_replay)
         self.unknown: dict[str, int] = {}  # unknown step keys, at their first line
         self.engine_keys = engine_step_keys(header)  # not unknown: its engine's own
         self.fast: Any = None
@@ -400,6 +398,29 @@ class FastChecker:
                 "block_ids": int(at.state.ids_seen), "free_blocks": int(at.steps_with_free > 0)}
 
 
+def replay_for(header: Header, profile: str, knobs: Knobs | None,
+               spec_replay: Callable[[Header], ProfileReplay] | None) -> LinesReplay:
+    """The profile's replay beside the fast checker: the compiled scheduler's where it
+    replays the profile's rules on the header's pools (with `knobs`, or the profile's
+    as it takes the engine settings the header declares), else the ProfileReplay
+    `spec_replay` makes for the header, else ReplayRefused."""
+    from kvsched.optimized.knobs import unsupported_knobs
+    from kvsched.optimized.replay import CompiledReplay, LinesReplay
+
+    chosen = get_profile(profile)
+    if knobs is None:
+        knobs = chosen.for_trace(header.settings).knobs
+    refused = (unsupported_pools(header.config) or unsupported_knobs(knobs)
+               if chosen.scheduler == "v1" else
+               f"the compiled scheduler does not implement "
+               f"{SCHEDULER_ENGINES[chosen.scheduler]}'s rules")
+    if refused is None:
+        return CompiledReplay(profile, header.config, header.preempted_order, knobs)
+    if spec_replay is None:
+        raise ReplayRefused(f"--profile {profile}: {refused}")
+    return LinesReplay(spec_replay(header))
+
+
 def _state_of(config: Config, p: Position) -> State:
     """A spec State of its own where the Position `p` stands (no ended ids)."""
     state = State(config)
@@ -416,7 +437,9 @@ def check_trace_vectorized(stream: IO[bytes],
                            stall_steps: int = should.DEFAULT_STALL_STEPS,
                            sink: Callable[[State], StepSink] | None = None,
                            starve_steps: int = should.DEFAULT_STARVE_STEPS,
-                           knobs: Knobs | None = None) -> Report:
+                           knobs: Knobs | None = None,
+                           spec_replay: Callable[[Header], ProfileReplay] | None = None
+                           ) -> Report:
     """Check a trace (a binary stream) as `kvsched.spec.checker.check_trace` does with a
     TraceReader: the same Report, or the same TraceError. With `profile`, its
     decisions are replayed beside by the compiled scheduler (kvsched.optimized.replay),
@@ -430,10 +453,12 @@ def check_trace_vectorized(stream: IO[bytes],
     profile, how many runs the compiled scheduler replayed by itself ("replayed_fast")
     and how many steps went through the spec's ProfileReplay ("replayed_slow"). With
     `sink`, each step's facts go to the StepSink it makes (FastChecker). With `knobs`,
-    the profile's scheduler replays with those rules instead of the profile's own."""
+    the profile's scheduler replays with those rules instead of the profile's own. A
+    profile the compiled scheduler does not replay (replay_for) is replayed by the
+    ProfileReplay `spec_replay` makes for the header (ReplayRefused without it)."""
     with no_cycle_collection():
         return _check(stream, max_preemptions, run_steps, stats, profile, on_header,
-                      stall_steps, sink, starve_steps, knobs)
+                      stall_steps, sink, starve_steps, knobs, spec_replay)
 
 
 def _check(stream: IO[bytes], max_preemptions: int, run_steps: int,
@@ -441,7 +466,8 @@ def _check(stream: IO[bytes], max_preemptions: int, run_steps: int,
            on_header: Callable[[Header], None] | None, stall_steps: int,
            sink: Callable[[State], StepSink] | None,
            starve_steps: int = should.DEFAULT_STARVE_STEPS,
-           knobs: Knobs | None = None) -> Report:
+           knobs: Knobs | None = None,
+           spec_replay: Callable[[Header], ProfileReplay] | None = None) -> Report:
     fc: FastChecker | None = None
     number = 0
     as_json = 0
@@ -472,13 +498,8 @@ def _check(stream: IO[bytes], max_preemptions: int, run_steps: int,
                     header = parse_header(obj, number)
                     if on_header is not None:
                         on_header(header)
-                    refused = unsupported_pools(header.config) if profile is not None else None
-                    if refused is not None:  # the compiled scheduler replays the profile
-                        raise ReplayRefused(number, f"{refused}; --checker vectorized replays "
-                                                 f"--profile {profile} with it: use --checker "
-                                                 "spec")
                     fc = FastChecker(header, max_preemptions, run_steps, stall_steps, profile,
-                                     sink, starve_steps, knobs)
+                                     sink, starve_steps, knobs, spec_replay)
                     continue
                 if type(obj) is dict and obj.get("end") is True and "step" not in obj:
                     complete = True

@@ -25,6 +25,11 @@ kept while runs compare there: where lines go through ProfileReplay, the caller 
 fast checker, whose own state moved through the same lines) gives the trace's state
 before the first of them (`lines`' `before`), and ProfileReplay moves it on by each
 line it replays; lines that follow straight on go on from there.
+
+A profile the compiled scheduler does not replay (another engine's rules, pools beyond
+it) goes beside the fast checker all the same, through LinesReplay: every line through
+ProfileReplay with the scheduler the caller gives (the reference's, which this package
+does not import), the same verdict as on the spec's path by construction.
 """
 
 from __future__ import annotations
@@ -43,61 +48,36 @@ from kvsched.spec.trace import load_line, parse_step
 
 CHECKPOINT_LINES = 4096  # most lines replayed since the scheduler's checkpoint
 
+Line = tuple[int, Any]  # a step line's number, and its JSON object or raw bytes
 
-class CompiledReplay:
-    """ProfileReplay of `profile` on `config` with the compiled scheduler, fed runs of
-    lines (`lines`); with `knobs`, the scheduler's rules are those instead of the
-    profile's (a rule flipped: where a trace tells it from the profile)."""
 
-    def __init__(self, profile: str, config: Config, preempted_order: bool = True,
-                 knobs: Knobs | None = None) -> None:
-        self.profile = profile
-        chosen = get_profile(profile).knobs if knobs is None else knobs
-        self.spec = ProfileReplay(profile, CompiledScheduler(config, chosen), preempted_order)
+class LinesReplay:
+    """A ProfileReplay (`spec`: the profile's scheduler, whichever it is) fed runs of
+    step lines (`lines`), each through the spec's comparison: for a profile the
+    compiled scheduler does not replay (another engine's rules, pools beyond it)."""
+
+    def __init__(self, spec: ProfileReplay) -> None:
+        self.spec = spec
         self.fast_runs = 0
         self.slow_steps = 0
         self.placed = False
-        # a copy of the scheduler, the lines replayed since it and the ids they keyed
-        self.mark: CompiledScheduler | None = None
-        self.since: list[tuple[int, Any]] = []
-        self.newly: list[str] = []
         # the line after the last one ProfileReplay replayed (its trace state is there)
         self.followed = -1
-
-    @property
-    def scheduler(self) -> CompiledScheduler:
-        scheduler = self.spec.scheduler
-        assert isinstance(scheduler, CompiledScheduler)
-        return scheduler
 
     @property
     def diverged(self) -> bool:
         return self.spec.divergence is not None
 
-    def lines(self, lines: list[tuple[int, Any]], before: Callable[[], State]) -> None:
-        """A run of step lines (number, JSON object or raw bytes), in order: compared in
-        the compiled scheduler; where it finds a difference, again from the run's start,
-        through the spec's comparison: its verdict, in its words. `before` gives the
-        trace's state before the run's first line, a State of its own (asked for only
-        then, with prefix caching)."""
+    def lines(self, lines: list[Line], before: Callable[[], State]) -> None:
+        """A run of step lines (number, JSON object or raw bytes), in order, replayed
+        until the first divergence. `before` gives the trace's state before the run's
+        first line, a State of its own (asked for only with prefix caching, where the
+        lines do not follow straight on from the last ones replayed)."""
         if self.diverged or not lines:
             return
-        if self.mark is None or len(self.since) >= CHECKPOINT_LINES:
-            self.mark = self.scheduler.copy()
-            self.since = []
-            self.newly = []
-        keyed = self.spec.keyed
-        ordered = self.spec.preempted_order
-        if replay_lines(self.scheduler, lines, keyed, self.newly, ordered) < 0:
-            self.fast_runs += 1
-            self.since += lines
-            return
-        # The run's start again: the checkpoint, and the lines replayed since it.
-        mark, self.mark = self.mark, None
-        keyed.difference_update(self.newly)
-        if replay_lines(mark, self.since, keyed, [], ordered) >= 0:
-            raise AssertionError("the compiled replay moved otherwise from its checkpoint")
-        self.spec.scheduler = mark
+        self._spec_lines(lines, before)
+
+    def _spec_lines(self, lines: list[Line], before: Callable[[], State]) -> None:
         if self.spec.state is not None and self.followed != lines[0][0]:
             self.spec.state = before()
         for line, given in lines:
@@ -119,3 +99,50 @@ class CompiledReplay:
         while at > 0 and report.violations[at - 1].step > v.step:
             at -= 1
         report.violations.insert(at, v)
+
+
+class CompiledReplay(LinesReplay):
+    """ProfileReplay of `profile` on `config` with the compiled scheduler, fed runs of
+    lines (`lines`), with the profile's `knobs` (as it takes the engine settings a
+    trace's header declares, or a rule flipped: where a trace tells it from the
+    profile)."""
+
+    def __init__(self, profile: str, config: Config, preempted_order: bool = True,
+                 knobs: Knobs | None = None) -> None:
+        chosen = get_profile(profile).knobs if knobs is None else knobs
+        super().__init__(ProfileReplay(profile, CompiledScheduler(config, chosen),
+                                       preempted_order))
+        # a copy of the scheduler, the lines replayed since it and the ids they keyed
+        self.mark: CompiledScheduler | None = None
+        self.since: list[Line] = []
+        self.newly: list[str] = []
+
+    @property
+    def scheduler(self) -> CompiledScheduler:
+        scheduler = self.spec.scheduler
+        assert isinstance(scheduler, CompiledScheduler)
+        return scheduler
+
+    def lines(self, lines: list[Line], before: Callable[[], State]) -> None:
+        """As LinesReplay's, compared in the compiled scheduler; where it finds a
+        difference, again from the run's start, through the spec's comparison: its
+        verdict, in its words."""
+        if self.diverged or not lines:
+            return
+        if self.mark is None or len(self.since) >= CHECKPOINT_LINES:
+            self.mark = self.scheduler.copy()
+            self.since = []
+            self.newly = []
+        keyed = self.spec.keyed
+        ordered = self.spec.preempted_order
+        if replay_lines(self.scheduler, lines, keyed, self.newly, ordered) < 0:
+            self.fast_runs += 1
+            self.since += lines
+            return
+        # The run's start again: the checkpoint, and the lines replayed since it.
+        mark, self.mark = self.mark, None
+        keyed.difference_update(self.newly)
+        if replay_lines(mark, self.since, keyed, [], ordered) >= 0:
+            raise AssertionError("the compiled replay moved otherwise from its checkpoint")
+        self.spec.scheduler = mark
+        self._spec_lines(lines, before)

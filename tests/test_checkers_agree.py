@@ -33,8 +33,9 @@ from kvsched.spec.checker import Checker
 from kvsched.spec.interface import not_aborting
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.profiles import PROFILES, get_profile
+from kvsched.spec.replay import ProfileReplay
 from kvsched.spec.should import Stalled, passed_over
-from kvsched.spec.trace import TraceWriter
+from kvsched.spec.trace import Header, TraceWriter
 from kvsched.strategies import configs, policies, resolve, servable, step_kind, workloads
 from kvsched.testing.seeded_bugs import SEEDED_BUGS
 from kvsched.workload import WorkItem
@@ -67,14 +68,21 @@ def both(data: bytes, run_steps: int = 2048, profile: str | None = None) -> Verd
     try:
         reader = TraceReader(io.BytesIO(data))
         replay = None if profile is None else profile_replay(
-            reader.header.config, profile, reader.header.preempted_order)
+            reader.header.config, profile, reader.header.preempted_order,
+            reader.header.settings)
         spec = check_trace(reader, replay=replay)
     except TraceError as e:
         spec = str(e)
     stats: dict[str, int] = {}
+
+    def spec_replay(header: Header) -> ProfileReplay:
+        assert profile is not None  # a profile the compiled scheduler does not replay
+        return profile_replay(header.config, profile, header.preempted_order,
+                              header.settings)
+
     try:
         vectorized = check_trace_vectorized(io.BytesIO(data), run_steps=run_steps, stats=stats,
-                                            profile=profile)
+                                            profile=profile, spec_replay=spec_replay)
     except TraceError as e:
         vectorized = str(e)
     return Verdicts(spec, vectorized, stats)
@@ -316,20 +324,22 @@ def test_a_trace_without_a_header_is_refused_alike() -> None:
 
 # -- profile replays ---------------------------------------------------------------------
 
-# The profiles the compiled scheduler replays (vLLM V0's passes stay on the spec's path).
+# The profiles the compiled scheduler replays (the others replay with the reference
+# beside the vectorized checker: kvsched.optimized.replay.LinesReplay).
 REPLAYED = sorted(name for name, p in PROFILES.items()
                   if p.scheduler == "v1" and unsupported_knobs(p.knobs) is None)
 
 
 @given(config=configs(), setup=setups(), data=st.data(),
-       replayed=st.sampled_from(REPLAYED),
+       replayed=st.sampled_from(sorted(PROFILES)),
        faults=st.lists(st.sampled_from(FAULTS), max_size=2),
        run_steps=st.sampled_from([1, 3, 2048]))
 def test_profile_replays_agree(config: Config, setup: str | Knobs, data: st.DataObject,
                                replayed: str, faults: list[str], run_steps: int) -> None:
     """A trace of any scheduler setup (any step kind), maybe with faults planted,
-    replayed against any profile: both checkers find the same divergence (or none),
-    reported alike. A trace of a step kind the profile does not replay (kvsched check
+    replayed against any profile of any engine (beside the vectorized checker by the
+    compiled scheduler or the reference): both checkers find the same divergence (or
+    none), reported alike. A trace of a step kind the profile does not replay (kvsched check
     refuses that replay before either checker runs) is checked without it."""
     trace = faulty_trace(config, setup, data, faults)
     header = TraceReader(io.BytesIO(trace)).header

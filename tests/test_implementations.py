@@ -87,16 +87,10 @@ def test_a_named_scheduler_that_cannot_run_is_one_line(args: tuple[str, ...],
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
-def test_auto_checks_every_trace_with_the_vectorized_checker_where_it_can() -> None:
-    assert impl.chosen_checker("auto", profile=None) == "vectorized"
-    assert impl.chosen_checker("auto", profile="vllm-v1") == "vectorized"
-    # The compiled scheduler, which replays beside the vectorized checker, has no V0.
-    assert impl.chosen_checker("auto", profile="vllm-v0") == "spec"
-    assert impl.chosen_checker("spec", profile=None) == "spec"
-    with pytest.raises(impl.Unavailable, match="replays --profile vllm-v0 with the "
-                                               "compiled scheduler, which does not"):
-        impl.require_checker("vectorized", "vllm-v0")
-    impl.require_checker("vectorized", "vllm-v1")
+def test_auto_checks_every_trace_with_the_vectorized_checker_where_it_is_built() -> None:
+    assert impl.chosen_checker("auto") == "vectorized"
+    assert impl.chosen_checker("spec") == "spec"
+    impl.require_checker("vectorized")
 
 
 def test_simulate_without_the_compiled_module_names_the_reference() -> None:

@@ -71,7 +71,7 @@ def vectorized_or_skip() -> None:
     from kvsched.implementations import Unavailable, require_checker
 
     try:
-        require_checker("vectorized", None)
+        require_checker("vectorized")
     except Unavailable as e:
         pytest.skip(str(e))
 

@@ -34,11 +34,12 @@ from kvsched.spec.violation import DEFAULT_STARVE_STEPS
 if TYPE_CHECKING:
     from kvsched.spec.checker import Report
     from kvsched.spec.interface import InspectableScheduler
+    from kvsched.spec.replay import ProfileReplay
     from kvsched.spec.trace import Header
 
 __all__ = ["CHECKERS", "SCHEDULERS", "SCHEDULER_ALIASES", "Unavailable", "build_scheduler",
            "check_trace", "chosen_checker", "new_scheduler", "profile_scheduler",
-           "replay_refused", "require_checker"]
+           "require_checker"]
 
 # The schedulers, fastest first (the same decisions).
 SCHEDULERS: tuple[str, ...] = ("compiled", "reference", "torch")
@@ -166,20 +167,6 @@ def prepare_torch(named: str, device: str) -> None:
 
 # -- checkers ------------------------------------------------------------------------
 
-def replay_refused(profile: str) -> str | None:
-    """Why the vectorized checker cannot replay `profile` (with the compiled scheduler,
-    kvsched.optimized.replay), or None: the spec's checker replays it with the
-    reference."""
-    try:
-        import kvsched.optimized.compiled  # noqa: F401
-    except ImportError:
-        return "is not built here (kvsched was installed without a C++ compiler)"
-    chosen = get_profile(profile)
-    if chosen.scheduler != "v1":
-        return f"does not implement {SCHEDULER_ENGINES[chosen.scheduler]}'s rules"
-    return None
-
-
 def vectorized_installed() -> ImportError | None:
     """Why the fast checker cannot run here (its compiled module,
     kvsched.optimized.state, is built when kvsched is installed with a C++ compiler),
@@ -191,13 +178,13 @@ def vectorized_installed() -> ImportError | None:
     return None
 
 
-def chosen_checker(choice: str, profile: str | None) -> str:
-    """The checker `choice` names, or for "auto": the vectorized one, at every size,
-    where it is installed (else a note) and can replay `profile`; else the spec's."""
+def chosen_checker(choice: str) -> str:
+    """The checker `choice` names, or for "auto": the vectorized one, at every size and
+    for every profile (which it replays with the compiled scheduler where it can, else
+    with the reference, beside its compiled state), where it is installed; else a note,
+    and the spec's."""
     if choice != "auto":
         return choice
-    if profile is not None and replay_refused(profile) is not None:
-        return "spec"
     missing = vectorized_installed()
     if missing is not None:
         note("the vectorized checker needs kvsched's compiled module, which this install "
@@ -215,7 +202,7 @@ def note_spec_reading(what: str) -> None:
              f"installed where a C++ compiler is): {what} on the spec's state")
 
 
-def require_checker(choice: str, profile: str | None) -> None:
+def require_checker(choice: str) -> None:
     """Unavailable where the checker `choice` names cannot run here, before any trace is
     read."""
     if choice != "vectorized":
@@ -224,10 +211,6 @@ def require_checker(choice: str, profile: str | None) -> None:
         raise Unavailable("--checker vectorized needs kvsched's compiled module, which "
                           "this install lacks (it is built when kvsched is installed where "
                           "a C++ compiler is)")
-    refused = replay_refused(profile) if profile is not None else None
-    if refused is not None:
-        raise Unavailable(f"--checker vectorized replays --profile {profile} with the "
-                          f"compiled scheduler, which {refused}: use --checker spec")
 
 
 def check_trace(stream: IO[bytes], kind: str, *, profile: str | None, strict: bool,
@@ -238,11 +221,18 @@ def check_trace(stream: IO[bytes], kind: str, *, profile: str | None, strict: bo
     vectorized; the same verdicts), replaying `profile` when given; `on_header` sees the
     header first (and may raise). TraceError if the trace is malformed."""
     if kind == "vectorized":
+        from kvsched.conformance import profile_replay
         from kvsched.optimized.checker import check_trace_vectorized
+
+        def spec_replay(header: Header) -> ProfileReplay:
+            # a profile the compiled scheduler does not replay: the reference's, as below
+            assert profile is not None
+            return profile_replay(header.config, profile, header.preempted_order,
+                                  header.settings)
 
         report = check_trace_vectorized(stream, max_preemptions, profile=profile,
                                         on_header=on_header, stall_steps=stall_steps,
-                                        starve_steps=starve_steps)
+                                        starve_steps=starve_steps, spec_replay=spec_replay)
         report.strict, report.required = strict, required
         report.missing()  # computed from the fields just set
         return report

@@ -36,7 +36,6 @@ from kvsched.commands.options import (
 )
 from kvsched.implementations import Unavailable, check_trace, chosen_checker, require_checker
 from kvsched.inputs import InputError
-from kvsched.optimized.checker import ReplayRefused
 from kvsched.outputs import check_writable, check_writable_directory
 from kvsched.progress import Reporter, reading
 from kvsched.spec.profiles import SettingsError, get_profile, pinned_profile
@@ -90,14 +89,7 @@ def check_one(path: str, settings: CheckSettings, progress: bool | None = False)
             return check_stream(stream, path, settings, choice)
 
     try:
-        try:
-            return checked(chosen_checker(settings.checker_choice, settings.profile))
-        except ReplayRefused:
-            # auto: the header's pools are beyond the compiled scheduler's; the spec's
-            # checker replays the profile with the reference (a file is read again)
-            if settings.checker_choice != "auto" or path in ("", "-"):
-                raise
-        return checked("spec")
+        return checked(chosen_checker(settings.checker_choice))
     except TraceError as e:
         raise Unreadable(f"{path}: {e}") from None
     except (BadInput, InputError) as e:  # the file itself: missing, unreadable, damaged
@@ -249,7 +241,7 @@ def check(traces: tuple[str, ...], strict: bool, profile: str | None, max_preemp
     required = parse_required(require)
     profile_note(profile)
     try:
-        require_checker(checker_choice, profile)
+        require_checker(checker_choice)
     except Unavailable as e:
         fail(str(e))
     try:
