@@ -22,7 +22,6 @@ import orjson
 
 from kvsched.adapters.recording import Engine, Job
 from kvsched.implementations import check_trace, chosen_checker
-from kvsched.optimized.knobs import unsupported_knobs, unsupported_pools
 from kvsched.reference import scheduler_for
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
@@ -178,10 +177,10 @@ def first_divergence(path: Path, knobs: Knobs, profile: str,
 def stream_divergence(stream: BinaryIO, knobs: Knobs, profile: str,
                       config_changes: Mapping[str, object] | None = None,
                       scheduler: SchedulerKind | None = None) -> int | None:
-    """first_divergence of the trace `stream` holds. vLLM v1's rules on the trace's own
-    config replay in the compiled scheduler beside the vectorized checker where it is
-    built (kvsched check --checker auto's choice, the same divergence), others in the
-    reference."""
+    """first_divergence of the trace `stream` holds. A step of vLLM v1's on the trace's
+    own config replays beside the vectorized checker where it is built (kvsched check
+    --checker auto's choice, the same divergence: in the compiled scheduler where it
+    implements the rules, else in the reference), others in the reference."""
     data = stream.read()
     reader = TraceReader(io.BytesIO(data))
     config = replace(reader.header.config, **(config_changes or {}))  # type: ignore[arg-type]
@@ -191,14 +190,17 @@ def stream_divergence(stream: BinaryIO, knobs: Knobs, profile: str,
     knobs = overlay(named.for_trace(reader.header.settings).knobs, named.knobs, knobs)
     if refusal(kind, config, knobs=knobs) is not None:
         return None
-    if (kind == "v1" and not config_changes and unsupported_knobs(knobs) is None
-            and unsupported_pools(config) is None
-            and chosen_checker("auto") == "vectorized"):
+
+    def reference(header: Header) -> ProfileReplay:
+        return ProfileReplay(profile, scheduler_for(config, knobs, kind))
+
+    if kind == "v1" and not config_changes and chosen_checker("auto") == "vectorized":
         from kvsched.optimized.checker import check_trace_vectorized
 
-        report = check_trace_vectorized(io.BytesIO(data), profile=profile, knobs=knobs)
+        report = check_trace_vectorized(io.BytesIO(data), profile=profile, knobs=knobs,
+                                        spec_replay=reference)
         return next((v.step for v in report.violations if v.invariant == "profile"), None)
-    replay = ProfileReplay(profile, scheduler_for(config, knobs, kind))
+    replay = reference(reader.header)
     for rec in reader:
         if replay.step(rec) is not None:
             return rec.step

@@ -349,8 +349,10 @@ def test_the_vectorized_checker_gives_the_spec_checkers_verdict(config: dict[str
     fast = check_trace_vectorized(io.BytesIO(data), stats=stats)
     assert fast.counts == spec.counts
     assert [v.as_dict() for v in fast.violations] == [v.as_dict() for v in spec.violations]
-    # Only the steps with a violation go through the spec's Checker.
-    assert stats["exact"] == len({v.step for v in spec.violations}) < spec.steps
+    # The steps with a violation go through the spec's Checker, and after two in a row
+    # a stretch as long as the run of them so far (FastChecker.slow).
+    flagged = len({v.step for v in spec.violations})
+    assert flagged <= stats["exact"] <= min(2 * flagged, spec.steps)
 
 
 # -- the trace header and the command line ------------------------------------------------

@@ -194,9 +194,6 @@ def test_an_endless_line_is_refused_in_bounded_memory(checker: str) -> None:
     (["check", "x.jsonl", "--require", "blocks"], "--require: unknown invariant 'blocks'"),
     (["check", "x.jsonl", "--max-violations", "-1"], "--max-violations must not be negative"),
     (["check", "x.jsonl", "--max-preemptions", "-1"], "--max-preemptions must not be negative"),
-    (["check", "x.jsonl", "--checker", "vectorized", "--profile", "vllm-v0"],
-     "--checker vectorized replays --profile vllm-v0 with the compiled scheduler, which "
-     "does not implement vLLM V0's rules: use --checker spec"),
     (["simulate", "--workload", "w.jsonl", "--generator", "uniform"],
      "--workload reads the requests from a file; --generator applies to a generated "
      "workload only"),
