@@ -59,6 +59,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from kvsched.optimized.built import missing
 from kvsched.optimized.knobs import unsupported_pools, unsupported_state
 from kvsched.optimized.memory import no_cycle_collection
 from kvsched.spec import should
@@ -80,17 +81,17 @@ from kvsched.spec.trace import (
     parse_step,
 )
 
-try:
+if missing("state") is None:
     from kvsched.optimized.state import FastState, read_alike
-except ImportError:  # not built: the spec's Checker checks every line
+else:  # not built: the spec's Checker checks every line
     FastState = None  # type: ignore[assignment,misc]
     read_alike = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from kvsched.optimized.replay import LinesReplay
     from kvsched.optimized.state import RunFacts
-    from kvsched.spec.replay import ProfileReplay
     from kvsched.spec.model import StepRecord
+    from kvsched.spec.replay import ProfileReplay
     from kvsched.spec.state import StepFacts
 
 __all__ = ["RUN_STEPS", "FastChecker", "StepSink", "check_trace_vectorized"]

@@ -36,6 +36,7 @@ from rich.table import Table
 
 from kvsched.conformance import describe, describe_state
 from kvsched.metrics import Distribution, Metrics, MetricsCollector, PrefixCache
+from kvsched.optimized.built import missing
 from kvsched.optimized.checker import RUN_STEPS, FastChecker
 from kvsched.plot import require_matplotlib
 from kvsched.simulate import run, step_bound, unending
@@ -55,10 +56,10 @@ from kvsched.spec.trace import (
 from kvsched.spec.violation import INVARIANTS
 from kvsched.workload import WorkItem
 
-try:
+if missing("compiled") is None:
     from kvsched.optimized.compiled import CompiledScheduler
     from kvsched.optimized.compiled import simulate as compiled_simulate
-except ImportError:  # not built here: every side runs through the simulation loop
+else:  # not built here: every side runs through the simulation loop
     CompiledScheduler = None  # type: ignore[assignment,misc]
 
 # What differs at the first divergent step, in the order a step is compared.

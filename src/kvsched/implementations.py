@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
+from kvsched.optimized.built import missing
 from kvsched.reference import (
     LMDeployScheduler,
     ReferenceScheduler,
@@ -109,12 +110,12 @@ def chosen_scheduler(choice: str, config: Config, knobs: Knobs, kind: SchedulerK
         return "torch"
     if kind != "v1":
         return "reference"
-    try:
-        build_scheduler("compiled", config, knobs)
-    except ImportError:
+    if missing("compiled") is not None:
         note("the compiled scheduler is not built here (kvsched was installed without a "
              "C++ compiler); running the reference scheduler")
         return "reference"
+    try:
+        build_scheduler("compiled", config, knobs)
     except ValueError:  # a knob of another step kind, or a pool larger than its free lists take
         return "reference"
     return "compiled"
@@ -134,15 +135,14 @@ def new_scheduler(choice: str, implementation: str, config: Config, knobs: Knobs
                           "implements: use --scheduler reference")
     if implementation == "torch":
         prepare_torch(named, device)
+    if implementation == "compiled" and missing("compiled") is not None:
+        raise Unavailable(f"--scheduler {named}: kvsched was installed without its "
+                          "compiled module (it needs a C++ compiler at install time)")
     try:
         built = build_scheduler(implementation, config, knobs, kind, device)
-    except ImportError as e:
-        if implementation == "torch":  # torch imports; what the torch scheduler needs
-            raise Unavailable(f"--scheduler {named} needs {e.name or 'numpy'}: pip install "
-                              "'kvsched[gpu]'") from None
-        raise Unavailable(f"--scheduler {named}: kvsched was installed without its "
-                          "compiled module (it needs a C++ compiler at install "
-                          "time)") from None
+    except ImportError as e:  # torch imports; what the torch scheduler needs
+        raise Unavailable(f"--scheduler {named} needs {e.name or 'numpy'}: pip install "
+                          "'kvsched[gpu]'") from None
     except ValueError as e:
         raise Unavailable(f"--scheduler {named}: {e}") from None
     if choice in SCHEDULER_ALIASES:
@@ -171,11 +171,7 @@ def vectorized_installed() -> ImportError | None:
     """Why the fast checker cannot run here (its compiled module,
     kvsched.optimized.state, is built when kvsched is installed with a C++ compiler),
     or None."""
-    try:
-        import kvsched.optimized.state  # noqa: F401
-    except ImportError as e:
-        return e
-    return None
+    return missing("state")
 
 
 def chosen_checker(choice: str) -> str:
