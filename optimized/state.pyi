@@ -6,6 +6,7 @@ from kvsched.spec.checker import Position
 from kvsched.spec.model import Config, Status
 
 MAX_BLOCKS: int
+PHASES: tuple[str, ...]
 
 def read_alike(obj: Any, raw: bytes, size: int, dumps: Any) -> bool: ...
 

@@ -2,12 +2,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
 """The spec's transition rule and invariants, compiled: the fast checker's state.
 
-NOTE on the method. This is kvsched.spec.state.State.apply (the six phases of a step:
-arrivals and aborts, rejections, preemptions, swap-ins, the scheduled set with its
-prefix hits and block handouts, finishes) and every condition `judge` in
-kvsched.spec.checker evaluates (must.py, should.py, and the progress count of
-should.Stall), ported line by line, with one difference of purpose: it only answers
-whether a step is clean. `FastState.apply` takes one step line as orjson parsed it,
+NOTE on the method. This is kvsched.spec.state.State.apply (its phases, one method
+each, named and ordered as there, PHASES: arrivals and aborts, rejections, preemptions,
+reclaims, swap-ins, the scheduled set with its prefix hits and block handouts,
+finishes, dedups) and every condition `judge` in kvsched.spec.checker evaluates
+(must.py, should.py, and the progress count of should.Stall; `_judge`), ported line
+by line, with one difference of purpose: it only answers whether a step is clean. `FastState.apply` takes one step line as orjson parsed it,
 checks it as spec.trace.parse_step would accept it, moves the state and returns 1 when
 the spec would accept the line and flag nothing; otherwise it returns 0 at once and
 leaves the state part-moved. It also returns 0 on anything it does not handle (a step
@@ -15,24 +15,25 @@ that schedules nothing while requests are live, a prefix hit with repeated block
 blocks out of range, an id or value of an unexpected type). The fast checker
 (kvsched.optimized.checker) then puts the state back (`restore`, from a
 kvsched.spec.checker.Position) and has the spec's own Checker check that line, so the
-verdicts agree by construction: a change to the transition rule is a change to
-spec/state.py plus its twin here, `apply`.
+verdicts agree by construction: a change to the transition rule is a change to a
+phase of spec/state.py plus its twin of the same name here. The phases of the rules this
+state does not model (lazy preemption's reclaims, prefix caching's dedups, pipelined
+steps' `released` and `unsampled`) hand any step that names them to the spec's state.
 
 Made with `facts`, it also counts what the steps it applies did, as kvsched.metrics
 reads it off the spec's StepFacts (`take_facts`: a RunFacts, in columns, no Python
 object per scheduled entry), so that the metrics of a trace need not move the spec's
 state through its clean steps either.
 
-Where each part comes from: `apply`'s phases and `_release`, `_hand_out`, `_cache_full`,
-`_hit` mirror State.apply, State._release_gpu, State._hand_out, State._cache_full and
-State._hit; the conditions it refuses are must.py's (kv-budget, cpu-budget,
-token-budget, seq-limit, token-range, one-state, preempt, finish, reject, block-ids,
-accounting) and should.py's (no-idle, no-thrash, needed-preemption, progress, and the
-steps where starvation's passed_over finds someone: `_passed_over`);
-`_reserve`, `_needed` and `_own_chunk` are spec/blocks.py's allocation_reserve and
-blocks_needed and should.own_chunk_blocks. The state goes in and out only as the spec's
-own values (`restore` takes a Position, `position` makes one), never through the
-spec's fields.
+Where each part comes from: `apply`'s phases (PHASES), `_hand_out`, `_cache_full` and
+`_hit` mirror State's methods of the same names, `_release` State._release_gpu; the
+conditions it refuses are must.py's (kv-budget, cpu-budget, token-budget, seq-limit,
+token-range, one-state, preempt, finish, reject, block-ids, accounting) and should.py's
+(no-idle, no-thrash, needed-preemption, progress, and the steps where starvation's
+passed_over finds someone: `_passed_over`); `_reserve`, `_needed` and `_own_chunk` are
+spec/blocks.py's allocation_reserve and blocks_needed and should.own_chunk_blocks. The
+state goes in and out only as the spec's own values (`restore` takes a Position,
+`position` makes one), never through the spec's fields.
 """
 
 from libcpp.vector cimport vector
@@ -80,6 +81,8 @@ cdef enum:  # the step keys
     K_SWAPPED_IN
     K_SCHEDULED
     K_FINISHED
+    K_RECLAIMED
+    K_DEDUP
     K_FREE
     K_NEW
     K_TIME
@@ -89,10 +92,16 @@ cdef enum:  # the step keys
 
 KEYS = {"step": K_STEP, "arrivals": K_ARRIVALS, "aborted": K_ABORTED,
         "rejected": K_REJECTED, "preempted": K_PREEMPTED, "swapped_in": K_SWAPPED_IN,
-        "scheduled": K_SCHEDULED, "finished": K_FINISHED, "free_blocks": K_FREE,
+        "scheduled": K_SCHEDULED, "finished": K_FINISHED, "reclaimed": K_RECLAIMED,
+        "dedup": K_DEDUP, "free_blocks": K_FREE,
         "new_blocks": K_NEW, "time_ms": K_TIME, "prefix_hits": K_HITS,
         "block_keys": K_KEYS}
-SPEC_ONLY = frozenset({"released", "reclaimed", "unsampled"})
+SPEC_ONLY = frozenset({"released", "unsampled"})
+# State.apply's phases, named and ordered as there (tests/test_fast_checker.py reads
+# both): a change to the transition rule is a change to spec/state.py's phase and to
+# its twin here.
+PHASES = ("_inputs", "_rejections", "_preemptions", "_reclaims", "_swap_ins", "_schedule",
+          "_finishes", "_dedups")
 STATUS = (Status.WAITING, Status.RUNNING, Status.SWAPPED)
 CODE = {Status.WAITING: WAITING, Status.RUNNING: RUNNING, Status.SWAPPED: SWAPPED}
 
@@ -263,6 +272,17 @@ cdef class FastState:
     cdef list cached_key, content
     # per step
     cdef int64_t stamp, hit_no, free_before, reclaim, demand, tokens
+    cdef int64_t at_step  # the step's number, and its ms at start and end
+    cdef double at_start, at_end
+    cdef bint thrash  # a victim went past no-thrash's limit
+    # the requests admitted in the step, with their tokens and new blocks
+    # (should.passed_over); free blocks and running requests before the finishes
+    cdef vector[int] adm_s
+    cdef vector[int64_t] adm_n, adm_db
+    cdef int64_t at_batch, run_at_batch
+    # the metrics' facts (`collect`): tokens computed, of prompts, blocks the finishes
+    # released
+    cdef int64_t f_comp, f_prompt, f_fin_released
     cdef vector[Victim] victims
     cdef vector[int] expected, sampled
     cdef object new_blocks
@@ -832,22 +852,10 @@ cdef class FastState:
         """Move the state by the step line `obj` (orjson's object of line `line`): 1
         when the spec reads it alike and flags nothing, 2 when it flags only no-thrash,
         for the victims this adds to `thrashed` (moved as the spec's state), else 0 (the
-        state part-moved)."""
+        state part-moved). The phases are State.apply's, named and ordered as there
+        (PHASES), then the step's invariants (`_judge`, checker.judge's)."""
         cdef dict d
-        cdef int s, tg
-        cdef int64_t step, x, p, o, pr, n, known, computed, reserve, db, taken, held
-        cdef int64_t released, hits_used = 0, k
-        cdef Victim vic
-        cdef bint moved, thrash = False
-        # the requests admitted in the step, with their tokens and new blocks
-        # (should.passed_over)
-        cdef vector[int] adm_s
-        cdef vector[int64_t] adm_n, adm_db
-        cdef bint admitting
-        cdef int64_t run_at_batch = 0  # running requests before the finishes
-        # the metrics' facts (`collect`): tokens computed, of prompts, a hit's tokens,
-        # blocks the finishes released, free blocks while the batch ran; ms
-        cdef int64_t comp = 0, prompt = 0, hit_tokens = 0, fin_released = 0, at_batch = 0
+        cdef int64_t step, x = 0
         cdef double start = self.clock, end = self.clock
         if not self.usable or not PyDict_CheckExact(obj):
             return 0
@@ -856,23 +864,22 @@ cdef class FastState:
         for key, v in d.items():
             code = KEYS.get(key)
             if code is None:
-                if key == "dedup" or key in SPEC_ONLY:
-                    # deduplication (State._dedups), and the keys of the rules this
-                    # state does not model (lazy preemption, pipelined steps), which on
-                    # a config it takes name what no state allows: the spec's state
-                    # moves and judges them
+                if key in SPEC_ONLY:
+                    # the keys of the rules this state does not model (pipelined steps),
+                    # which on a config it takes name what no state allows: the spec's
+                    # state moves and judges them
                     return 0
                 if key not in self.unknown:
                     self.unknown[key] = line
                 continue
             c = <int>code
-            if K_ARRIVALS <= c <= K_FINISHED and not PyList_CheckExact(v):
+            if K_ARRIVALS <= c <= K_DEDUP and not PyList_CheckExact(v):
                 return 0  # the lists
             if (c == K_NEW or c >= K_HITS) and not PyDict_CheckExact(v):
                 return 0  # the maps
             values[c] = v
         (step_v, arrivals, aborted, rejected, preempted, swapped_in, scheduled, finished,
-         free_blocks, new_blocks, time_ms, hits, bkeys) = values
+         reclaimed, dedup, free_blocks, new_blocks, time_ms, hits, bkeys) = values
         if step_v is None or not count_of(step_v, 0, &step) or step != self.step_no + 1:
             return 0
         if free_blocks is not None and not count_of(free_blocks, 0, &x):
@@ -893,11 +900,44 @@ cdef class FastState:
         self.victims.clear()
         self.expected.clear()
         self.sampled.clear()
+        self.adm_s.clear()
+        self.adm_n.clear()
+        self.adm_db.clear()
         self.reclaim = self.demand = self.tokens = 0
+        self.at_step, self.at_start, self.at_end = step, start, end
+        self.thrash = False
+        self.f_comp = self.f_prompt = self.f_fin_released = 0
+        if not self._inputs(arrivals, aborted, bkeys):
+            return 0
+        self.free_before = self.free
+        if not self._rejections(rejected) or not self._preemptions(preempted) \
+                or not self._reclaims(reclaimed) or not self._swap_ins(swapped_in, scheduled) \
+                or not self._schedule(scheduled, hits) or not self._finishes(finished) \
+                or not self._dedups(dedup):
+            return 0
+        if not self._judge(free_blocks, x, bool(scheduled) or bool(preempted)
+                           or bool(swapped_in)):
+            return 0
+        if self.collect:
+            if time_ms is None and self.untimed < 0:
+                self.untimed = step
+            self.clock = end
+        self.step_no = step
+        self.quiet = 0
+        self.steps += 1
+        self.entries += len(<list>scheduled) if scheduled else 0
+        self.requests += len(<list>arrivals) if arrivals else 0
+        return 2 if self.thrash else 1
 
-        # 1. arrivals, then aborts, then the block keys
+    # -- the phases (State.apply's), each 1 when it moved the state as the spec's would
+    # and flagged nothing, else 0 at once
+
+    cdef int _inputs(self, list arrivals, list aborted, dict bkeys) except -1:
+        """Phase 1: arrivals become waiting, then aborts end their requests, then the
+        block keys join their requests' (State._inputs)."""
+        cdef int64_t p, o, pr
         if arrivals:
-            for a in <list>arrivals:
+            for a in arrivals:
                 if not PyDict_CheckExact(a):
                     return 0
                 rid = (<dict>a).get("id")
@@ -912,13 +952,13 @@ cdef class FastState:
                 if rid in self.index or rid in self.ended \
                         or self.arrived(rid) != NEVER_ARRIVED:
                     return 0  # one-state: it arrives again
-                self._slot(rid, None, p, o, pr, step, WAITING)
+                self._slot(rid, None, p, o, pr, self.at_step, WAITING)
                 if self.collect:
                     self.a_ids.append(rid)
-                    self.a_step.push_back(step)
-                    self.a_clock.push_back(start)
+                    self.a_step.push_back(self.at_step)
+                    self.a_clock.push_back(self.at_start)
         if aborted:
-            for rid in <list>aborted:
+            for rid in aborted:
                 if not an_id(rid):
                     return 0
                 found = self.index.get(rid)
@@ -928,7 +968,7 @@ cdef class FastState:
                 if self.collect:
                     self.ab_ids.append(rid)
         if bkeys:
-            for rid, ks in (<dict>bkeys).items():
+            for rid, ks in bkeys.items():
                 if not PyList_CheckExact(ks):
                     return 0
                 for kk in <list>ks:
@@ -938,11 +978,13 @@ cdef class FastState:
                 if found is not None:
                     (<list>self.keys[<int>found]).extend(<list>ks)
                     self._touch(<int>found)
-        self.free_before = self.free
+        return 1
 
-        # 2. rejections
+    cdef int _rejections(self, list rejected) except -1:
+        """Phase 2: a rejected waiting request ends (State._rejections)."""
+        cdef int s
         if rejected:
-            for r in <list>rejected:
+            for r in rejected:
                 if not PyDict_CheckExact(r) or "id" not in <dict>r:
                     return 0
                 rid = (<dict>r)["id"]
@@ -957,10 +999,15 @@ cdef class FastState:
                 self._end(s, Status.REJECTED)
                 if self.collect:
                     self.rj_ids.append(rid)
+        return 1
 
-        # 3. preemptions
+    cdef int _preemptions(self, list preempted) except -1:
+        """Phase 3: recompute releases G and sets C = 0 (back to waiting); swap moves
+        the G blocks to host (State._preemptions). Lazy preemption is the spec's."""
+        cdef int s
+        cdef Victim vic
         if preempted:
-            for q in <list>preempted:
+            for q in preempted:
                 if not PyDict_CheckExact(q) or "id" not in <dict>q:
                     return 0
                 mode = (<dict>q).get("mode")
@@ -973,8 +1020,8 @@ cdef class FastState:
                 s = found
                 self.pre[s] += 1
                 if self.pre[s] == self.max_preemptions + 1:  # no-thrash
-                    self.thrashed.append((step, rid, self.pre[s]))
-                    thrash = True
+                    self.thrashed.append((self.at_step, rid, self.pre[s]))
+                    self.thrash = True
                 vic.known, vic.computed, vic.held = self.N[s], self.C[s], self.G[s]
                 if mode == "swap":
                     if self.G[s] > self.free_host:
@@ -1003,16 +1050,27 @@ cdef class FastState:
                         self.r_recomputes += 1
                         self.r_recomputed += vic.computed
                 self.reclaim += vic.released
+        return 1
 
-        # 4. swap-ins
+    cdef int _reclaims(self, list reclaimed) except -1:
+        """Phase 3, after the victims (State._reclaims): lazy preemption's reclaims,
+        which this state does not model (the configs it takes have no lazy victims or
+        held requests to reclaim): a step that names any goes to the spec's state."""
+        return 0 if reclaimed is not None else 1
+
+    cdef int _swap_ins(self, list swapped_in, list scheduled) except -1:
+        """Phase 4: the host blocks come back to the GPU, with the blocks the allocation
+        reserves (State._swap_ins)."""
+        cdef int s
+        cdef int64_t reserve, taken
         if swapped_in:
             on = set()
             if scheduled:
-                for e in <list>scheduled:
+                for e in scheduled:
                     if PyList_CheckExact(e) and len(<list>e) == 2 \
                             and PyUnicode_CheckExact((<list>e)[0]):
                         on.add((<list>e)[0])
-            for rid in <list>swapped_in:
+            for rid in swapped_in:
                 if not an_id(rid):
                     return 0
                 found = self.index.get(rid)
@@ -1038,10 +1096,19 @@ cdef class FastState:
                     if not self._hand_out(s):
                         return 0
                     self._cache_full(s, 0)
+        return 1
 
-        # 5. the scheduled set, in batch order
+    cdef int _schedule(self, list scheduled, dict hits) except -1:
+        """Phase 5: the scheduled set, in batch order: each entry's hit, its new blocks
+        and their ids, its tokens, and a sample where C reaches N (State._schedule);
+        then the new blocks of the step's other requests, and the sequence limit."""
+        cdef int s, tg
+        cdef int64_t n, known, computed, reserve, db, k, hit_tokens
+        cdef int64_t hits_used = 0, step = self.at_step
+        cdef bint admitting
+        cdef object new_blocks = self.new_blocks
         if scheduled:
-            for e in <list>scheduled:
+            for e in scheduled:
                 if not PyList_CheckExact(e) or len(<list>e) != 2:
                     return 0
                 rid = (<list>e)[0]
@@ -1058,7 +1125,7 @@ cdef class FastState:
                     return 0  # token-range
                 hit_tokens = 0
                 if hits is not None:
-                    blocks = (<dict>hits).get(rid)
+                    blocks = hits.get(rid)
                     if blocks is not None:
                         if tg != 0 or self.status[s] != WAITING or not self._hit(s, blocks):
                             return 0
@@ -1083,9 +1150,9 @@ cdef class FastState:
                         self.m_hit.push_back(hit_tokens)
                 db = needed(computed, n, self.G[s], self.bs, reserve)
                 if admitting:
-                    adm_s.push_back(s)
-                    adm_n.push_back(n)
-                    adm_db.push_back(db)
+                    self.adm_s.push_back(s)
+                    self.adm_n.push_back(n)
+                    self.adm_db.push_back(db)
                 self.demand += db
                 self.free -= db
                 self.G[s] += db
@@ -1102,10 +1169,10 @@ cdef class FastState:
                         if k != db:
                             return 0  # preempt: it kept blocks
                 self.C[s] = computed + n
-                comp += n
+                self.f_comp += n
                 if computed < self.P[s]:
-                    prompt += (computed + n if computed + n < self.P[s] else self.P[s]) \
-                        - computed
+                    self.f_prompt += (computed + n if computed + n < self.P[s]
+                                      else self.P[s]) - computed
                 if not self._hand_out(s):
                     return 0
                 self._cache_full(s, 0 if tg == T_SWAPPED_IN else computed)
@@ -1117,12 +1184,12 @@ cdef class FastState:
                         if known == self.P[s]:  # its first token
                             self.t_ids.append(rid)
                             self.t_step.push_back(step)
-                            self.t_clock.push_back(end)
+                            self.t_clock.push_back(self.at_end)
                         self.last_at[s] = step
-                        self.last_clock[s] = end
+                        self.last_clock[s] = self.at_end
                     if known >= self.mml and not (known == self.P[s] == self.mml):
                         return 0  # finish: past max_model_len
-        if hits is not None and hits_used != len(<dict>hits):
+        if hits is not None and hits_used != len(hits):
             return 0  # one-state: a hit on a request not scheduled
         if new_blocks is not None:
             for rid, given in (<dict>new_blocks).items():
@@ -1144,12 +1211,17 @@ cdef class FastState:
                     break
         if self.running > self.max_seqs:
             return 0  # seq-limit
+        return 1
 
-        # 6. finishes
-        at_batch = self.free
-        run_at_batch = self.running
+    cdef int _finishes(self, list finished) except -1:
+        """Phase 6: a finished request releases everything (State._finishes); one that
+        reached its limit finishes."""
+        cdef int s
+        cdef int64_t k
+        self.at_batch = self.free
+        self.run_at_batch = self.running
         if finished:
-            for rid in <list>finished:
+            for rid in finished:
                 if not an_id(rid):
                     return 0
                 found = self.index.get(rid)
@@ -1158,18 +1230,27 @@ cdef class FastState:
                 s = found
                 if self.collect:
                     self.d_ids.append(rid)
-                    self.d_step.push_back(step)
+                    self.d_step.push_back(self.at_step)
                     self.d_out.push_back(self.N[s] - self.P[s])
-                    self.d_clock.push_back(end)
-                fin_released += self._end(s, Status.FINISHED)
+                    self.d_clock.push_back(self.at_end)
+                self.f_fin_released += self._end(s, Status.FINISHED)
         for k in range(<int64_t>self.sampled.size()):
             s = self.sampled[k]
             if self.status[s] == ENDED:
                 continue
             if self.N[s] - self.P[s] >= self.O[s] or self.N[s] >= self.mml:
                 return 0  # finish: it reached its limit but did not finish
+        return 1
 
-        # the step's invariants (checker.judge)
+    cdef int _dedups(self, list dedup) except -1:
+        """Phase 7 (prefix caching; State._dedups): a running request's table starting
+        with another's blocks, which this state does not model: a step that names any
+        goes to the spec's state."""
+        return 0 if dedup is not None else 1
+
+    cdef int _judge(self, object free_blocks, int64_t x, bint moved) except -1:
+        """The step's invariants (checker.judge) on the state the phases left, and the
+        step's facts counted (`x`: free_blocks' value)."""
         if self.demand > self.free_before + self.reclaim:
             return 0  # kv-budget
         if self.tokens > self.max_batched:
@@ -1177,37 +1258,27 @@ cdef class FastState:
         if self.victims.size() and not self._needed_preemption():
             return 0
         if free_blocks is not None:
-            x = free_blocks
             if x != self.free and self.free - self.leaked != x:
                 return 0  # accounting
-        moved = bool(scheduled) or bool(preempted) or bool(swapped_in)
         if not moved and self.live > 0:
             return 0  # no-idle and progress: the spec's Checker judges such a step
-        if adm_s.size() and self.starve and self._passed_over(adm_s, adm_n, adm_db,
-                                                               at_batch, run_at_batch):
+        if self.adm_s.size() and self.starve and self._passed_over(
+                self.adm_s, self.adm_n, self.adm_db, self.at_batch, self.run_at_batch):
             return 0  # starvation: the spec's Checker judges such a step
         if free_blocks is not None:
             self.leaked = self.free - x
             self.steps_with_free += 1
         if self.collect:
             self.r_gen.push_back(self.sampled.size())
-            self.r_comp.push_back(comp)
+            self.r_comp.push_back(self.f_comp)
             self.r_vic.push_back(self.victims.size())
             self.r_wait.push_back(self.live - self.running - self.nswapped)
             self.r_run.push_back(self.running)
             self.r_swap.push_back(self.nswapped)
-            self.r_kv.push_back(self.nblocks - <int64_t>free_blocks + fin_released
-                                if free_blocks is not None else self.nblocks - at_batch)
-            self.r_prompt += prompt
-            if time_ms is None and self.untimed < 0:
-                self.untimed = step
-            self.clock = end
-        self.step_no = step
-        self.quiet = 0
-        self.steps += 1
-        self.entries += len(<list>scheduled) if scheduled else 0
-        self.requests += len(<list>arrivals) if arrivals else 0
-        return 2 if thrash else 1
+            self.r_kv.push_back(self.nblocks - x + self.f_fin_released
+                                if free_blocks is not None else self.nblocks - self.at_batch)
+            self.r_prompt += self.f_prompt
+        return 1
 
     cdef inline int64_t _rank_prio(self, int s):
         """The first part of should.rank: the priority under the priority policy."""

@@ -11,7 +11,11 @@ everything). Under config `allocation` prompt or full an admission, and a swap-i
 also reserves R tokens (kvsched.spec.blocks.allocation_reserve): Db = blocks_needed(C,
 Dn, G, R), a swap-in taking its blocks beyond H at the swap-in itself. An action
 applies only in a state that allows it (ALLOWED): one that does not is recorded, not
-applied, so the state stays one the spec can describe.
+applied, so the state stays one the spec can describe. Each phase is one method of
+State, called in order by State.apply; the fast checker's compiled state
+(optimized/state.pyx, FastState) has one method of the same name for each, in the same
+order (its PHASES; tests/test_fast_checker.py holds the two lists equal), so a change
+to this rule touches two files: the phase here and its twin there.
 
 Three config fields stretch the phases (LMDeploy's rules, engine-neutrally). Under
 preemption lazy a victim goes back to waiting keeping its G blocks, their ids and its C

@@ -243,3 +243,40 @@ def test_without_the_compiled_module_the_spec_checker_checks_every_line(
     report = check_trace_vectorized(io.BytesIO(data), stats=stats)
     assert report == expected
     assert stats["fast"] == 0 and stats["exact"] == report.steps
+
+
+def phase_calls(source: str, phases: set[str]) -> list[str]:
+    """The `self.<phase>(` calls of the `apply` method in a .pyx source, in order."""
+    import re
+
+    body = source[source.index(" apply(self"):]
+    end = re.search(r"\n    (?:cdef|cpdef|def) ", body)
+    assert end is not None
+    return [m for m in re.findall(r"self\.(_\w+)\(", body[:end.start()]) if m in phases]
+
+
+def test_the_compiled_state_has_the_spec_states_phases_in_the_same_order() -> None:
+    """FastState mirrors State phase by phase: one method per phase of State.apply,
+    named alike, called in the same order, so that a change to the transition rule is a
+    change to a phase of spec/state.py and to its twin of the same name in
+    optimized/state.pyx."""
+    import ast
+    import inspect
+    from pathlib import Path
+
+    from kvsched.spec.state import State
+
+    apply = ast.parse(inspect.getsource(State.apply).strip())
+    calls = sorted((node.lineno, node.col_offset, node.func.attr)
+                   for node in ast.walk(apply)
+                   if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                   and isinstance(node.func.value, ast.Name) and node.func.value.id == "self")
+    spec = [name for _, _, name in calls if name.startswith("_")]
+    assert spec == ["_inputs", "_rejections", "_preemptions", "_reclaims", "_swap_ins",
+                    "_schedule", "_finishes", "_dedups"]
+    assert list(state.PHASES) == spec
+    pyx = (Path(state.__file__).parent / "state.pyx").read_text()
+    assert phase_calls(pyx, set(spec)) == spec
+    for name in spec:  # each a method of its own in both
+        assert callable(getattr(State, name))
+        assert f"    cdef int {name}(self" in pyx
