@@ -14,10 +14,9 @@ from __future__ import annotations
 import importlib
 from typing import Literal
 
-__all__ = ["COMPILED_MODULES", "CompiledModule", "missing"]
+__all__ = ["CompiledModule", "missing"]
 
-CompiledModule = Literal["compiled", "state"]
-COMPILED_MODULES: tuple[CompiledModule, ...] = ("compiled", "state")
+CompiledModule = Literal["compiled", "state"]  # kvsched.optimized's compiled modules
 
 
 def missing(module: CompiledModule) -> ImportError | None:

@@ -60,7 +60,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 import orjson
 
 from kvsched.optimized.built import missing
-from kvsched.optimized.knobs import unsupported_pools, unsupported_state
+from kvsched.optimized.knobs import unsupported_knobs, unsupported_pools, unsupported_state
 from kvsched.optimized.memory import no_cycle_collection
 from kvsched.spec import should
 from kvsched.spec.checker import Checker, CheckOptions, Position, Report
@@ -405,7 +405,6 @@ def replay_for(header: Header, profile: str, knobs: Knobs | None,
     replays the profile's rules on the header's pools (with `knobs`, or the profile's
     as it takes the engine settings the header declares), else the ProfileReplay
     `spec_replay` makes for the header, else ReplayRefused."""
-    from kvsched.optimized.knobs import unsupported_knobs
     from kvsched.optimized.replay import CompiledReplay, LinesReplay
 
     chosen = get_profile(profile)
