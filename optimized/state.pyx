@@ -37,6 +37,7 @@ state goes in and out only as the spec's own values (`restore` takes a Position,
 """
 
 from libcpp.vector cimport vector
+from cython.operator cimport dereference as deref, preincrement as inc
 from libcpp.pair cimport pair
 from libcpp.algorithm cimport sort
 from libc.stdint cimport int64_t
@@ -59,6 +60,39 @@ cdef int64_t MAXC = 1 << 40
 # Above this many GPU blocks the per-block arrays would be too large: the spec checks
 # (the fast schedulers' limit, as their free lists are made at start too).
 MAX_BLOCKS = MAX_POOL_BLOCKS
+
+cdef extern from *:
+    """
+    #include <set>
+    // A waiting request's place in should.rank's order: priority (0 unless ranked by
+    // priority), arrival step, then its slot.
+    struct WaitKey {
+        long long prio; long long arrival; int slot;
+        bool operator<(const WaitKey &o) const {
+            if (prio != o.prio) return prio < o.prio;
+            if (arrival != o.arrival) return arrival < o.arrival;
+            return slot < o.slot;
+        }
+    };
+    typedef std::set<WaitKey> WaitSet;
+    """
+    ctypedef struct WaitKey:
+        long long prio
+        long long arrival
+        int slot
+    cdef cppclass WaitSet:
+        cppclass iterator:
+            WaitKey& operator*()
+            iterator operator++()
+            bint operator==(iterator)
+            bint operator!=(iterator)
+        WaitSet()
+        iterator begin()
+        iterator end()
+        void insert(WaitKey&)
+        size_t erase(WaitKey&)
+        void clear()
+        size_t size()
 
 cdef enum:
     WAITING = 0
@@ -232,6 +266,8 @@ cdef class RunFacts:
     cdef readonly object finish_clocks
 
 
+
+
 cdef class FastState:
     """The spec's State and the Checker's counters, for one trace's config; see the
     module's NOTE. `arrived(rid)` says whether an id that is neither live nor in
@@ -256,6 +292,8 @@ cdef class FastState:
     # per slot
     cdef vector[int64_t] N, C, G, H, P, O, prio, arr, pre, order
     cdef vector[int] status, tag, recomputing
+    cdef WaitSet waiting  # the waiting slots in should.rank's order (`_status`)
+    cdef bint waiting_stale  # `waiting` is to be made again from `status` (after `save`)
     cdef vector[int64_t] tag_at, exp, exp_at, seen_at, sampled_at
     cdef vector[vector[int64_t]] bids
     cdef list rids, keys, reqs
@@ -366,6 +404,8 @@ cdef class FastState:
         self.N.clear(); self.C.clear(); self.G.clear(); self.H.clear(); self.P.clear()
         self.O.clear(); self.prio.clear(); self.arr.clear(); self.pre.clear()
         self.order.clear(); self.status.clear(); self.tag.clear(); self.tag_at.clear()
+        self.waiting.clear()
+        self.waiting_stale = False
         self.recomputing.clear(); self.exp.clear(); self.exp_at.clear()
         self.seen_at.clear(); self.sampled_at.clear(); self.bids.clear(); self.spare.clear()
         self.last_at.clear(); self.last_clock.clear()
@@ -379,6 +419,35 @@ cdef class FastState:
         self.running = self.live = 0
         self.steps = self.entries = self.requests = 0
 
+    cdef inline WaitKey _wait_key(self, int s) noexcept:
+        cdef WaitKey k
+        k.prio, k.arrival, k.slot = self._rank_prio(s), self.arr[s], s
+        return k
+
+    cdef void _rank_waiting(self) noexcept:
+        """`waiting` made again from `status`."""
+        cdef int s
+        cdef WaitKey k
+        self.waiting.clear()
+        for s in range(<int>self.status.size()):
+            if self.status[s] == WAITING:
+                k = self._wait_key(s)
+                self.waiting.insert(k)
+        self.waiting_stale = False
+
+    cdef inline void _status(self, int s, int st) noexcept:
+        """`s`'s status becomes `st`, the waiting set following it (its rank is set)."""
+        cdef WaitKey k
+        if self.status[s] == st:
+            return
+        if self.status[s] == WAITING:
+            k = self._wait_key(s)
+            self.waiting.erase(k)
+        elif st == WAITING:
+            k = self._wait_key(s)
+            self.waiting.insert(k)
+        self.status[s] = st
+
     cdef int _slot(self, str rid, object request, int64_t P, int64_t O, int64_t prio,
                    int64_t arr, int st):
         cdef int s
@@ -391,7 +460,7 @@ cdef class FastState:
             self.N.push_back(0); self.C.push_back(0); self.G.push_back(0)
             self.H.push_back(0); self.P.push_back(0); self.O.push_back(0)
             self.prio.push_back(0); self.arr.push_back(0); self.pre.push_back(0)
-            self.order.push_back(0); self.status.push_back(0); self.tag.push_back(0)
+            self.order.push_back(0); self.status.push_back(ENDED); self.tag.push_back(0)
             self.tag_at.push_back(-1); self.recomputing.push_back(0)
             self.exp.push_back(0); self.exp_at.push_back(-1); self.seen_at.push_back(-1)
             self.sampled_at.push_back(-1); self.bids.push_back(vector[int64_t]())
@@ -400,7 +469,7 @@ cdef class FastState:
             self.rids.append(rid); self.keys.append([]); self.reqs.append(request)
         self.N[s] = P; self.C[s] = 0; self.G[s] = 0; self.H[s] = 0
         self.P[s] = P; self.O[s] = O; self.prio[s] = prio; self.arr[s] = arr
-        self.pre[s] = 0; self.order[s] = self.seq; self.status[s] = st
+        self.pre[s] = 0; self.order[s] = self.seq; self._status(s, st)
         self.tag_at[s] = -1; self.recomputing[s] = 0; self.exp_at[s] = -1
         self.seen_at[s] = -1; self.sampled_at[s] = -1; self.bids[s].clear()
         self.last_at[s] = -1
@@ -539,6 +608,7 @@ cdef class FastState:
         into.O, into.prio, into.arr, into.pre = self.O, self.prio, self.arr, self.pre
         into.order, into.status, into.tag, into.tag_at = (self.order, self.status,
                                                           self.tag, self.tag_at)
+        into.waiting_stale = True  # made again if `into` moves: it seldom does
         into.recomputing, into.exp, into.exp_at = self.recomputing, self.exp, self.exp_at
         into.seen_at, into.sampled_at = self.seen_at, self.sampled_at
         if self.partner is into and into.partner is self:
@@ -658,13 +728,14 @@ cdef class FastState:
 
     # -- moving (spec.state.State) -----------------------------------------------------
 
-    cdef inline int64_t _reserve(self, int s, int64_t known):
+    cdef inline int64_t _reserve(self, int s, int64_t known) noexcept:
         """spec.blocks.allocation_reserve."""
+        cdef int64_t whole
         if self.alloc == 1:
             return known
         if self.alloc == 2:
-            x = self.P[s] + self.O[s]
-            return x if x < self.mml else self.mml
+            whole = self.P[s] + self.O[s]
+            return whole if whole < self.mml else self.mml
         return 0
 
     cdef int64_t _release(self, int s):
@@ -695,7 +766,7 @@ cdef class FastState:
             self.running -= 1
         elif self.status[s] == SWAPPED:
             self.nswapped -= 1
-        self.status[s] = ENDED
+        self._status(s, ENDED)
         self.live -= 1
         rid = self.rids[s]
         del self.index[rid]
@@ -859,6 +930,8 @@ cdef class FastState:
         cdef double start = self.clock, end = self.clock
         if not self.usable or not PyDict_CheckExact(obj):
             return 0
+        if self.waiting_stale:
+            self._rank_waiting()
         d = <dict>obj
         values = [None] * K_COUNT
         for key, v in d.items():
@@ -1030,7 +1103,7 @@ cdef class FastState:
                     self.H[s] = self.G[s]
                     vic.released = self._release(s)
                     self.running -= 1
-                    self.status[s] = SWAPPED
+                    self._status(s, SWAPPED)
                     self.nswapped += 1
                     self.tag[s], self.tag_at[s] = T_SWAPPED_OUT, self.stamp
                 elif mode == "recompute":
@@ -1038,7 +1111,7 @@ cdef class FastState:
                     self.C[s] = 0
                     self.recomputing[s] = 1
                     self.running -= 1
-                    self.status[s] = WAITING
+                    self._status(s, WAITING)
                     self.tag[s], self.tag_at[s] = T_PREEMPTED, self.stamp
                 else:
                     return 0
@@ -1088,7 +1161,7 @@ cdef class FastState:
                 self._expect(s, taken)
                 self.H[s] = 0
                 self.running += 1
-                self.status[s] = RUNNING
+                self._status(s, RUNNING)
                 self.nswapped -= 1
                 self.r_swap_ins += 1
                 self.tag[s], self.tag_at[s] = T_SWAPPED_IN, self.stamp
@@ -1141,7 +1214,7 @@ cdef class FastState:
                 reserve = 0
                 admitting = self.status[s] == WAITING
                 if admitting:
-                    self.status[s] = RUNNING
+                    self._status(s, RUNNING)
                     self.running += 1
                     reserve = self._reserve(s, known)
                     if self.collect and self.caching:
@@ -1280,7 +1353,7 @@ cdef class FastState:
             self.r_prompt += self.f_prompt
         return 1
 
-    cdef inline int64_t _rank_prio(self, int s):
+    cdef inline int64_t _rank_prio(self, int s) noexcept:
         """The first part of should.rank: the priority under the priority policy."""
         return self.prio[s] if self.by_priority else 0
 
@@ -1289,26 +1362,40 @@ cdef class FastState:
         """should.passed_over finds a request passed over: one waiting after the step
         (not one of its victims) that ranks before some request admitted in it (`xs`,
         with the tokens `ns` and new blocks `dbs` of each), never preempted and still
-        live, and whose
-        smallest next chunk fits in that one's place."""
+        live, and whose smallest next chunk fits in that one's place. The waiting
+        requests are walked in rank order (`waiting`), up to the last such admitted
+        one's rank, as should.passed_over walks the live ones in arrival order."""
         cdef int w, x
         cdef size_t k
-        cdef int64_t n, need, pw, px
+        cdef int64_t n, need, pw, px, lp = 0, la = 0
+        cdef bint any_x = False
         cdef int64_t seats = running - 1
         cdef int64_t left = self.max_batched - self.tokens
         cdef int64_t wm = self.watermark if self.scope_always or seats > 0 else 0
         if seats >= self.max_seqs:
             return False
-        for w in range(<int>self.status.size()):
-            if self.status[w] != WAITING or (self.tag[w] == T_PREEMPTED
-                                             and self.tag_at[w] == self.stamp):
+        for k in range(xs.size()):  # the last rank among those admitted
+            x = xs[k]
+            if self.status[x] == ENDED or self.pre[x]:
+                continue
+            px = self._rank_prio(x)
+            if not any_x or px > lp or (px == lp and self.arr[x] > la):
+                lp, la, any_x = px, self.arr[x], True
+        if not any_x:
+            return False
+        cdef WaitSet.iterator it = self.waiting.begin()
+        while it != self.waiting.end():
+            pw, w = deref(it).prio, deref(it).slot
+            if pw > lp or (pw == lp and deref(it).arrival >= la):
+                break  # ranks no earlier than any of them: nor do the rest
+            inc(it)
+            if self.tag[w] == T_PREEMPTED and self.tag_at[w] == self.stamp:
                 continue
             n = 1 if self.chunked else self.N[w] - self.C[w]
             if n > self.max_batched:
                 continue
             need = needed(self.C[w], n, self.G[w], self.bs,
                           self._reserve(w, self.N[w])) + wm
-            pw = self._rank_prio(w)
             for k in range(xs.size()):
                 x = xs[k]
                 if self.status[x] == ENDED or self.pre[x]:

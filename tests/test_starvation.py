@@ -72,6 +72,36 @@ def test_a_request_passed_over_past_k_steps_is_told_with_its_step_and_request() 
     assert both(trace(PASSED_OVER), starve_steps=3).counts == {}
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_the_compiled_state_finds_the_request_passed_over_in_a_state_saved_into_it(
+        policy: str) -> None:
+    """The compiled state keeps its waiting requests in rank order, to walk only those
+    ranked before an admission; a state that was saved into (the fast checker's copy at
+    a run's start, which moves again when a later step is not clean) makes that order
+    again before it moves: it sends the steps that pass r1 over (1 and 4) to the spec's
+    checker, as the state that moved through the lines itself does."""
+    from kvsched.spec.checker import Checker
+    from kvsched.spec.trace import parse_header, parse_step
+
+    state = pytest.importorskip("kvsched.optimized.state")
+    lines = trace(PASSED_OVER, policy=policy).splitlines()
+    config = parse_header(orjson.loads(lines[0])).config
+    objs = [orjson.loads(x) for x in lines[1:]]
+    spec = Checker(config, CheckOptions(starve_steps=0))
+    for at, obj in enumerate(objs):
+        # The state before step `at`, as the spec's checker hands it over.
+        moving = state.FastState(config, 8, True, spec.state.status_of)
+        saved_into = state.FastState(config, 8, True, spec.state.status_of)
+        moving.restore(spec.position())
+        moving.save(saved_into)
+        passes_over = at in (1, 4)
+        assert bool(saved_into.apply(obj, at + 2)) is not passes_over
+        assert bool(moving.apply(obj, at + 2)) is not passes_over
+        spec.step(parse_step(obj, at + 2))
+    assert [(v.invariant, v.request) for v in spec.report.violations] == [
+        ("starvation", "r1")]
+
+
 def test_a_later_request_that_takes_room_the_earlier_could_not_use_passes_no_one() -> None:
     # Without chunked prefill r1's 16-token prompt needs 4 blocks at once: in a 5-block
     # cache the later r2 and r3 are admitted, but r1 would not fit in their place.
