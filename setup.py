@@ -20,9 +20,10 @@ else:
                    # the parts it includes, so that an sdist holds them
                    depends=[f"src/kvsched/optimized/compiled{part}" for part in (
                        ".pyx", "_blocks.pxi", "_writer.pxi", "_replay.pxi",
-                       "_simulation.pxi")],
+                       "_simulation.pxi")] + ["src/kvsched/optimized/columns.pxi"],
                    language="c++", optional=True),
          Extension("kvsched.optimized.state", ["src/kvsched/optimized/state.pyx"],
+                   depends=["src/kvsched/optimized/columns.pxi"],
                    language="c++", optional=True)],
         quiet=True)
     # cythonize() hands back new Extensions without `optional`: set it again, so that

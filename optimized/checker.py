@@ -88,8 +88,8 @@ else:  # not built: the spec's Checker checks every line
     read_alike = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
+    from kvsched.optimized.facts import RunFacts
     from kvsched.optimized.replay import LinesReplay
-    from kvsched.optimized.state import RunFacts
     from kvsched.spec.model import StepRecord
     from kvsched.spec.replay import ProfileReplay
     from kvsched.spec.state import StepFacts

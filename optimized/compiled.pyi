@@ -3,6 +3,7 @@
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, Literal, Protocol, overload
 
+from kvsched.optimized.facts import RunFacts
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config, Decision, Request, RequestView, StepRecord
 
@@ -50,8 +51,10 @@ def replay_lines(scheduler: CompiledScheduler, lines: list[tuple[int, Any]], key
 @overload
 def simulate(scheduler: CompiledScheduler, workload: Iterable[SimulatedRequest],
              block_ids: bool = True, max_steps: int | None = None,
-             lines: Literal[False] = False, stall_steps: int = ...) -> Iterator[StepRecord]: ...
+             lines: Literal[False] = False, stall_steps: int = ...,
+             facts: bool = False) -> Iterator[StepRecord]: ...
 @overload
 def simulate(scheduler: CompiledScheduler, workload: Iterable[SimulatedRequest],
              block_ids: bool, max_steps: int | None, lines: Literal[True],
-             stall_steps: int = ...) -> Iterator[tuple[bytes, int, int]]: ...
+             stall_steps: int = ..., facts: bool = False
+             ) -> Iterator[tuple[bytes, int, int, RunFacts | None]]: ...

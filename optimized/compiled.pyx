@@ -41,14 +41,19 @@ against the reference by tests/test_differential.py and the reference's own suit
 """
 
 from libc.stdint cimport int8_t, int32_t, int64_t
+from libc.string cimport memcpy
+from cpython cimport array
 from libcpp.deque cimport deque
 from libcpp.string cimport string, to_string
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 from cython.operator cimport dereference as deref
 
+import array
+
 import orjson
 
+from kvsched.optimized.facts import RunFacts
 from kvsched.optimized.knobs import unsupported_config, unsupported_knobs
 from kvsched.spec.blocks import rejectable
 from kvsched.spec.knobs import Knobs
@@ -977,6 +982,7 @@ cdef inline void _erase(vector[int32_t] &v, int32_t x) noexcept:
         v.erase(v.begin() + k)
 
 
+include "columns.pxi"
 include "compiled_blocks.pxi"
 include "compiled_writer.pxi"
 include "compiled_simulation.pxi"

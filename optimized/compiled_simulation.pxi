@@ -1,11 +1,12 @@
 # The simulation loop of the compiled scheduler (included by compiled.pyx): what
 # kvsched.simulate.run does around a scheduler (arrivals, aborts, outputs sampled, end of
 # sequence, the content keys a trace gives), over the scheduler's own per-slot
-# bookkeeping, yielding records or blocks of trace lines (compiled_writer.pxi). The one
-# batch entry point besides the Scheduler interface.
+# bookkeeping, yielding records or blocks of trace lines (compiled_writer.pxi) with,
+# if asked, what the steps did (`_Facts`: the metrics' RunFacts, counted off the
+# decisions). The one batch entry point besides the Scheduler interface.
 
 def simulate(CompiledScheduler sched, workload, bint block_ids=True, max_steps=None, bint lines=False,
-             int64_t stall_steps=DEFAULT_STALL_STEPS):
+             int64_t stall_steps=DEFAULT_STALL_STEPS, bint facts=False):
     """kvsched.simulate.run on the scheduler `sched`, with the loop's bookkeeping (outputs
     sampled, end of sequence at each request's hidden output length, the content
     keys a trace gives with prefix caching) kept per slot beside the scheduler's:
@@ -14,9 +15,12 @@ def simulate(CompiledScheduler sched, workload, bint block_ids=True, max_steps=N
     it is read as the steps reach each arrival (a generated one is made as it is read).
 
     With `lines`, the steps come in blocks of up to LINE_BLOCK, each (lines, steps,
-    ended): the steps' trace lines as `kvsched.spec.trace.step_fields` makes them
-    from the same parts and orjson encodes them, in place of their records, how many
-    steps, and how many requests the steps ended.
+    ended, facts): the steps' trace lines as `kvsched.spec.trace.step_fields` makes
+    them from the same parts and orjson encodes them, in place of their records, how
+    many steps, how many requests the steps ended, and (with `facts`; else None) what
+    they did, as a kvsched.optimized.facts.RunFacts: the facts the compiled state would
+    count reading those lines (FastState(..., facts=True)), counted off the decisions,
+    so that the metrics need not read the lines back.
 
     As kvsched.simulate.run, after the `stall_steps`-th step in a row that changed
     nothing while work waits (kvsched.spec.should.Stall) it raises Stalled, once that
@@ -33,6 +37,7 @@ def simulate(CompiledScheduler sched, workload, bint block_ids=True, max_steps=N
     cdef Py_ssize_t block_ended = 0
     cdef int64_t quiet = 0  # steps in a row that changed nothing while work waits
     cdef bint stuck = False
+    cdef _Facts counted = _Facts() if lines and facts else None
     while upcoming is not None or sched.live > 0:
         if max_steps is not None and step >= max_steps:
             break
@@ -52,6 +57,8 @@ def simulate(CompiledScheduler sched, workload, bint block_ids=True, max_steps=N
             sched.keyed[s] = 0
             if lines:
                 sched.id_json[s] = orjson.dumps(w.id)
+                if counted is not None:
+                    counted.arrive(w.id, step)
             arrivals.append(req)
             arrival_slots.append(s)
         aborted = []
@@ -62,6 +69,8 @@ def simulate(CompiledScheduler sched, workload, bint block_ids=True, max_steps=N
         sched._schedule()
         if lines:
             _line_head(sched, step, arrival_slots, aborted, block_ids)
+            if counted is not None:
+                counted.decided(sched, step, aborted)
             parts = None
         else:
             parts = sched._parts(False)
@@ -82,7 +91,11 @@ def simulate(CompiledScheduler sched, workload, bint block_ids=True, max_steps=N
         for s in sched.finished_now:
             sched.stop_mark[s] = 0
         line = _line_end(sched, keys) if lines else None
+        if counted is not None:
+            counted.finished(sched, step)
         finished = sched._take_finished()
+        if counted is not None:
+            counted.queues(sched)
         # kvsched.spec.should.moves and Stall, on the step's parts.
         if (sched.live > 0 and not (sched.e_slot.size() or sched.pre_slot.size()
                                    or sched.in_slot.size() or len(sched.rejected_now)
@@ -95,11 +108,11 @@ def simulate(CompiledScheduler sched, workload, bint block_ids=True, max_steps=N
             block.append(line)
             block_ended += len(finished) + len(aborted) + len(sched.rejected_now)
             if stuck:
-                yield b"".join(block), len(block), block_ended
+                yield b"".join(block), len(block), block_ended, _take(counted)
                 raise _stalled(sched, arrived, step, stall_steps)
             step += 1
             if len(block) == LINE_BLOCK:
-                yield b"".join(block), len(block), block_ended
+                yield b"".join(block), len(block), block_ended, _take(counted)
                 block = []
                 block_ended = 0
             continue
@@ -111,7 +124,7 @@ def simulate(CompiledScheduler sched, workload, bint block_ids=True, max_steps=N
             raise _stalled(sched, arrived, step, stall_steps)
         step += 1
     if block:
-        yield b"".join(block), len(block), block_ended
+        yield b"".join(block), len(block), block_ended, _take(counted)
 
 def _stalled(CompiledScheduler sched, list arrived, int64_t step, int64_t limit):
     """The Stalled of a run stuck at `step` (kvsched.spec.should.stalled_run)."""
@@ -132,3 +145,111 @@ cdef void _new_keys(CompiledScheduler sched, int32_t s, dict keys):
     keys[rid] = tuple([block_key(rid, prefix, i, sched.bs)
                        for i in range(sched.keyed[s], full)])
     sched.keyed[s] = full
+
+
+cdef object _take(_Facts counted):
+    return counted.take() if counted is not None else None
+
+
+cdef class _Facts:
+    """The RunFacts of the steps simulated since the last `take`, counted off the
+    scheduler's decisions by the definitions FastState applies to their trace lines
+    (its phases, with `facts`): no time_ms (each run is untimed from its first step,
+    its clock 0), arrivals at their step; victims and what the recompute victims had
+    computed; swap-ins; cached blocks allocated again; admissions by the waiting pass
+    (N known, and the tokens their prefix hits cover: those computed before the chunk);
+    tokens computed and sampled, of prompts, first tokens (sampled with N = the
+    prompt); finishes (outputs: N - prompt); the queues once the step's ended requests
+    are gone; blocks held while the batch ran (before the finishes freed theirs)."""
+
+    cdef int64_t first_step, prompt, swap_ins, evicted, recomputes, swaps, recomputed
+    cdef vector[int64_t] gen, comp, vic, wait, run, swap, kv
+    cdef list a_ids, m_ids, t_ids, ab_ids, rj_ids, d_ids
+    cdef vector[int64_t] a_step, m_known, m_hit, t_step, d_step, d_out
+    cdef vector[double] a_clock, t_clock, d_clock
+
+    def __cinit__(self):
+        self._clear()
+
+    cdef void _clear(self):
+        self.first_step = -1
+        self.prompt = self.swap_ins = self.evicted = 0
+        self.recomputes = self.swaps = self.recomputed = 0
+        self.gen.clear(); self.comp.clear(); self.vic.clear(); self.wait.clear()
+        self.run.clear(); self.swap.clear(); self.kv.clear()
+        self.a_ids, self.m_ids, self.t_ids = [], [], []
+        self.ab_ids, self.rj_ids, self.d_ids = [], [], []
+        self.a_step.clear(); self.m_known.clear(); self.m_hit.clear()
+        self.t_step.clear(); self.d_step.clear(); self.d_out.clear()
+        self.a_clock.clear(); self.t_clock.clear(); self.d_clock.clear()
+
+    cdef void arrive(self, rid, int64_t step):
+        self.a_ids.append(rid)
+        self.a_step.push_back(step)
+        self.a_clock.push_back(0.0)
+
+    cdef void decided(self, CompiledScheduler sched, int64_t step, list aborted):
+        """The step's decision, after `_schedule` and before `_update`."""
+        cdef Py_ssize_t k
+        cdef int32_t s
+        if self.first_step < 0:
+            self.first_step = step
+        self.ab_ids.extend(aborted)
+        for r in sched.rejected_now:
+            self.rj_ids.append(r.id)
+        for k in range(<Py_ssize_t>sched.pre_slot.size()):
+            if sched.pre_mode[k] == SWAP:
+                self.swaps += 1
+            else:
+                self.recomputes += 1
+                self.recomputed += sched.pre_computed[k]
+        self.swap_ins += sched.in_slot.size()
+        self.evicted += sched.evicted_now
+        if sched.caching:
+            for k in range(<Py_ssize_t>sched.e_slot.size()):
+                if sched.e_admitted[k]:
+                    s = sched.e_slot[k]
+                    self.m_ids.append(sched.ids[s])
+                    self.m_known.push_back(sched.N[s])
+                    self.m_hit.push_back(sched.C[s] - sched.e_n[k] if sched.e_hits[k]
+                                         else 0)
+        for s in sched.sampled:
+            if sched.N[s] == sched.P[s]:
+                self.t_ids.append(sched.ids[s])
+                self.t_step.push_back(step)
+                self.t_clock.push_back(0.0)
+        self.gen.push_back(sched.sampled.size())
+        self.comp.push_back(sched.tokens_now)
+        self.vic.push_back(sched.pre_slot.size())
+        self.prompt += sched.prompt_now
+        self.kv.push_back(sched.nb - sched.nfree)
+
+    cdef void finished(self, CompiledScheduler sched, int64_t step):
+        """The step's finishes, after `_update` and before their slots go."""
+        cdef int32_t s
+        for s in sched.finished_now:
+            self.d_ids.append(sched.ids[s])
+            self.d_step.push_back(step)
+            self.d_out.push_back(sched.N[s] - sched.P[s])
+            self.d_clock.push_back(0.0)
+
+    cdef void queues(self, CompiledScheduler sched):
+        """The queues once the step's ended requests are gone."""
+        cdef int64_t running = sched.running.size(), swapped = sched.swapped.size()
+        self.wait.push_back(sched.live - running - swapped)
+        self.run.push_back(running)
+        self.swap.push_back(swapped)
+
+    cdef object take(self):
+        f = RunFacts(
+            ints(self.gen), ints(self.comp), ints(self.vic), ints(self.wait),
+            ints(self.run), ints(self.swap), ints(self.kv), self.prompt,
+            self.swap_ins, self.evicted, self.recomputes, self.swaps, self.recomputed,
+            0.0, self.first_step,
+            self.a_ids, ints(self.a_step), floats(self.a_clock),
+            self.m_ids, ints(self.m_known), ints(self.m_hit),
+            self.t_ids, ints(self.t_step), floats(self.t_clock),
+            self.ab_ids, self.rj_ids,
+            self.d_ids, ints(self.d_step), ints(self.d_out), floats(self.d_clock))
+        self._clear()
+        return f

@@ -1,7 +1,7 @@
-from array import array
 from collections.abc import Callable
 from typing import Any
 
+from kvsched.optimized.facts import RunFacts
 from kvsched.spec.checker import Position
 from kvsched.spec.model import Config, Status
 
@@ -9,38 +9,6 @@ MAX_BLOCKS: int
 PHASES: tuple[str, ...]
 
 def read_alike(obj: Any, raw: bytes, size: int, dumps: Any) -> bool: ...
-
-class RunFacts:
-    generated: array[int]
-    computed: array[int]
-    victims: array[int]
-    waiting: array[int]
-    running: array[int]
-    swapped: array[int]
-    kv_used: array[int]
-    prompt_tokens: int
-    swap_ins: int
-    evicted: int
-    recomputes: int
-    swaps: int
-    recomputed: int
-    clock: float
-    untimed: int
-    arrivals: list[str]
-    arrival_steps: array[int]
-    arrival_clocks: array[float]
-    admissions: list[str]
-    admission_known: array[int]
-    admission_hit: array[int]
-    first_tokens: list[str]
-    first_steps: array[int]
-    first_clocks: array[float]
-    aborted: list[str]
-    rejected: list[str]
-    finishes: list[str]
-    finish_steps: array[int]
-    finish_outputs: array[int]
-    finish_clocks: array[float]
 
 class FastState:
     config: Config

@@ -51,6 +51,7 @@ from cpython.dict cimport PyDict_CheckExact
 
 import array
 
+from kvsched.optimized.facts import RunFacts
 from kvsched.optimized.knobs import MAX_POOL_BLOCKS
 from kvsched.spec.checker import Position
 from kvsched.spec.model import Request, Status
@@ -223,49 +224,7 @@ cdef struct Victim:
     int64_t released
 
 
-cdef array.array INTS = array.array("q"), FLOATS = array.array("d")
-
-
-cdef array.array ints(const vector[int64_t]& v):
-    cdef array.array a = array.clone(INTS, v.size(), False)
-    if v.size():
-        memcpy(a.data.as_voidptr, v.data(), v.size() * sizeof(int64_t))
-    return a
-
-
-cdef array.array floats(const vector[double]& v):
-    cdef array.array a = array.clone(FLOATS, v.size(), False)
-    if v.size():
-        memcpy(a.data.as_voidptr, v.data(), v.size() * sizeof(double))
-    return a
-
-
-cdef class RunFacts:
-    """What a run of steps did, as kvsched.metrics reads it off the spec's StepFacts,
-    counted by FastState.apply (`take_facts`): per step (array('q'), one entry per
-    step) tokens sampled (`generated`) and computed, victims, the waiting, running and
-    swapped queues after the step and the GPU blocks held while its batch ran
-    (`kv_used`: num_gpu_blocks - free_blocks + what the finishes released when the step
-    reports free_blocks, else num_gpu_blocks - the free blocks before the finishes);
-    over the run, prompt tokens computed, swap-ins, cached blocks handed out again
-    (`evicted`), recompute and swap victims and the tokens the recompute victims had
-    computed; `clock`, the ms at the end of the run (the sum of time_ms), and `untimed`,
-    the first step without time_ms (-1: none). Per request, in the order they
-    happened: arrivals (id, step, ms at the step's start); admissions of waiting
-    requests (id, N known, prefix hit tokens), with prefix caching; first tokens (id,
-    step, ms at the step's end); aborted and rejected ids; finishes (id, step, outputs,
-    ms at the step's end: a finished request sampled in its last step)."""
-
-    cdef readonly object generated, computed, victims, waiting, running, swapped, kv_used
-    cdef readonly int64_t prompt_tokens, swap_ins, evicted, recomputes, swaps, recomputed
-    cdef readonly double clock
-    cdef readonly int64_t untimed
-    cdef readonly list arrivals, admissions, first_tokens, aborted, rejected, finishes
-    cdef readonly object arrival_steps, arrival_clocks, admission_known, admission_hit
-    cdef readonly object first_steps, first_clocks, finish_steps, finish_outputs
-    cdef readonly object finish_clocks
-
-
+include "columns.pxi"
 
 
 cdef class FastState:
@@ -681,21 +640,15 @@ cdef class FastState:
     def take_facts(self):
         """The RunFacts of the steps applied since the last call (or `clear_facts`);
         collected only by a state made with `facts`."""
-        cdef RunFacts f = RunFacts.__new__(RunFacts)
-        f.generated, f.computed, f.victims = ints(self.r_gen), ints(self.r_comp), ints(self.r_vic)
-        f.waiting, f.running, f.swapped = ints(self.r_wait), ints(self.r_run), ints(self.r_swap)
-        f.kv_used = ints(self.r_kv)
-        f.prompt_tokens, f.swap_ins, f.evicted = self.r_prompt, self.r_swap_ins, self.r_evicted
-        f.recomputes, f.swaps, f.recomputed = self.r_recomputes, self.r_swaps, self.r_recomputed
-        f.clock, f.untimed = self.clock, self.untimed
-        f.arrivals, f.arrival_steps, f.arrival_clocks = (self.a_ids, ints(self.a_step),
-                                                         floats(self.a_clock))
-        f.admissions, f.admission_known, f.admission_hit = (self.m_ids, ints(self.m_known),
-                                                            ints(self.m_hit))
-        f.first_tokens, f.first_steps, f.first_clocks = (self.t_ids, ints(self.t_step),
-                                                         floats(self.t_clock))
-        f.aborted, f.rejected = self.ab_ids, self.rj_ids
-        f.finishes, f.finish_steps, f.finish_outputs, f.finish_clocks = (
+        f = RunFacts(
+            ints(self.r_gen), ints(self.r_comp), ints(self.r_vic), ints(self.r_wait),
+            ints(self.r_run), ints(self.r_swap), ints(self.r_kv), self.r_prompt,
+            self.r_swap_ins, self.r_evicted, self.r_recomputes, self.r_swaps,
+            self.r_recomputed, self.clock, self.untimed,
+            self.a_ids, ints(self.a_step), floats(self.a_clock),
+            self.m_ids, ints(self.m_known), ints(self.m_hit),
+            self.t_ids, ints(self.t_step), floats(self.t_clock),
+            self.ab_ids, self.rj_ids,
             self.d_ids, ints(self.d_step), ints(self.d_out), floats(self.d_clock))
         self._clear_facts()
         return f

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -57,10 +58,11 @@ def test_its_simulation_loop_writes_the_references_trace(config: Config, setup: 
     # Its own lines (written without records): the same bytes.
     blocks = list(simulate(CompiledScheduler(config, knobs), items, block_ids, MAX_STEPS,
                                                             lines=True))
-    assert b"".join(block for block, _, _ in blocks) == trace_lines(reference)
+    assert b"".join(block for block, _, _, _ in blocks) == trace_lines(reference)
+    assert all(facts is None for _, _, _, facts in blocks)  # not asked for
     # Each block: its steps' count and what they ended.
-    assert sum(count for _, count, _ in blocks) == len(reference)
-    assert sum(ended for _, _, ended in blocks) == sum(r.num_ended for r in reference)
+    assert sum(count for _, count, _, _ in blocks) == len(reference)
+    assert sum(ended for _, _, ended, _ in blocks) == sum(r.num_ended for r in reference)
 
 
 def test_its_lines_write_any_id_as_json_does() -> None:
@@ -82,7 +84,7 @@ def test_its_lines_write_any_id_as_json_does() -> None:
     assert any(r.rejected for r in reference) and any(r.aborted for r in reference)
     assert any(r.preempted for r in reference) and any(r.prefix_hits for r in reference)
     lines = simulate(CompiledScheduler(config, knobs), items, True, None, lines=True)
-    assert b"".join(block for block, _, _ in lines) == trace_lines(reference)
+    assert b"".join(block for block, _, _, _ in lines) == trace_lines(reference)
 
 
 @pytest.mark.parametrize("max_steps", [None, LINE_BLOCK, LINE_BLOCK + 1, 3 * LINE_BLOCK - 7])
@@ -101,11 +103,11 @@ def test_its_lines_come_in_blocks_of_steps(max_steps: int | None) -> None:
     reference = reference[:max_steps]
     blocks = list(simulate(CompiledScheduler(config, knobs), items, True, max_steps,
                                                             lines=True))
-    counts = [count for _, count, _ in blocks]
+    counts = [count for _, count, _, _ in blocks]
     assert counts[:-1] == [LINE_BLOCK] * (len(counts) - 1) and 0 < counts[-1] <= LINE_BLOCK
     assert sum(counts) == len(reference)
-    assert b"".join(block for block, _, _ in blocks) == trace_lines(reference)
-    assert sum(ended for _, _, ended in blocks) == sum(r.num_ended for r in reference)
+    assert b"".join(block for block, _, _, _ in blocks) == trace_lines(reference)
+    assert sum(ended for _, _, ended, _ in blocks) == sum(r.num_ended for r in reference)
 
 
 @given(config=st.one_of(configs(), configs(prefix_caching=True)), setup=policies(),
@@ -113,9 +115,9 @@ def test_its_lines_come_in_blocks_of_steps(max_steps: int | None) -> None:
 def test_simulate_gives_the_metrics_of_its_trace(config: Config, setup: str | Knobs,
                                                  data: st.DataObject) -> None:
     """Queues, KV use, TTFT, TPOT, latency, preemptions, recomputed tokens, prefix-cache
-    counters: what `kvsched simulate` counts of the compiled scheduler's own lines (the
-    compiled state, kvsched.optimized.checker) is what the spec's state derives from its
-    records."""
+    counters, each step's series: what `kvsched simulate` counts of the compiled
+    scheduler's own decisions (the RunFacts its loop hands the metrics, nothing read
+    back) is what the spec's state derives from its records."""
     from kvsched.commands.simulate import Run, compiled_lines
     from kvsched.metrics import MetricsCollector
     from kvsched.spec.should import DEFAULT_STALL_STEPS
@@ -130,6 +132,50 @@ def test_simulate_gives_the_metrics_of_its_trace(config: Config, setup: str | Kn
                                         None, None, collector), scheduler))
     assert sum(steps for steps, _ in stretches) == len(records)
     assert collector.result() == metrics_of(config, records)
+
+
+@pytest.mark.parametrize(("profile", "overrides"), [
+    ("vllm-v1", {}), ("vllm-v1", {"policy": "priority"}), ("sarathi", {}),
+    ("vllm-v1", {"preemption": "swap", "num_cpu_blocks": 200, "prefix_caching": False}),
+    ("vllm-v1", {"allocation": "full", "max_num_seqs": 32})])
+def test_simulate_counts_the_facts_the_compiled_state_reads_off_its_lines(
+        profile: str, overrides: dict[str, Any]) -> None:
+    """Over many blocks of lines, under pressure (preemptions by recompute and swap,
+    swap-ins, prefix hits and evictions), cut short with requests still live: the facts
+    the loop counts as it decides give the metrics `kvsched metrics` reads off its
+    trace, series included."""
+    from kvsched.commands.options import dumps_line
+    from kvsched.commands.simulate import Run, compiled_lines
+    from kvsched.generators import generate
+    from kvsched.metrics import MetricsCollector, metrics_of_trace
+    from kvsched.spec.profiles import get_profile
+    from kvsched.spec.should import DEFAULT_STALL_STEPS
+
+    config = replace(Config(block_size=16, num_gpu_blocks=160, max_num_batched_tokens=512,
+                            max_num_seqs=16, max_model_len=2048, prefix_caching=True),
+                     **overrides)
+    knobs = get_profile(profile).knobs
+    items = generate("shared-prompts", 200, seed=5, max_model_len=config.max_model_len)
+    for max_steps in (None, 3 * LINE_BLOCK + 5):
+        scheduler = CompiledScheduler(config, knobs)
+        collector = MetricsCollector(config)
+        out = io.BytesIO()
+        writer = TraceWriter(out, dumps_line)
+        writer.header(config, {"name": "kvsched-compiled", "version": "0"})
+        stretches = list(compiled_lines(Run("compiled", scheduler, items, True, max_steps,
+                                            DEFAULT_STALL_STEPS, writer, None, collector),
+                                        scheduler))
+        assert sum(steps for steps, _ in stretches) > 3 * LINE_BLOCK
+        out.seek(0)
+        ours, read = collector.result(), metrics_of_trace(out)
+        assert ours == read
+        if config.allocation != "full":  # a whole sequence's blocks: no preemption
+            assert ours.preemptions[config.preemption] > 0
+        if config.preemption == "swap":
+            assert ours.swap_ins > 0
+        assert (ours.unfinished > 0) == (max_steps is not None)
+        if config.prefix_caching:
+            assert ours.prefix_cache is not None and ours.prefix_cache.hit_tokens > 0
 
 
 def test_it_refuses_what_it_does_not_implement_in_one_line() -> None:

@@ -29,7 +29,7 @@ from kvsched.metrics import Metrics, MetricsCollector, metrics_of_trace
 from kvsched.optimized.checker import check_trace_vectorized
 from kvsched.optimized.compiled import CompiledScheduler
 from kvsched.optimized.compiled import simulate as compiled_simulate
-from kvsched.optimized.state import RunFacts
+from kvsched.optimized.facts import RunFacts
 from kvsched.reference import ReferenceScheduler
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config

@@ -8,6 +8,9 @@ spec's Python path.
 
     python -m tools.bench_users --requests 10000 --before /tmp/old    (metrics and diff
                                           against the kvsched of that checkout, built)
+    python -m tools.bench_users --simulate --requests 200000 --before /tmp/old
+                                         (only `kvsched simulate --out`, this kvsched
+                                          against that one, the traces compared)
 
 Each figure is a whole `kvsched` process, timed by the wall clock, with its peak
 resident memory from the kernel (`wait4`'s ru_maxrss). `check` and `check --profile`
@@ -34,6 +37,8 @@ from tools.bench import machine, place
 
 START = "<!-- bench_users: start -->"
 END = "<!-- bench_users: end -->"
+SIM_START = "<!-- bench_users_simulate: start -->"
+SIM_END = "<!-- bench_users_simulate: end -->"
 KVSCHED = [sys.executable, "-m", "kvsched"]
 TIME = "/usr/bin/time"  # GNU time: the peak resident set of the command alone
 SPEC_METRICS = ("import sys; from kvsched.inputs import open_trace; "
@@ -67,14 +72,19 @@ def timed(argv: list[str]) -> Timed:
     return Timed(seconds, kb / 1024, done.returncode)
 
 
+def cli_of(before: Path) -> list[str]:
+    """The command line that runs the kvsched of the checkout `before`."""
+    return [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+            "from kvsched.cli import main; main()", str(before / "src")]
+
+
 def pairs(trace: Path, requests: int, before: Path | None, spec_profile: bool
           ) -> list[tuple[str, list[str] | None, list[str]]]:
     """(what, the slow or earlier path, the fast path) for each command; without
     `spec_profile` the slow path of `check --profile` is None (the spec's plain check
     stands for it)."""
     t = str(trace)
-    old = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-           "from kvsched.cli import main; main()", str(before / "src")] if before else []
+    old = cli_of(before) if before else []
     steps = str(max(100_000, 10 * requests))
     diff = ["diff", "vllm-v1", "sarathi", "--requests", str(requests), "--max-steps", steps]
     return [
@@ -148,6 +158,57 @@ def report(requests: int, command: str, keep: Path | None, before: Path | None,
     ])
 
 
+def simulate_report(requests: int, command: str, before: Path, rounds: int) -> str:
+    """`kvsched simulate --requests N --out T` by the kvsched of `before` and by this
+    one, in turn, `rounds` times; the traces must be the same bytes."""
+    earlier, now_ = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = Path(tmp) / "before.jsonl", Path(tmp) / "now.jsonl"
+        for r in range(rounds):
+            print(f"round {r + 1}: before ...", flush=True)
+            earlier.append(timed([*cli_of(before), "simulate", "--requests", str(requests),
+                                  "--out", str(a)]))
+            print(f"  {earlier[-1].seconds:.2f} s; now ...", flush=True)
+            now_.append(timed([*KVSCHED, "simulate", "--requests", str(requests),
+                               "--out", str(b)]))
+            print(f"  {now_[-1].seconds:.2f} s", flush=True)
+            if a.read_bytes() != b.read_bytes():
+                raise SystemExit("the two kvsched simulate runs wrote different traces")
+        size = b.stat().st_size
+        with b.open("rb") as f:
+            steps = sum(1 for _ in f) - 2
+
+    def median(xs: list[float]) -> float:
+        xs = sorted(xs)
+        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+    slow = median([t.seconds for t in earlier])
+    fast = median([t.seconds for t in now_])
+    slow_mb = max(t.peak_mb for t in earlier)
+    fast_mb = max(t.peak_mb for t in now_)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join([
+        SIM_START,
+        "### `kvsched simulate`: the metrics from the scheduler's own facts",
+        "",
+        f"`{command}`, {stamp}, on {machine()}. `kvsched simulate --requests {requests} "
+        f"--out T` (the defaults: profile vllm-v1, prefix caching on), {steps:,} steps, a "
+        f"{size / 1e6:,.0f} MB trace, by the kvsched of the checkout `{before.name}` "
+        f"(commit {commit_of(before)}: its metrics read back the trace lines it wrote, "
+        "through the fast checker's compiled state) and by this one (the compiled "
+        "scheduler hands the metrics the facts of its own decisions), in turn, "
+        f"{rounds} rounds; medians, and the peak resident set. Both wrote the same "
+        "trace, byte for byte, every round.",
+        "",
+        "| command | before (s) | now (s) | speed-up | before peak (MB) | now peak (MB) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        f"| `kvsched simulate --requests {requests} --out T` | {slow:,.2f} | {fast:,.2f} | "
+        f"{slow / fast:,.2f}x | {slow_mb:,.0f} | {fast_mb:,.0f} |",
+        SIM_END,
+        "",
+    ])
+
+
 def commit_of(checkout: Path) -> str:
     done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True, check=False)
@@ -167,7 +228,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", type=Path, default=None,
                         help="a checkout of an earlier kvsched (compiled modules built in "
                              "place) to time metrics and diff against")
+    parser.add_argument("--simulate", action="store_true",
+                        help="only `kvsched simulate --out`, against --before's")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of --simulate (medians)")
     args = parser.parse_args(argv)
+    if args.simulate:
+        if args.before is None:
+            parser.error("--simulate needs --before")
+        command = (f"python -m tools.bench_users --simulate --requests {args.requests} "
+                   f"--before {args.before} --rounds {args.rounds}")
+        text = simulate_report(args.requests, command, args.before, args.rounds)
+        if args.out:
+            place(text, args.out, SIM_START, SIM_END)
+            print(f"written to {args.out}")
+        else:
+            print(text)
+        return 0
     command = f"python -m tools.bench_users --requests {args.requests}" + (
         f" --before {args.before}" if args.before else "") + (
         " --no-spec-profile" if args.no_spec_profile else "")

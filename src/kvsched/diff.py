@@ -585,7 +585,7 @@ def simulated(label: str, scheduler: Scheduler, workload: Collection[WorkItem],
 
     def batches() -> Iterator[tuple[list[bytes], int]]:
         if CompiledScheduler is not None and isinstance(scheduler, CompiledScheduler):
-            for block, _, done in compiled_simulate(scheduler, workload, True, limit, True,
+            for block, _, done, _ in compiled_simulate(scheduler, workload, True, limit, True,
                                                      stall_steps):
                 yield block.splitlines(keepends=True), done
             return

@@ -61,7 +61,7 @@ from kvsched.spec.model import Config, Status, StepRecord
 from kvsched.spec.trace import Header, TraceReader
 
 if TYPE_CHECKING:
-    from kvsched.optimized.state import RunFacts
+    from kvsched.optimized.facts import RunFacts
     from kvsched.spec.state import State, StepFacts
 
 PERCENTILES = (50, 90, 99)
@@ -336,7 +336,9 @@ class MetricsCollector:
     `step` returns, so that the step is moved once. Beside the fast checker
     (kvsched.optimized.checker, a StepSink), it also takes the facts the compiled state
     counted over a run of steps (`observe_run`) and, when the spec's state takes over,
-    when the live requests last sampled (`observe_samples`).
+    when the live requests last sampled (`observe_samples`). Fed only runs of facts
+    that a scheduler counted of its own steps (the compiled scheduler's simulation),
+    no state moves with them: `live` then says how many requests are live at the end.
     """
 
     def __init__(self, config: Config, *, series: bool = True,
@@ -368,6 +370,7 @@ class MetricsCollector:
         self.sums = [0, 0, 0, 0]  # QUEUES
         self.peaks = [0, 0, 0, 0]
         self.series = _Series() if series else None
+        self.live: Callable[[], int] = lambda: len(self.state.live)
 
     def step(self, rec: StepRecord) -> None:
         self.observe(rec, self.state.apply(rec))
@@ -419,7 +422,7 @@ class MetricsCollector:
 
     def observe_run(self, f: RunFacts) -> None:
         """Record a run of steps that the compiled state applied and counted itself
-        (kvsched.optimized.state.RunFacts): the same definitions as `observe`, each
+        (kvsched.optimized.facts.RunFacts): the same definitions as `observe`, each
         event in its order, each step's numbers at once."""
         timed, untimed = self.timed, f.untimed
 
@@ -587,7 +590,7 @@ class MetricsCollector:
             num_gpu_blocks=blocks, steps=steps, requests=self.requests,
             finished=self.ended[Status.FINISHED], aborted=self.ended[Status.ABORTED],
             rejected=self.ended[Status.REJECTED],
-            unfinished=len(self.state.live),
+            unfinished=self.live(),
             generated_tokens=self.generated, computed_tokens=self.computed,
             prompt_tokens=self.prompt_tokens, duration_ms=self.clock if timed else None,
             ttft=Distribution.of(self.ttft), tpot=Distribution.of(self.tpot),

@@ -5,8 +5,8 @@ Loaded when the command is named (kvsched.cli.Group). kvsched.implementations pi
 scheduler. Each kind is driven by one short function, and every one yields the same
 thing, a stretch of steps as (steps, requests ended), after handing the stretch to the
 trace, the checker and the metrics (`Run`): the compiled scheduler's own loop (its trace
-lines, which the compiled state of kvsched.optimized.checker reads for the metrics, or its
-StepRecords beside a checker), and any other through kvsched.simulate.run.
+lines and the facts of their steps, which it counts as it decides, for the metrics; or
+its StepRecords beside a checker), and any other through kvsched.simulate.run.
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ if TYPE_CHECKING:
     from kvsched.optimized.compiled import CompiledScheduler
     from kvsched.spec.checker import Checker
     from kvsched.spec.interface import Scheduler
-    from kvsched.spec.state import State
     from kvsched.workload import WorkItem
 
 # The options that override one of the profile's knobs: vLLM v1's (Knobs' own fields) or
@@ -134,31 +133,21 @@ def records(run: Run) -> Stretches:
 
 def compiled_lines(run: Run, scheduler: CompiledScheduler) -> Stretches:
     """The compiled scheduler's own loop where nothing needs the StepRecords: its trace
-    lines (as dumps_line encodes them), a block of steps at a time, to the trace and to
-    the fast checker's loop (kvsched.optimized.checker), whose compiled state counts
-    their facts for the metrics (as `kvsched metrics` on the trace does)."""
-    from kvsched.metrics import NO_THRASH_LIMIT
-    from kvsched.optimized.checker import RUN_STEPS, FastChecker
+    lines (as dumps_line encodes them), a block of steps at a time, to the trace, and
+    the facts of the block's steps, which it counts off its decisions as the compiled
+    state would off those lines (kvsched.optimized.facts.RunFacts), to the metrics:
+    nothing is read back."""
     from kvsched.optimized.compiled import simulate as compiled_simulate
-    from kvsched.spec.trace import Header
 
-    def follow(state: State) -> MetricsCollector:
-        run.collector.state = state  # the metrics read the queues off the state it moves
-        return run.collector
-
-    lines = FastChecker(Header(scheduler.config), NO_THRASH_LIMIT, RUN_STEPS,
-                        run.stall_steps, None, follow)
-    at = 2  # the header is line 1
-    try:
-        for block, count, ended in compiled_simulate(
-                scheduler, run.workload, run.block_ids, run.max_steps, lines=True,
-                stall_steps=run.stall_steps):
-            if run.writer is not None:
-                run.writer.encoded(block)
-            at = lines.encoded(block, at)
-            yield count, ended
-    finally:
-        lines.end(True)
+    run.collector.live = lambda: len(scheduler.states())
+    for block, count, ended, facts in compiled_simulate(
+            scheduler, run.workload, run.block_ids, run.max_steps, lines=True,
+            stall_steps=run.stall_steps, facts=True):
+        if run.writer is not None:
+            run.writer.encoded(block)
+        assert facts is not None
+        run.collector.observe_run(facts)
+        yield count, ended
 
 
 def compiled_records(run: Run, scheduler: CompiledScheduler) -> Stretches:
@@ -304,8 +293,8 @@ def simulate(profile: str, out_path: Path | None, no_block_ids: bool,
     except Unavailable as e:
         fail(str(e))
     checker = new_checker(config, stall_steps=stall_steps) if self_check else None
-    # The metrics follow the spec's state (the checker's, when it checks), or the
-    # compiled state where the compiled scheduler's lines go to it (compiled_lines).
+    # The metrics follow the spec's state (the checker's, when it checks), or the facts
+    # the compiled scheduler counts of its own steps (compiled_lines).
     collector = MetricsCollector(config, series=False,
                                  state=checker.state if checker is not None else None)
     engine = {"name": f"kvsched-{implementation}", "version": __version__, "profile": profile}
