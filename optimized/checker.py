@@ -67,7 +67,7 @@ from kvsched.spec.checker import Checker, CheckOptions, Position, Report
 from kvsched.spec.knobs import Knobs
 from kvsched.spec.model import Config
 from kvsched.spec.profiles import SCHEDULER_ENGINES, get_profile
-from kvsched.spec.state import State
+from kvsched.spec.state import NEVER_ARRIVED, State
 from kvsched.spec.trace import (
     BLANK,
     MAX_LINE_BYTES,
@@ -99,6 +99,7 @@ __all__ = ["RUN_STEPS", "FastChecker", "StepSink", "check_trace_vectorized"]
 RUN_STEPS = 2048  # most steps in one run
 SHORT_RUN = 32  # a run's length after a step that is not clean
 SLOW_STRETCH = 4096  # most lines the spec's Checker checks straight on (FastChecker.slow)
+REPLAY_LINES = 32  # lines the compiled state reads before the replay reads them again
 READ_BYTES = 1 << 20
 
 
@@ -216,8 +217,10 @@ class FastChecker:
                 self.saved = FastState(header.config, max_preemptions,
                                        header.preempted_order, self.checker.state.status_of)
         self.started = False
-        # the run's clean steps: line, JSON value (kept only for the replay), raw line
-        self.run: list[tuple[int, Any, bytes]] = []
+        # the run's clean steps: line, JSON value (kept only for the replay), raw line;
+        # how many of them the replay has had
+        self.run: list[tuple[int, Any, bytes | None]] = []
+        self.replayed = 0
         self.expected = 0  # the next step number
         self.fast_runs = 0
         self.exact_steps = 0
@@ -244,8 +247,10 @@ class FastChecker:
             self.started = True
         if fast.apply(obj, line):
             self.expected += 1
+            # The value is kept for the replay, or where orjson would not read the line
+            # alike again (then without the line: it is never read again).
             keep = self.replay is not None or not by_orjson
-            self.run.append((line, obj if keep else None, raw))
+            self.run.append((line, obj if keep else None, raw if by_orjson else None))
             if len(self.run) >= self.limit:
                 self.commit()
                 self.started = False
@@ -264,7 +269,11 @@ class FastChecker:
             if not self.started:
                 fast.save(self.saved)
                 self.started = True
-            j, obj = fast.apply_lines(raws, i, line, self.run, self.limit, orjson.loads,
+            # With a replay, a few lines at a time, which it reads while they are still
+            # in the processor's caches (`_replay_run`).
+            limit = self.limit if not keep else min(self.limit,
+                                                    len(self.run) + REPLAY_LINES)
+            j, obj = fast.apply_lines(raws, i, line, self.run, limit, orjson.loads,
                                       orjson.dumps, keep, encoded)
             self.expected += j - i
             line += j - i
@@ -274,7 +283,9 @@ class FastChecker:
                 self.started = False
                 self.limit = min(2 * self.limit, self.run_steps)
             elif obj is None:
-                break
+                if len(self.run) < limit:
+                    break
+                self._replay_run()
             else:
                 self._unclean(fast, line, obj)
                 i += 1
@@ -294,7 +305,7 @@ class FastChecker:
         if sink is not None:
             fast.clear_facts()
         for at, again, text in self.run:
-            if not fast.apply(again if again is not None else orjson.loads(text), at):
+            if not fast.apply(_value(again, text), at):
                 raise AssertionError(f"line {at}: the compiled state moved otherwise")
         self.commit()
         if sink is not None:
@@ -367,11 +378,42 @@ class FastChecker:
             self.sink.observe_run(fast.take_facts())
         self.fast_runs += 1
         if self.replay is not None:
-            saved = self.saved  # the state at the run's start
-            self.replay.lines([(line, obj) for line, obj, _ in self.run],
-                              lambda: _state_of(self.checker.config, saved.position()))
+            self._replay_run()
             self.replay.place(self.checker.report)
         self.run = []
+        self.replayed = 0
+
+    def _replay_run(self) -> None:
+        """The run's clean steps the replay has not had yet, to the replay, with the
+        trace's state before the first of them (asked for where lines go through the
+        spec's ProfileReplay: the state at the run's start moved through the run's
+        lines before them). Their values go once read: kept, they would fill the memory
+        the next lines' values are made in (a line orjson reads alike again is read
+        again where the run is moved through once more)."""
+        assert self.replay is not None
+        lines, first = self.run[self.replayed:], self.replayed
+        if not lines:
+            return
+        self.replayed = len(self.run)
+        config, saved, run = self.checker.config, self.saved, self.run
+
+        def before() -> State:
+            if not first:
+                return _state_of(config, saved.position())
+            # The lines were clean: no arrival among them reuses an id. (The spec's
+            # state, which would say so, has since recorded the ids the run ended.)
+            moving = FastState(config, self.checker.options.max_preemptions,
+                               self.checker.preempted_order, lambda _: NEVER_ARRIVED)
+            moving.restore(saved.position())
+            for at, obj, raw in run[:first]:
+                if not moving.apply(_value(obj, raw), at):
+                    raise AssertionError(f"line {at}: the compiled state moved otherwise")
+            return _state_of(config, moving.position())
+
+        self.replay.lines([(line, obj) for line, obj, _ in lines], before,
+                          [raw for _, _, raw in lines])
+        run[first:] = [(line, None, raw) if raw is not None else (line, obj, raw)
+                       for line, obj, raw in lines]
 
     def settled(self) -> Checker:
         """The spec's Checker, its state where the check stands (the steps so far
@@ -419,6 +461,12 @@ def replay_for(header: Header, profile: str, knobs: Knobs | None,
     if spec_replay is None:
         raise ReplayRefused(f"--profile {profile}: {refused}")
     return LinesReplay(spec_replay(header))
+
+
+def _value(obj: Any, raw: bytes | None) -> Any:
+    """A run's line's JSON value: kept, or read again from the line (one orjson reads
+    alike)."""
+    return obj if obj is not None else orjson.loads(raw)  # type: ignore[arg-type]
 
 
 def _state_of(config: Config, p: Position) -> State:

@@ -9,6 +9,9 @@
 
 from kvsched.spec.trace import MAX_COUNT, VICTIM_MODES, load_line
 
+cdef list NONE = []  # a step line's absent list: read, never written
+cdef dict NO_MAP = {}  # and its absent map
+
 
 cdef inline bint _count(v, int64_t minimum):
     """Whether `v` is a count parse_step takes (an int, not a bool, in range)."""
@@ -96,18 +99,24 @@ cdef bint _victims_same(CompiledScheduler sch, list preempted, bint ordered) exc
 
 cdef bint _scheduled_same(CompiledScheduler sch, list scheduled) except -1:
     cdef Py_ssize_t k, n = sch.e_slot.size()
+    cdef list ids = sch.ids, pair
+    cdef int64_t tokens
     if len(scheduled) != n:
         return False
-    ids = sch.ids
     for k in range(n):
-        pair = scheduled[k]
-        if type(pair) is not list or len(<list>pair) != 2:
+        item = scheduled[k]
+        if type(item) is not list or len(<list>item) != 2:
             return False
-        rid = (<list>pair)[0]
-        count = (<list>pair)[1]
-        if not _name(rid) or type(count) is not int or abs(count) > MAX_COUNT:
+        pair = <list>item
+        rid = pair[0]
+        count = pair[1]
+        if not _name(rid) or not _count(count, -MAX_COUNT):
             return False
-        if ids[sch.e_slot[k]] != rid or sch.e_n[k] != count:
+        tokens = count  # in range: a C integer, not a Python one made per entry
+        if sch.e_n[k] != tokens:
+            return False
+        mine = ids[sch.e_slot[k]]
+        if mine is not rid and mine != rid:
             return False
     return True
 
@@ -136,23 +145,23 @@ cdef bint _finishes_same(CompiledScheduler sch, list finished) except -1:
     """Sample and finish as `update(set(finished))` does; whether the finished are the
     trace's, as a set."""
     cdef int32_t s
-    marked = []
-    same = True
+    cdef vector[int32_t] marked
+    cdef bint same = True
     for rid in finished:
         slot = sch.slot_of.get(rid)
         if slot is None:
             same = False  # an id the profile does not hold cannot finish
         elif not sch.stop_mark[<int32_t>slot]:
             sch.stop_mark[<int32_t>slot] = 1
-            marked.append(slot)
+            marked.push_back(<int32_t>slot)
     sch._update()
-    if <Py_ssize_t>sch.finished_now.size() != len(marked):
+    if sch.finished_now.size() != marked.size():
         same = False
     for s in sch.finished_now:
         if not sch.stop_mark[s]:
             same = False
-    for slot in marked:
-        sch.stop_mark[<int32_t>slot] = 0
+    for s in marked:
+        sch.stop_mark[s] = 0
     if same:
         sch._take_finished()
     return same
@@ -169,15 +178,16 @@ cdef int _line_same(CompiledScheduler sch, given, Py_ssize_t line, set keyed, li
     step = o.get("step")
     if not _count(step, 0) or not _shape(o):
         return 1
-    arrivals = o.get("arrivals", [])
-    aborted = o.get("aborted", [])
-    rejected = o.get("rejected", [])
-    preempted = o.get("preempted", [])
-    swapped_in = o.get("swapped_in", [])
-    scheduled = o.get("scheduled", [])
-    finished = o.get("finished", [])
-    hits = o.get("prefix_hits", {})
-    keys = o.get("block_keys", {})
+    # (an absent part: one shared empty list or dict, never written to)
+    arrivals = o.get("arrivals", NONE)
+    aborted = o.get("aborted", NONE)
+    rejected = o.get("rejected", NONE)
+    preempted = o.get("preempted", NONE)
+    swapped_in = o.get("swapped_in", NONE)
+    scheduled = o.get("scheduled", NONE)
+    finished = o.get("finished", NONE)
+    hits = o.get("prefix_hits", NO_MAP)
+    keys = o.get("block_keys", NO_MAP)
     if (type(arrivals) is not list or type(rejected) is not list
             or type(preempted) is not list or type(scheduled) is not list
             or not (_names(aborted) and _names(swapped_in) and _names(finished))):

@@ -34,7 +34,7 @@ does not import), the same verdict as on the spec's path by construction.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvsched.optimized.compiled import CompiledScheduler, replay_lines
@@ -68,11 +68,14 @@ class LinesReplay:
     def diverged(self) -> bool:
         return self.spec.divergence is not None
 
-    def lines(self, lines: list[Line], before: Callable[[], State]) -> None:
+    def lines(self, lines: list[Line], before: Callable[[], State],
+              raws: Sequence[bytes | None] | None = None) -> None:
         """A run of step lines (number, JSON object or raw bytes), in order, replayed
         until the first divergence. `before` gives the trace's state before the run's
         first line, a State of its own (asked for only with prefix caching, where the
-        lines do not follow straight on from the last ones replayed)."""
+        lines do not follow straight on from the last ones replayed). `raws`, where
+        given, are the lines' bytes, each where orjson reads it as the object given
+        (else None), which a replay that keeps lines may keep instead of the object."""
         if self.diverged or not lines:
             return
         self._spec_lines(lines, before)
@@ -123,10 +126,13 @@ class CompiledReplay(LinesReplay):
         assert isinstance(scheduler, CompiledScheduler)
         return scheduler
 
-    def lines(self, lines: list[Line], before: Callable[[], State]) -> None:
+    def lines(self, lines: list[Line], before: Callable[[], State],
+              raws: Sequence[bytes | None] | None = None) -> None:
         """As LinesReplay's, compared in the compiled scheduler; where it finds a
         difference, again from the run's start, through the spec's comparison: its
-        verdict, in its words."""
+        verdict, in its words. The lines since the checkpoint are kept as `raws` give
+        them where they do (a line is read again only where a difference is found),
+        so that the objects of thousands of lines do not stay in memory."""
         if self.diverged or not lines:
             return
         if self.mark is None or len(self.since) >= CHECKPOINT_LINES:
@@ -137,7 +143,11 @@ class CompiledReplay(LinesReplay):
         ordered = self.spec.preempted_order
         if replay_lines(self.scheduler, lines, keyed, self.newly, ordered) < 0:
             self.fast_runs += 1
-            self.since += lines
+            if raws is None:
+                self.since += lines
+            else:
+                self.since += [(line, given if raw is None else raw)
+                               for (line, given), raw in zip(lines, raws, strict=True)]
             return
         # The run's start again: the checkpoint, and the lines replayed since it.
         mark, self.mark = self.mark, None

@@ -167,3 +167,56 @@ def test_lines_may_come_as_bytes_and_a_bad_one_is_the_spec_parsers_error() -> No
     with pytest.raises(TraceError) as fast_error:
         fast_replay(bad, 10_000)
     assert str(fast_error.value) == str(spec_error.value)
+
+
+def no_keys_late(lines: list[Line]) -> None:
+    """No keys for the requests that first hit 40 lines or more into the trace: the
+    first hit whose contents only the trace's state knows comes after lines the replay
+    has already had."""
+    first_hit: dict[str, int] = {}
+    for k, obj in enumerate(lines):
+        for rid in obj.get("prefix_hits", {}):
+            first_hit.setdefault(rid, k)
+    late = {rid for rid, k in first_hit.items() if k >= 40}
+    assert late
+    for obj in lines:
+        for rid in late:
+            obj.get("block_keys", {}).pop(rid, None)
+
+
+@pytest.mark.parametrize("alter", [None, *ALTERATIONS, no_keys_late],
+                         ids=lambda f: "unaltered" if f is None else f.__name__)
+@pytest.mark.parametrize("run_steps", [2048, 45])
+def test_the_fast_checker_replays_lines_as_it_reads_them_and_says_what_the_spec_says(
+        alter: Callable[[list[Line]], None] | None, run_steps: int) -> None:
+    """The fast checker hands the replay a few lines at a time as its compiled state
+    reads them (REPLAY_LINES), then lets their values go: a divergence in the middle
+    of a run, where the spec's ProfileReplay needs the trace's state before those lines
+    (no_keys: hits whose contents only that state knows), and a run moved through again
+    after a step that is not clean, give the spec checker's report, word for word."""
+    from dataclasses import asdict
+
+    from test_checkers_agree import both
+
+    from kvsched.optimized.checker import REPLAY_LINES
+
+    lines = copy.deepcopy(caching_trace())
+    assert len(lines) > 3 * REPLAY_LINES
+    if alter is not None:
+        alter(lines)
+    header = {"kvsched": "trace", "version": 1, "engine": {"name": "hand"},
+              "config": asdict(CONFIG)}
+    # A step that is not clean, its decision the profile's: free_blocks one off (a
+    # MUST violation, accounting), late in a run and after lines already replayed.
+    unclean = 2 * REPLAY_LINES + 7
+    lines[unclean]["free_blocks"] += 1
+    data = b"".join(orjson.dumps(x) + b"\n" for x in [header, *lines])
+    verdicts = both(data, run_steps, PROFILE)
+    assert verdicts.spec == verdicts.vectorized
+    assert not isinstance(verdicts.spec, str)
+    assert verdicts.spec.counts["accounting"] >= 1
+    assert verdicts.stats["handovers"] >= 1
+    if alter in (no_keys, no_keys_late):
+        assert verdicts.stats["replayed_slow"] > 0
+    elif alter is not None:
+        assert verdicts.spec.counts["profile"] == 1
