@@ -90,6 +90,9 @@ bench: compiled
 	@# The default trace (prefix caching on): check, check --profile, metrics, diff, the
 	@# spec's path against the fast one (the spec's --profile replay is the longest part).
 	$(BIN)/python -m tools.bench_users --requests 20000 --out docs/benchmarks.md
+	@# The fast paths of the default 200k-request trace against the floors of reading
+	@# it (cat, a parse-only loop with simdjson and with orjson).
+	$(BIN)/python -m tools.bench_users --floors --requests 200000 --out docs/benchmarks.md
 
 # The whole 1M-request simulation through both schedulers, not extrapolated (about an
 # hour: the reference's run).

@@ -11,6 +11,10 @@ spec's Python path.
     python -m tools.bench_users --simulate --requests 200000 --before /tmp/old
                                          (only `kvsched simulate --out`, this kvsched
                                           against that one, the traces compared)
+    python -m tools.bench_users --floors --requests 200000
+                                         (the fast paths against the floors: reading
+                                          the file, parsing its lines with simdjson and
+                                          with orjson)
 
 Each figure is a whole `kvsched` process, timed by the wall clock, with its peak
 resident memory from the kernel (`wait4`'s ru_maxrss). `check` and `check --profile`
@@ -39,6 +43,16 @@ START = "<!-- bench_users: start -->"
 END = "<!-- bench_users: end -->"
 SIM_START = "<!-- bench_users_simulate: start -->"
 SIM_END = "<!-- bench_users_simulate: end -->"
+FLOORS_START = "<!-- bench_users_floors: start -->"
+FLOORS_END = "<!-- bench_users_floors: end -->"
+# Parse-only loops over a trace's lines, one process each: the floors of reading it.
+PARSE_LOOPS = {
+    "simdjson": "import sys, simdjson\np = simdjson.Parser()\n"
+                "with open(sys.argv[1], 'rb') as f:\n"
+                "    for line in f:\n        doc = p.parse(line)\n        del doc\n",
+    "orjson": "import sys, orjson\nwith open(sys.argv[1], 'rb') as f:\n"
+              "    for line in f:\n        orjson.loads(line)\n",
+}
 KVSCHED = [sys.executable, "-m", "kvsched"]
 TIME = "/usr/bin/time"  # GNU time: the peak resident set of the command alone
 SPEC_METRICS = ("import sys; from kvsched.inputs import open_trace; "
@@ -209,6 +223,77 @@ def simulate_report(requests: int, command: str, before: Path, rounds: int) -> s
     ])
 
 
+def floors_report(requests: int, command: str, keep: Path | None, rounds: int) -> str:
+    """`check`, `check --profile vllm-v1`, `metrics` and `simulate --out` of the
+    default trace beside its floors, all in turn, `rounds` times (medians): `cat`, and
+    a parse-only loop over its lines with simdjson (pysimdjson: what a compiled line
+    reader could reach) and with orjson (what the fast paths read with today)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = keep or Path(tmp) / "trace.jsonl"
+        if keep is None or not keep.exists():
+            print(f"simulating {requests:,} requests ...", flush=True)
+            timed([*KVSCHED, "simulate", "--requests", str(requests), "--out", str(trace)])
+        size = trace.stat().st_size
+        with trace.open("rb") as f:
+            steps = sum(1 for _ in f) - 2
+        t = str(trace)
+        rows: list[tuple[str, list[str]]] = [
+            ("`cat` (to /dev/null)", ["cat", t]),
+            ("parse-only loop, simdjson (pysimdjson)",
+             [sys.executable, "-c", PARSE_LOOPS["simdjson"], t]),
+            ("parse-only loop, orjson", [sys.executable, "-c", PARSE_LOOPS["orjson"], t]),
+            ("`kvsched check`", [*KVSCHED, "check", t]),
+            ("`kvsched check --profile vllm-v1`", [*KVSCHED, "check", "--profile",
+                                                   "vllm-v1", t]),
+            ("`kvsched metrics`", [*KVSCHED, "metrics", t]),
+            (f"`kvsched simulate --requests {requests} --out T`",
+             [*KVSCHED, "simulate", "--requests", str(requests), "--out",
+              str(Path(tmp) / "again.jsonl")]),
+        ]
+        runs: dict[str, list[Timed]] = {what: [] for what, _ in rows}
+        for r in range(rounds):
+            for what, argv in rows:
+                print(f"round {r + 1}: {what} ...", flush=True)
+                runs[what].append(timed(argv))
+                print(f"  {runs[what][-1].seconds:.2f} s", flush=True)
+
+    def median(what: str) -> float:
+        xs = sorted(x.seconds for x in runs[what])
+        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+    sec = {what: median(what) for what, _ in rows}
+    peak = {what: max(x.peak_mb for x in runs[what]) for what, _ in rows}
+    simd, orj = sec[rows[1][0]], sec[rows[2][0]]
+    check, profile, metrics = sec[rows[3][0]], sec[rows[4][0]], sec[rows[5][0]]
+    lines = [f"| {what} | {sec[what]:,.2f} | {size / 1e6 / sec[what]:,.0f} | "
+             f"{sec[what] / simd:,.2f} | {sec[what] / orj:,.2f} | {peak[what]:,.0f} |"
+             for what, _ in rows]
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join([
+        FLOORS_START,
+        "### The fast paths against the floors of reading the trace",
+        "",
+        f"`{command}`, {stamp}, on {machine()}. The trace: `kvsched simulate --requests "
+        f"{requests}` (the defaults: profile vllm-v1, prefix caching on), "
+        f"{size / 1e6:,.0f} MB, {steps:,} steps. Each figure is one whole process "
+        f"(Python's start included), all in turn, {rounds} rounds; medians, and the "
+        "peak resident set. The floors: `cat`, and a loop that only parses each line, "
+        "with simdjson (pysimdjson's parser, no Python object made: where a compiled "
+        "line reader could be) and with orjson (a Python object per value: what the "
+        "fast paths read with today).",
+        "",
+        "| command | seconds | MB/s | / simdjson loop | / orjson loop | peak (MB) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        *lines,
+        "",
+        f"`check --profile vllm-v1` takes {profile / check:.2f} times `check` and "
+        f"`metrics` {metrics / check:.2f} times; `check` {check / orj:.2f} times the "
+        f"orjson loop and {check / simd:.2f} times the simdjson one.",
+        FLOORS_END,
+        "",
+    ])
+
+
 def commit_of(checkout: Path) -> str:
     done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True, check=False)
@@ -230,9 +315,21 @@ def main(argv: list[str] | None = None) -> int:
                              "place) to time metrics and diff against")
     parser.add_argument("--simulate", action="store_true",
                         help="only `kvsched simulate --out`, against --before's")
+    parser.add_argument("--floors", action="store_true",
+                        help="only the fast paths against the floors of reading the trace")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of --simulate (medians)")
+                        help="rounds of --simulate and --floors (medians)")
     args = parser.parse_args(argv)
+    if args.floors:
+        command = (f"python -m tools.bench_users --floors --requests {args.requests} "
+                   f"--rounds {args.rounds}")
+        text = floors_report(args.requests, command, args.trace, args.rounds)
+        if args.out:
+            place(text, args.out, FLOORS_START, FLOORS_END)
+            print(f"written to {args.out}")
+        else:
+            print(text)
+        return 0
     if args.simulate:
         if args.before is None:
             parser.error("--simulate needs --before")
