@@ -40,7 +40,7 @@ from typing import Any
 from kvsched.optimized.compiled import CompiledScheduler, replay_lines
 from kvsched.spec.checker import Report
 from kvsched.spec.knobs import Knobs
-from kvsched.spec.model import Config
+from kvsched.spec.model import Config, StepRecord
 from kvsched.spec.profiles import get_profile
 from kvsched.spec.replay import ProfileReplay
 from kvsched.spec.state import State
@@ -58,6 +58,7 @@ class LinesReplay:
 
     def __init__(self, spec: ProfileReplay) -> None:
         self.spec = spec
+        self.caching = spec.scheduler.config.prefix_caching
         self.fast_runs = 0
         self.slow_steps = 0
         self.placed = False
@@ -81,14 +82,29 @@ class LinesReplay:
         self._spec_lines(lines, before)
 
     def _spec_lines(self, lines: list[Line], before: Callable[[], State]) -> None:
-        if self.spec.state is not None and self.followed != lines[0][0]:
-            self.spec.state = before()
+        """The lines through ProfileReplay. With prefix caching its trace's state is
+        made only once a line needs it (ProfileReplay.implies_contents: a hit without
+        keys), from `before` and the lines before that one here, and kept while the
+        lines follow straight on: a trace whose hits come with their keys never moves
+        it."""
+        spec = self.spec
+        if self.caching and self.followed != lines[0][0]:
+            spec.state = None  # not where the trace stands
+        done: list[StepRecord] = []
         for line, given in lines:
             if self.diverged:
                 return
             obj = load_line(given, line) if isinstance(given, bytes) else given
+            rec = parse_step(obj, line)
+            if self.caching and spec.state is None and spec.implies_contents(rec):
+                state = before()
+                for earlier in done:
+                    state.apply(earlier)
+                spec.state = state
             self.slow_steps += 1
-            self.spec.step(parse_step(obj, line))
+            spec.step(rec)
+            if spec.state is None:
+                done.append(rec)
             self.followed = line + 1
 
     def place(self, report: Report) -> None:

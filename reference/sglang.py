@@ -213,8 +213,9 @@ class SGLangScheduler:
     def _tokens(self, r: SGLangRequest) -> list[Hashable]:
         """What the radix cache matches of `r`: its known tokens, token j as its page's
         content key and its place in the page."""
-        rid, prefix, page = r.id, r.request.prefix, self.page
-        return [(self.book.key(rid, prefix, j // page), j % page) for j in range(r.known)]
+        rid, prefix, page, known = r.id, r.request.prefix, self.page, r.known
+        keys = [self.book.key(rid, prefix, p) for p in range(-(-known // page))]
+        return [(keys[j // page], j % page) for j in range(known)]
 
     def abort_request(self, request_id: str) -> None:
         """A client's abort of `request_id` (abort_request, scheduler.py:5675; the

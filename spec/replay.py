@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import cast
 
 from kvsched.spec.interface import ContentKeys, RequestStates, Scheduler, abort
 from kvsched.spec.model import Decision, RequestView, StepRecord
@@ -86,6 +87,7 @@ class ProfileReplay:
     def __init__(self, profile: str, scheduler: Scheduler,
                  preempted_order: bool = True) -> None:
         self.profile = profile
+        self.content_keys: ContentKeys | None = None
         self.scheduler = scheduler
         self.preempted_order = preempted_order
         self.divergence: Violation | None = None
@@ -101,12 +103,32 @@ class ProfileReplay:
         self.views: dict[str, RequestView] | None = (
             {} if isinstance(scheduler, RequestStates) else None)
 
+    @property
+    def scheduler(self) -> Scheduler:
+        return self._scheduler
+
+    @scheduler.setter
+    def scheduler(self, scheduler: Scheduler) -> None:
+        """The profile's scheduler (a replay may put a copy of it back), and as
+        ContentKeys if it takes them (asked once, not every step: a Protocol's
+        isinstance is slow)."""
+        self._scheduler = scheduler
+        self.content_keys = scheduler if isinstance(scheduler, ContentKeys) else None
+
     def step(self, rec: StepRecord) -> Violation | None:
         """The divergence at this step, if it is the first; nothing after that."""
         if self.divergence is not None:
             return None
         self.divergence = self._compare(rec)
         return self.divergence
+
+    def implies_contents(self, rec: StepRecord) -> bool:
+        """Whether `rec` has a prefix hit of a request whose content keys the trace has
+        not given (nor gives in `rec`): the contents of its blocks are then what the
+        trace's state implies, so `state` must stand where the trace does before `rec`.
+        (A replay that keeps no state while no step needs it asks this.)"""
+        return any(rid not in self.keyed and rid not in rec.block_keys
+                   for rid in rec.prefix_hits)
 
     def _content_keys(self, rec: StepRecord, scheduler: ContentKeys) -> None:
         """Give the scheduler the trace's content keys, or for a hit without them the
@@ -129,8 +151,8 @@ class ProfileReplay:
             for req in rec.arrivals:
                 scheduler.add_request(req)
             deferred = [rid for rid in rec.aborted if not abort(scheduler, rid)]
-            if isinstance(scheduler, ContentKeys):
-                self._content_keys(rec, scheduler)
+            if self.content_keys is not None:
+                self._content_keys(rec, self.content_keys)
         except (KeyError, ValueError) as e:
             return Violation("profile", rec.step,
                              f"the profile cannot replay step {rec.step}: {e}")
@@ -172,9 +194,10 @@ class ProfileReplay:
 
     def _refresh(self, ids: Iterable[str]) -> None:
         """The views of `ids`, which may have changed, from the scheduler again."""
-        assert self.views is not None and isinstance(self.scheduler, RequestStates)
+        assert self.views is not None  # kept only for a RequestStates scheduler
+        scheduler = cast(RequestStates, self.scheduler)
         for rid in ids:
-            view = self.scheduler.state_of(rid)
+            view = scheduler.state_of(rid)
             if view is None:
                 self.views.pop(rid, None)
             else:

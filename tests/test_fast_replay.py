@@ -220,3 +220,59 @@ def test_the_fast_checker_replays_lines_as_it_reads_them_and_says_what_the_spec_
         assert verdicts.stats["replayed_slow"] > 0
     elif alter is not None:
         assert verdicts.spec.counts["profile"] == 1
+
+
+def test_a_replay_through_the_spec_keeps_the_traces_state_only_once_a_hit_needs_it(
+        ) -> None:
+    """SGLang's profile replays beside the fast checker through ProfileReplay
+    (LinesReplay). Its trace's state, which only gives the contents of a hit without
+    keys, is never moved while every hit comes with its keys, and is made from the
+    fast checker's state once one comes without: the same verdict as the spec's
+    checker, a divergence included."""
+    from dataclasses import asdict
+
+    from test_checkers_agree import both
+
+    from kvsched.optimized.replay import LinesReplay
+    from kvsched.reference import reference_scheduler
+
+    sglang = get_profile("sglang@0.5.23")
+    config = sglang.configure(CONFIG)
+    items = [WorkItem(f"r{i}", i // 6, 17 + (7 * i) % 23, 3 + (5 * i) % 30,
+                      3 + (5 * i) % 30, prefix=("sys", 8 + 4 * (i % 3)) if i % 4 else None)
+             for i in range(40)]
+    lines = [orjson.loads(orjson.dumps(step_dict(rec)))
+             for rec in run(reference_scheduler(sglang, config), validate(items))]
+    assert sum(bool(o.get("prefix_hits")) for o in lines) > 5
+    header = {"kvsched": "trace", "version": 1, "engine": {"name": "hand"},
+              "config": asdict(config)}
+
+    def replayed(trace: list[Line]) -> LinesReplay:
+        replay = LinesReplay(profile_replay(config, sglang.name))
+        numbered = list(enumerate(trace, 2))
+        state = State(config)
+
+        def before() -> State:
+            copy_of = State(config)
+            copy_of.restore(state.snapshot(), owned=True)
+            return copy_of
+
+        for k in range(0, len(numbered), 7):
+            replay.lines(numbered[k:k + 7], before)
+            for n, obj in numbered[k:k + 7]:
+                state.apply(parse_step(obj, n))
+        return replay
+
+    keyed = replayed(lines)
+    assert not keyed.diverged and keyed.spec.state is None
+    unkeyed = copy.deepcopy(lines)
+    no_keys_late(unkeyed)
+    replay = replayed(unkeyed)
+    assert replay.spec.state is not None
+    altered = copy.deepcopy(unkeyed)
+    shorten_a_hit(altered)
+    for trace in (unkeyed, altered):
+        data = b"".join(orjson.dumps(x) + b"\n" for x in [header, *trace])
+        verdicts = both(data, 2048, sglang.name)
+        assert verdicts.spec == verdicts.vectorized
+    assert not isinstance(verdicts.spec, str) and verdicts.spec.counts["profile"] == 1
