@@ -90,6 +90,8 @@ bench: compiled
 	@# The default trace (prefix caching on): check, check --profile, metrics, diff, the
 	@# spec's path against the fast one (the spec's --profile replay is the longest part).
 	$(BIN)/python -m tools.bench_users --requests 20000 --out docs/benchmarks.md
+	@# check --profile sglang@0.5.23 at about 5k, 20k and 80k steps.
+	$(BIN)/python -m tools.bench_users --sglang --out docs/benchmarks.md
 	@# The fast paths of the default 200k-request trace against the floors of reading
 	@# it (cat, a parse-only loop with simdjson and with orjson).
 	$(BIN)/python -m tools.bench_users --floors --requests 200000 --out docs/benchmarks.md

@@ -576,8 +576,8 @@ class SGLangScheduler:
                 if state() == "no_token":
                     self.batch_is_full = bool(admitted) or bool(self.running)
                 break
-        chosen = {r.id for r, _ in admitted}
-        self.waiting = [r for r in self.waiting if r.id not in chosen]
+        chosen = {r for r, _ in admitted}  # one object per live id (eq=False: by identity)
+        self.waiting = [r for r in self.waiting if r not in chosen]
         for v in victims:  # requeued even when nobody was admitted
             self._queue(v, front=rules.requeue == "front")
             preempted.append(Preemption(v.id, "recompute"))

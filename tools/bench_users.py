@@ -11,6 +11,10 @@ spec's Python path.
     python -m tools.bench_users --simulate --requests 200000 --before /tmp/old
                                          (only `kvsched simulate --out`, this kvsched
                                           against that one, the traces compared)
+    python -m tools.bench_users --sglang --before /tmp/old
+                                         (`check --profile sglang@0.5.23` at about 5k,
+                                          20k and 80k steps, the time per step,
+                                          against that kvsched too)
     python -m tools.bench_users --floors --requests 200000
                                          (the fast paths against the floors: reading
                                           the file, parsing its lines with simdjson and
@@ -37,12 +41,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import orjson
+
 from tools.bench import machine, place
 
 START = "<!-- bench_users: start -->"
 END = "<!-- bench_users: end -->"
 SIM_START = "<!-- bench_users_simulate: start -->"
 SIM_END = "<!-- bench_users_simulate: end -->"
+SGLANG_START = "<!-- bench_users_sglang: start -->"
+SGLANG_END = "<!-- bench_users_sglang: end -->"
+SGLANG = "sglang@0.5.23"
+# Requests of SGLang's default workload for about 5k, 20k and 80k steps.
+SGLANG_SIZES = (600, 2600, 11000)
 FLOORS_START = "<!-- bench_users_floors: start -->"
 FLOORS_END = "<!-- bench_users_floors: end -->"
 # Parse-only loops over a trace's lines, one process each: the floors of reading it.
@@ -294,6 +305,63 @@ def floors_report(requests: int, command: str, keep: Path | None, rounds: int) -
     ])
 
 
+def sglang_report(command: str, before: Path | None) -> str:
+    """`kvsched check --profile sglang@0.5.23` (and the plain check) of SGLang's own
+    simulated traces at three sizes: seconds and microseconds per step; with `before`,
+    the earlier kvsched's `check --profile` on each, in turn."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for requests in SGLANG_SIZES:
+            trace = Path(tmp) / f"sglang-{requests}.jsonl"
+            print(f"simulating {requests:,} requests with {SGLANG} ...", flush=True)
+            timed([*KVSCHED, "simulate", "--profile", SGLANG, "--requests", str(requests),
+                   "--out", str(trace)])
+            with trace.open("rb") as f:
+                steps = sum(1 for _ in f) - 2
+            t = str(trace)
+            plain = timed([*KVSCHED, "check", t])
+            now = timed([*KVSCHED, "check", "--profile", SGLANG, t])
+            old = timed([*cli_of(before), "check", "--profile", SGLANG, t]) \
+                if before is not None else None
+            queue = orjson.loads(subprocess.run(
+                [*KVSCHED, "metrics", "--format", "json", t], capture_output=True,
+                check=True).stdout)["queue"]["waiting"]["mean"]
+            print(f"  {steps:,} steps: check {plain.seconds:.2f} s, --profile "
+                  f"{now.seconds:.2f} s" + (f", before {old.seconds:.2f} s" if old else ""),
+                  flush=True)
+            rows.append(
+                f"| {requests:,} | {steps:,} | {queue:,.0f} | {plain.seconds:,.2f} | "
+                f"{now.seconds:,.2f} | "
+                f"{1e6 * now.seconds / steps:,.0f} | "
+                + (f"{old.seconds:,.2f} | {1e6 * old.seconds / steps:,.0f} | "
+                   f"{old.seconds / now.seconds:,.1f}x |" if old else "not run | | |"))
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join([
+        SGLANG_START,
+        "### `check --profile sglang@0.5.23`: linear in steps",
+        "",
+        f"`{command}`, {stamp}, on {machine()}. Each trace: `kvsched simulate --profile "
+        f"{SGLANG} --requests N` (SGLang's rules, radix cache on, its keys given). Each "
+        "figure is one whole process; µs/step is the whole process's time over the "
+        "steps. SGLang's profile replays through the spec's ProfileReplay with the "
+        "reference's SGLang scheduler, beside the fast checker"
+        + (f"; before: the kvsched of the checkout `{before.name}` (commit "
+           f"{commit_of(before)}), in turn on the same trace." if before else "."),
+        "",
+        "| requests | steps | waiting (mean) | `check` (s) | `check --profile` (s) | "
+        "µs/step | before (s) | before µs/step | speed-up |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *rows,
+        "",
+        "The default workload outruns the engine, so the more requests, the longer the "
+        "waiting queue, which SGLang's step looks through (the policy's order, the "
+        "radix cache's matches, the queue rebuilt without those admitted): the time "
+        "per step grows with the queue, not with the steps gone by.",
+        SGLANG_END,
+        "",
+    ])
+
+
 def commit_of(checkout: Path) -> str:
     done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True, check=False)
@@ -315,11 +383,23 @@ def main(argv: list[str] | None = None) -> int:
                              "place) to time metrics and diff against")
     parser.add_argument("--simulate", action="store_true",
                         help="only `kvsched simulate --out`, against --before's")
+    parser.add_argument("--sglang", action="store_true",
+                        help="only check --profile sglang@0.5.23 at three sizes")
     parser.add_argument("--floors", action="store_true",
                         help="only the fast paths against the floors of reading the trace")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of --simulate and --floors (medians)")
     args = parser.parse_args(argv)
+    if args.sglang:
+        command = "python -m tools.bench_users --sglang" + (
+            f" --before {args.before}" if args.before else "")
+        text = sglang_report(command, args.before)
+        if args.out:
+            place(text, args.out, SGLANG_START, SGLANG_END)
+            print(f"written to {args.out}")
+        else:
+            print(text)
+        return 0
     if args.floors:
         command = (f"python -m tools.bench_users --floors --requests {args.requests} "
                    f"--rounds {args.rounds}")
