@@ -326,11 +326,6 @@ class FastChecker:
         if not fast.usable:
             self.fast = None
 
-    def encoded(self, block: bytes, line: int) -> int:
-        """Check the step lines of `block` (as orjson encodes them, each with its
-        newline), the first at line `line`; the number of the line after them."""
-        return self.lines(block.splitlines(keepends=True), line)
-
     def lines(self, raws: list[bytes], line: int) -> int:
         """Check the step lines `raws` (each as orjson encodes it, with its newline), the
         first at line `line`; the number of the line after them."""
