@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from kvsched.conformance import profile_replay
-from kvsched.optimized.replay import CompiledReplay
+from kvsched.optimized.replay import CompiledReplay, LinesReplay
 from kvsched.reference import ReferenceScheduler
 from kvsched.simulate import run
 from kvsched.spec import Config
@@ -47,15 +47,15 @@ def spec_verdict(lines: list[Line]) -> tuple[int, str] | None:
     return None
 
 
-def fast_replay(lines: list[Line], run_steps: int) -> CompiledReplay:
-    """The compiled replay fed runs of `run_steps` lines, each with the trace's state
-    before it (as the fast checker gives it, a State of its own)."""
-    replay = CompiledReplay(PROFILE, CONFIG)
+def feed(replay: LinesReplay, lines: list[Line], run_steps: int,
+         config: Config = CONFIG) -> None:
+    """`replay` fed runs of `run_steps` lines, each with the trace's state before it (as
+    the fast checker gives it, a State of its own)."""
     numbered = list(enumerate(lines, 2))
-    trace = State(CONFIG)
+    trace = State(config)
 
     def before() -> State:
-        state = State(CONFIG)
+        state = State(config)
         state.restore(trace.snapshot(), owned=True)
         return state
 
@@ -63,6 +63,12 @@ def fast_replay(lines: list[Line], run_steps: int) -> CompiledReplay:
         replay.lines(numbered[k:k + run_steps], before)
         for n, obj in numbered[k:k + run_steps]:
             trace.apply(parse_step(obj, n))
+
+
+def fast_replay(lines: list[Line], run_steps: int) -> CompiledReplay:
+    """The compiled replay fed runs of `run_steps` lines (`feed`)."""
+    replay = CompiledReplay(PROFILE, CONFIG)
+    feed(replay, lines, run_steps)
     return replay
 
 
@@ -233,7 +239,6 @@ def test_a_replay_through_the_spec_keeps_the_traces_state_only_once_a_hit_needs_
 
     from test_checkers_agree import both
 
-    from kvsched.optimized.replay import LinesReplay
     from kvsched.reference import reference_scheduler
 
     sglang = get_profile("sglang@0.5.23")
@@ -249,18 +254,7 @@ def test_a_replay_through_the_spec_keeps_the_traces_state_only_once_a_hit_needs_
 
     def replayed(trace: list[Line]) -> LinesReplay:
         replay = LinesReplay(profile_replay(config, sglang.name))
-        numbered = list(enumerate(trace, 2))
-        state = State(config)
-
-        def before() -> State:
-            copy_of = State(config)
-            copy_of.restore(state.snapshot(), owned=True)
-            return copy_of
-
-        for k in range(0, len(numbered), 7):
-            replay.lines(numbered[k:k + 7], before)
-            for n, obj in numbered[k:k + 7]:
-                state.apply(parse_step(obj, n))
+        feed(replay, trace, 7, config)
         return replay
 
     keyed = replayed(lines)

@@ -156,12 +156,10 @@ def report(requests: int, command: str, keep: Path | None, before: Path | None,
             rows.append(f"| {what} | {slow.seconds:,.1f} | {fast.seconds:,.2f} | "
                         f"{slow.seconds / fast.seconds:,.1f}x | {slow.peak_mb:,.0f} | "
                         f"{fast.peak_mb:,.0f} | {fast.peak_mb / slow.peak_mb:.2f} |")
-    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return "\n".join([
-        START,
-        "## The traces users have: the default trace, prefix caching on",
-        "",
-        f"`{command}`, {now}, on {machine()}. The trace: `kvsched simulate --requests "
+    return section(
+        START, "## The traces users have: the default trace, prefix caching on",
+        command, [
+        f"The trace: `kvsched simulate --requests "
         f"{requests}` (the defaults: profile vllm-v1, prefix caching on, as vLLM serves), "
         f"{size / 1e6:,.0f} MB, {steps:,} steps. Each figure is one whole process, the "
         "slow path and the fast path one after the other on the same file; memory is "
@@ -178,8 +176,6 @@ def report(requests: int, command: str, keep: Path | None, before: Path | None,
         "fast peak (MB) | memory ratio |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         *rows,
-        END,
-        "",
     ])
 
 
@@ -211,12 +207,10 @@ def simulate_report(requests: int, command: str, before: Path, rounds: int) -> s
     fast = median([t.seconds for t in now_])
     slow_mb = max(t.peak_mb for t in earlier)
     fast_mb = max(t.peak_mb for t in now_)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return "\n".join([
-        SIM_START,
-        "### `kvsched simulate`: the metrics from the scheduler's own facts",
-        "",
-        f"`{command}`, {stamp}, on {machine()}. `kvsched simulate --requests {requests} "
+    return section(
+        SIM_START, "### `kvsched simulate`: the metrics from the scheduler's own facts",
+        command, [
+        f"`kvsched simulate --requests {requests} "
         f"--out T` (the defaults: profile vllm-v1, prefix caching on), {steps:,} steps, a "
         f"{size / 1e6:,.0f} MB trace, by the kvsched of the checkout `{before.name}` "
         f"(commit {commit_of(before)}: its metrics read back the trace lines it wrote, "
@@ -229,8 +223,6 @@ def simulate_report(requests: int, command: str, before: Path, rounds: int) -> s
         "| --- | ---: | ---: | ---: | ---: | ---: |",
         f"| `kvsched simulate --requests {requests} --out T` | {slow:,.2f} | {fast:,.2f} | "
         f"{slow / fast:,.2f}x | {slow_mb:,.0f} | {fast_mb:,.0f} |",
-        SIM_END,
-        "",
     ])
 
 
@@ -279,12 +271,10 @@ def floors_report(requests: int, command: str, keep: Path | None, rounds: int) -
     lines = [f"| {what} | {sec[what]:,.2f} | {size / 1e6 / sec[what]:,.0f} | "
              f"{sec[what] / simd:,.2f} | {sec[what] / orj:,.2f} | {peak[what]:,.0f} |"
              for what, _ in rows]
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return "\n".join([
-        FLOORS_START,
-        "### The fast paths against the floors of reading the trace",
-        "",
-        f"`{command}`, {stamp}, on {machine()}. The trace: `kvsched simulate --requests "
+    return section(
+        FLOORS_START, "### The fast paths against the floors of reading the trace",
+        command, [
+        f"The trace: `kvsched simulate --requests "
         f"{requests}` (the defaults: profile vllm-v1, prefix caching on), "
         f"{size / 1e6:,.0f} MB, {steps:,} steps. Each figure is one whole process "
         f"(Python's start included), all in turn, {rounds} rounds; medians, and the "
@@ -300,8 +290,6 @@ def floors_report(requests: int, command: str, keep: Path | None, rounds: int) -
         f"`check --profile vllm-v1` takes {profile / check:.2f} times `check` and "
         f"`metrics` {metrics / check:.2f} times; `check` {check / orj:.2f} times the "
         f"orjson loop and {check / simd:.2f} times the simdjson one.",
-        FLOORS_END,
-        "",
     ])
 
 
@@ -335,12 +323,10 @@ def sglang_report(command: str, before: Path | None) -> str:
                 f"{1e6 * now.seconds / steps:,.0f} | "
                 + (f"{old.seconds:,.2f} | {1e6 * old.seconds / steps:,.0f} | "
                    f"{old.seconds / now.seconds:,.1f}x |" if old else "not run | | |"))
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return "\n".join([
-        SGLANG_START,
-        "### `check --profile sglang@0.5.23`: linear in steps",
-        "",
-        f"`{command}`, {stamp}, on {machine()}. Each trace: `kvsched simulate --profile "
+    return section(
+        SGLANG_START, "### `check --profile sglang@0.5.23`: linear in steps",
+        command, [
+        f"Each trace: `kvsched simulate --profile "
         f"{SGLANG} --requests N` (SGLang's rules, radix cache on, its keys given). Each "
         "figure is one whole process; µs/step is the whole process's time over the "
         "steps. SGLang's profile replays through the spec's ProfileReplay with the "
@@ -357,9 +343,27 @@ def sglang_report(command: str, before: Path | None) -> str:
         "waiting queue, which SGLang's step looks through (the policy's order, the "
         "radix cache's matches, the queue rebuilt without those admitted): the time "
         "per step grows with the queue, not with the steps gone by.",
-        SGLANG_END,
-        "",
     ])
+
+
+def section(start: str, heading: str, command: str, body: list[str]) -> str:
+    """A section of benchmarks.md between its markers (`start` and its end): its
+    heading, then `command`, when and where it ran before the first of `body`'s
+    paragraphs and tables (lines)."""
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join([start, heading, "",
+                      f"`{command}`, {stamp}, on {machine()}. " + body[0], *body[1:],
+                      start.replace(": start -->", ": end -->"), ""])
+
+
+def emit(text: str, out: Path | None, start: str, end: str) -> int:
+    """The section `text` into `out` between `start` and `end`, or printed."""
+    if out:
+        place(text, out, start, end)
+        print(f"written to {out}")
+    else:
+        print(text)
+    return 0
 
 
 def commit_of(checkout: Path) -> str:
@@ -394,45 +398,25 @@ def main(argv: list[str] | None = None) -> int:
         command = "python -m tools.bench_users --sglang" + (
             f" --before {args.before}" if args.before else "")
         text = sglang_report(command, args.before)
-        if args.out:
-            place(text, args.out, SGLANG_START, SGLANG_END)
-            print(f"written to {args.out}")
-        else:
-            print(text)
-        return 0
+        return emit(text, args.out, SGLANG_START, SGLANG_END)
     if args.floors:
         command = (f"python -m tools.bench_users --floors --requests {args.requests} "
                    f"--rounds {args.rounds}")
         text = floors_report(args.requests, command, args.trace, args.rounds)
-        if args.out:
-            place(text, args.out, FLOORS_START, FLOORS_END)
-            print(f"written to {args.out}")
-        else:
-            print(text)
-        return 0
+        return emit(text, args.out, FLOORS_START, FLOORS_END)
     if args.simulate:
         if args.before is None:
             parser.error("--simulate needs --before")
         command = (f"python -m tools.bench_users --simulate --requests {args.requests} "
                    f"--before {args.before} --rounds {args.rounds}")
         text = simulate_report(args.requests, command, args.before, args.rounds)
-        if args.out:
-            place(text, args.out, SIM_START, SIM_END)
-            print(f"written to {args.out}")
-        else:
-            print(text)
-        return 0
+        return emit(text, args.out, SIM_START, SIM_END)
     command = f"python -m tools.bench_users --requests {args.requests}" + (
         f" --before {args.before}" if args.before else "") + (
         " --no-spec-profile" if args.no_spec_profile else "")
     text = report(args.requests, command, args.trace, args.before,
                   not args.no_spec_profile)
-    if args.out:
-        place(text, args.out, START, END)
-        print(f"written to {args.out}")
-    else:
-        print(text)
-    return 0
+    return emit(text, args.out, START, END)
 
 
 if __name__ == "__main__":
