@@ -128,13 +128,15 @@ def _first_line(e: BaseException) -> str:
 
 
 class RayCluster(Executor):
-    """Pieces as Ray tasks on a cluster this object connected to (or found connected)."""
+    """Pieces as Ray tasks on a cluster this object connected to (or found connected).
+    `shut_down_after`: the command started this Ray and shuts it down when done."""
 
     distributed = True
 
-    def __init__(self, ray: Any, workers: int) -> None:
+    def __init__(self, ray: Any, workers: int, shut_down_after: bool = False) -> None:
         self.ray = ray
         self.workers = workers
+        self.shut_down_after = shut_down_after
         self.remote = ray.remote(num_cpus=1, max_retries=0)(_run_piece)
 
     def node_addresses(self) -> list[str]:
@@ -152,6 +154,7 @@ class RayCluster(Executor):
         finished: dict[int, Outcome[R] | BaseException] = {}
         cutoff = len(pieces) - 1  # the last piece whose outcome counts
         submitted = given = 0
+        interrupted = False
         try:
             while given <= cutoff:
                 while submitted <= cutoff and len(running) < self.workers:
@@ -185,9 +188,17 @@ class RayCluster(Executor):
                     if isinstance(outcome, BaseException):
                         raise outcome
                     yield outcome
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
-            for ref in running:
-                ray.cancel(ref, force=True)
+            # After ^C a Ray this command started is shut down next, which ends its
+            # tasks; cancelling them as well races, in Ray's core worker, with a reply
+            # arriving and can abort this process ("Tried to complete task that was not
+            # pending", ray-project/ray#54846) instead of its exit 130.
+            if not (interrupted and self.shut_down_after):
+                for ref in running:
+                    ray.cancel(ref, force=True)
 
 
 class _ReportStdout:
@@ -424,7 +435,7 @@ def executor(*, use_ray: bool, workers: int | None, address: str | None
         try:
             if workers is None:
                 workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
-            yield RayCluster(ray, workers)
+            yield RayCluster(ray, workers, shut_down_after=started)
         finally:
             if started:
                 # What Ray prints while it shuts down (a worker that died, told as its
