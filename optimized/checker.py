@@ -304,9 +304,7 @@ class FastChecker:
         sink = self.sink
         if sink is not None:
             fast.clear_facts()
-        for at, again, text in self.run:
-            if not fast.apply(_value(again, text), at):
-                raise AssertionError(f"line {at}: the compiled state moved otherwise")
+        _again(fast, self.run)
         self.commit()
         if sink is not None:
             sink.observe_samples(fast.last_samples())
@@ -400,9 +398,7 @@ class FastChecker:
             moving = FastState(config, self.checker.options.max_preemptions,
                                self.checker.preempted_order, lambda _: NEVER_ARRIVED)
             moving.restore(saved.position())
-            for at, obj, raw in run[:first]:
-                if not moving.apply(_value(obj, raw), at):
-                    raise AssertionError(f"line {at}: the compiled state moved otherwise")
+            _again(moving, run[:first])
             return _state_of(config, moving.position())
 
         self.replay.lines([(line, obj) for line, obj, _ in lines], before,
@@ -458,10 +454,14 @@ def replay_for(header: Header, profile: str, knobs: Knobs | None,
     return LinesReplay(spec_replay(header))
 
 
-def _value(obj: Any, raw: bytes | None) -> Any:
-    """A run's line's JSON value: kept, or read again from the line (one orjson reads
-    alike)."""
-    return obj if obj is not None else orjson.loads(raw)  # type: ignore[arg-type]
+def _again(fast: Any, run: list[tuple[int, Any, bytes | None]]) -> None:
+    """Move the compiled state `fast` through a run's clean lines once more, each by its
+    kept JSON value or read again from the line (one orjson reads alike); they were
+    clean, and must be so again."""
+    for at, obj, raw in run:
+        if not fast.apply(obj if obj is not None else orjson.loads(raw),  # type: ignore[arg-type]
+                          at):
+            raise AssertionError(f"line {at}: the compiled state moved otherwise")
 
 
 def _state_of(config: Config, p: Position) -> State:

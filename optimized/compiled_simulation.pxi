@@ -148,10 +148,10 @@ cdef void _new_keys(CompiledScheduler sched, int32_t s, dict keys):
 
 
 cdef object _take(_Facts counted):
-    return counted.take() if counted is not None else None
+    return counted.take(0.0) if counted is not None else None
 
 
-cdef class _Facts:
+cdef class _Facts(FactColumns):
     """The RunFacts of the steps simulated since the last `take`, counted off the
     scheduler's decisions by the definitions FastState applies to their trace lines
     (its phases, with `facts`): no time_ms (each run is untimed from its first step,
@@ -162,27 +162,6 @@ cdef class _Facts:
     prompt); finishes (outputs: N - prompt); the queues once the step's ended requests
     are gone; blocks held while the batch ran (before the finishes freed theirs)."""
 
-    cdef int64_t first_step, prompt, swap_ins, evicted, recomputes, swaps, recomputed
-    cdef vector[int64_t] gen, comp, vic, wait, run, swap, kv
-    cdef list a_ids, m_ids, t_ids, ab_ids, rj_ids, d_ids
-    cdef vector[int64_t] a_step, m_known, m_hit, t_step, d_step, d_out
-    cdef vector[double] a_clock, t_clock, d_clock
-
-    def __cinit__(self):
-        self._clear()
-
-    cdef void _clear(self):
-        self.first_step = -1
-        self.prompt = self.swap_ins = self.evicted = 0
-        self.recomputes = self.swaps = self.recomputed = 0
-        self.gen.clear(); self.comp.clear(); self.vic.clear(); self.wait.clear()
-        self.run.clear(); self.swap.clear(); self.kv.clear()
-        self.a_ids, self.m_ids, self.t_ids = [], [], []
-        self.ab_ids, self.rj_ids, self.d_ids = [], [], []
-        self.a_step.clear(); self.m_known.clear(); self.m_hit.clear()
-        self.t_step.clear(); self.d_step.clear(); self.d_out.clear()
-        self.a_clock.clear(); self.t_clock.clear(); self.d_clock.clear()
-
     cdef void arrive(self, rid, int64_t step):
         self.a_ids.append(rid)
         self.a_step.push_back(step)
@@ -192,8 +171,8 @@ cdef class _Facts:
         """The step's decision, after `_schedule` and before `_update`."""
         cdef Py_ssize_t k
         cdef int32_t s
-        if self.first_step < 0:
-            self.first_step = step
+        if self.untimed < 0:
+            self.untimed = step
         self.ab_ids.extend(aborted)
         for r in sched.rejected_now:
             self.rj_ids.append(r.id)
@@ -239,17 +218,3 @@ cdef class _Facts:
         self.wait.push_back(sched.live - running - swapped)
         self.run.push_back(running)
         self.swap.push_back(swapped)
-
-    cdef object take(self):
-        f = RunFacts(
-            ints(self.gen), ints(self.comp), ints(self.vic), ints(self.wait),
-            ints(self.run), ints(self.swap), ints(self.kv), self.prompt,
-            self.swap_ins, self.evicted, self.recomputes, self.swaps, self.recomputed,
-            0.0, self.first_step,
-            self.a_ids, ints(self.a_step), floats(self.a_clock),
-            self.m_ids, ints(self.m_known), ints(self.m_hit),
-            self.t_ids, ints(self.t_step), floats(self.t_clock),
-            self.ab_ids, self.rj_ids,
-            self.d_ids, ints(self.d_step), ints(self.d_out), floats(self.d_clock))
-        self._clear()
-        return f

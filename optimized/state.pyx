@@ -297,17 +297,13 @@ cdef class FastState:
     cdef int64_t nswapped  # live requests swapped out
     cdef vector[int64_t] last_at  # per slot: the last step it sampled since `restore`
     cdef vector[double] last_clock
-    cdef int64_t untimed, r_prompt, r_swap_ins, r_evicted, r_recomputes, r_swaps
-    cdef int64_t r_recomputed
-    cdef vector[int64_t] r_gen, r_comp, r_vic, r_wait, r_run, r_swap, r_kv
-    cdef list a_ids, m_ids, t_ids, ab_ids, rj_ids, d_ids
-    cdef vector[int64_t] a_step, m_known, m_hit, t_step, d_step, d_out
-    cdef vector[double] a_clock, t_clock, d_clock
+    cdef FactColumns f
 
     def __init__(self, config, int64_t max_preemptions, bint preempted_order, arrived,
                  bint facts=False):
         self.config = config
         self.collect = facts
+        self.f = FactColumns()
         self.clock = 0.0
         self.nswapped = 0
         self._clear_facts()
@@ -640,18 +636,7 @@ cdef class FastState:
     def take_facts(self):
         """The RunFacts of the steps applied since the last call (or `clear_facts`);
         collected only by a state made with `facts`."""
-        f = RunFacts(
-            ints(self.r_gen), ints(self.r_comp), ints(self.r_vic), ints(self.r_wait),
-            ints(self.r_run), ints(self.r_swap), ints(self.r_kv), self.r_prompt,
-            self.r_swap_ins, self.r_evicted, self.r_recomputes, self.r_swaps,
-            self.r_recomputed, self.clock, self.untimed,
-            self.a_ids, ints(self.a_step), floats(self.a_clock),
-            self.m_ids, ints(self.m_known), ints(self.m_hit),
-            self.t_ids, ints(self.t_step), floats(self.t_clock),
-            self.ab_ids, self.rj_ids,
-            self.d_ids, ints(self.d_step), ints(self.d_out), floats(self.d_clock))
-        self._clear_facts()
-        return f
+        return self.f.take(self.clock)
 
     def clear_facts(self):
         """Drop the facts collected since the last `take_facts` (as after a step that
@@ -659,16 +644,7 @@ cdef class FastState:
         self._clear_facts()
 
     cdef void _clear_facts(self):
-        self.untimed = -1
-        self.r_prompt = self.r_swap_ins = self.r_evicted = 0
-        self.r_recomputes = self.r_swaps = self.r_recomputed = 0
-        self.r_gen.clear(); self.r_comp.clear(); self.r_vic.clear(); self.r_wait.clear()
-        self.r_run.clear(); self.r_swap.clear(); self.r_kv.clear()
-        self.a_ids, self.m_ids, self.t_ids = [], [], []
-        self.ab_ids, self.rj_ids, self.d_ids = [], [], []
-        self.a_step.clear(); self.m_known.clear(); self.m_hit.clear(); self.t_step.clear()
-        self.d_step.clear(); self.d_out.clear()
-        self.a_clock.clear(); self.t_clock.clear(); self.d_clock.clear()
+        self.f.clear()
 
     def last_samples(self):
         """(id, step, ms at its end) of the last step in which each live request sampled
@@ -769,7 +745,7 @@ cdef class FastState:
                 self.cached_at[b] = -1
                 self.cached_key[b] = None
                 self.content[b] = None
-                self.r_evicted += 1
+                self.f.evicted += 1
             self.bids[s].push_back(b)
         return True
 
@@ -945,8 +921,8 @@ cdef class FastState:
                            or bool(swapped_in)):
             return 0
         if self.collect:
-            if time_ms is None and self.untimed < 0:
-                self.untimed = step
+            if time_ms is None and self.f.untimed < 0:
+                self.f.untimed = step
             self.clock = end
         self.step_no = step
         self.quiet = 0
@@ -980,9 +956,9 @@ cdef class FastState:
                     return 0  # one-state: it arrives again
                 self._slot(rid, None, p, o, pr, self.at_step, WAITING)
                 if self.collect:
-                    self.a_ids.append(rid)
-                    self.a_step.push_back(self.at_step)
-                    self.a_clock.push_back(self.at_start)
+                    self.f.a_ids.append(rid)
+                    self.f.a_step.push_back(self.at_step)
+                    self.f.a_clock.push_back(self.at_start)
         if aborted:
             for rid in aborted:
                 if not an_id(rid):
@@ -992,7 +968,7 @@ cdef class FastState:
                     return 0
                 self._end(found, Status.ABORTED)
                 if self.collect:
-                    self.ab_ids.append(rid)
+                    self.f.ab_ids.append(rid)
         if bkeys:
             for rid, ks in bkeys.items():
                 if not PyList_CheckExact(ks):
@@ -1024,7 +1000,7 @@ cdef class FastState:
                     return 0
                 self._end(s, Status.REJECTED)
                 if self.collect:
-                    self.rj_ids.append(rid)
+                    self.f.rj_ids.append(rid)
         return 1
 
     cdef int _preemptions(self, list preempted) except -1:
@@ -1071,10 +1047,10 @@ cdef class FastState:
                 self.victims.push_back(vic)
                 if self.collect:
                     if mode == "swap":
-                        self.r_swaps += 1
+                        self.f.swaps += 1
                     else:
-                        self.r_recomputes += 1
-                        self.r_recomputed += vic.computed
+                        self.f.recomputes += 1
+                        self.f.recomputed += vic.computed
                 self.reclaim += vic.released
         return 1
 
@@ -1116,7 +1092,7 @@ cdef class FastState:
                 self.running += 1
                 self._status(s, RUNNING)
                 self.nswapped -= 1
-                self.r_swap_ins += 1
+                self.f.swap_ins += 1
                 self.tag[s], self.tag_at[s] = T_SWAPPED_IN, self.stamp
                 if rid not in on:
                     if not self._hand_out(s):
@@ -1171,9 +1147,9 @@ cdef class FastState:
                     self.running += 1
                     reserve = self._reserve(s, known)
                     if self.collect and self.caching:
-                        self.m_ids.append(rid)
-                        self.m_known.push_back(known)
-                        self.m_hit.push_back(hit_tokens)
+                        self.f.m_ids.append(rid)
+                        self.f.m_known.push_back(known)
+                        self.f.m_hit.push_back(hit_tokens)
                 db = needed(computed, n, self.G[s], self.bs, reserve)
                 if admitting:
                     self.adm_s.push_back(s)
@@ -1208,9 +1184,9 @@ cdef class FastState:
                     self.sampled.push_back(s)
                     if self.collect:
                         if known == self.P[s]:  # its first token
-                            self.t_ids.append(rid)
-                            self.t_step.push_back(step)
-                            self.t_clock.push_back(self.at_end)
+                            self.f.t_ids.append(rid)
+                            self.f.t_step.push_back(step)
+                            self.f.t_clock.push_back(self.at_end)
                         self.last_at[s] = step
                         self.last_clock[s] = self.at_end
                     if known >= self.mml and not (known == self.P[s] == self.mml):
@@ -1255,10 +1231,10 @@ cdef class FastState:
                     return 0  # one-state, or finish without a sampled token
                 s = found
                 if self.collect:
-                    self.d_ids.append(rid)
-                    self.d_step.push_back(self.at_step)
-                    self.d_out.push_back(self.N[s] - self.P[s])
-                    self.d_clock.push_back(self.at_end)
+                    self.f.d_ids.append(rid)
+                    self.f.d_step.push_back(self.at_step)
+                    self.f.d_out.push_back(self.N[s] - self.P[s])
+                    self.f.d_clock.push_back(self.at_end)
                 self.f_fin_released += self._end(s, Status.FINISHED)
         for k in range(<int64_t>self.sampled.size()):
             s = self.sampled[k]
@@ -1295,15 +1271,15 @@ cdef class FastState:
             self.leaked = self.free - x
             self.steps_with_free += 1
         if self.collect:
-            self.r_gen.push_back(self.sampled.size())
-            self.r_comp.push_back(self.f_comp)
-            self.r_vic.push_back(self.victims.size())
-            self.r_wait.push_back(self.live - self.running - self.nswapped)
-            self.r_run.push_back(self.running)
-            self.r_swap.push_back(self.nswapped)
-            self.r_kv.push_back(self.nblocks - x + self.f_fin_released
+            self.f.gen.push_back(self.sampled.size())
+            self.f.comp.push_back(self.f_comp)
+            self.f.vic.push_back(self.victims.size())
+            self.f.wait.push_back(self.live - self.running - self.nswapped)
+            self.f.run.push_back(self.running)
+            self.f.swap.push_back(self.nswapped)
+            self.f.kv.push_back(self.nblocks - x + self.f_fin_released
                                 if free_blocks is not None else self.nblocks - self.at_batch)
-            self.r_prompt += self.f_prompt
+            self.f.prompt += self.f_prompt
         return 1
 
     cdef inline int64_t _rank_prio(self, int s) noexcept:
